@@ -1,0 +1,266 @@
+"""``python -m bench``: the headless face of MoE Bench, over the same API as the dashboard.
+
+Commands: ``run`` (a benchmark with a progress bar, then a summary), ``runs`` (list),
+``export`` (CSV), ``model tiny`` (build the tiny checkpoint), ``engines`` and
+``accelerators`` (what is usable here, and why not). Every user error prints one
+line ``error: <reason>`` on stderr and exits with status 2 (1 for a failed run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.metrics import RunSummary
+from bench.runner import MODES, Job, RunConfig, start_run
+from bench.store import Store
+from engines.errors import MoEBenchError
+
+EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        self.exit(EXIT_USAGE, f"error: {message} (see --help)\n")
+
+
+def _positive(name: str) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--{name} must be an integer, got '{text}'") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"--{name} must be at least 1, got {value}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m bench", description="MoE Bench: benchmark DeepSeek MoE models on real engines.")
+    p.add_argument("--db", help="SQLite results file (default: $MOEBENCH_DB_PATH or data/moebench.sqlite)")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    r = sub.add_parser("run", help="run a benchmark")
+    r.add_argument("--engine", default="native", help="engine kind (see `engines`)")
+    r.add_argument("--model", default="tiny-deepseek-v3", help="preset name or local checkpoint folder")
+    r.add_argument("--accelerator", default="cpu", help="cpu | cuda | npu | mlu")
+    r.add_argument("--dtype", default="auto", help="auto | float16 | bfloat16 | float32")
+    r.add_argument("--mode", default="concurrency", choices=MODES)
+    r.add_argument("--requests", type=_positive("requests"), default=8, help="measured requests")
+    r.add_argument("--concurrency", type=_positive("concurrency"), default=1, help="max requests in flight")
+    r.add_argument("--warmup", type=int, default=None, help="unrecorded warm-up requests (latency default 1)")
+    r.add_argument("--prompts", default="random", choices=("random", "builtin", "jsonl"), help="prompt source")
+    r.add_argument("--prompt-file", help="JSONL file for --prompts jsonl ({'prompt': ..., 'output_len': ...})")
+    r.add_argument("--input-len", type=_positive("input-len"), default=32, help="random prompt length, tokens")
+    r.add_argument("--output-len", type=_positive("output-len"), default=16, help="output length, tokens")
+    r.add_argument("--temperature", type=float, default=0.0)
+    r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--no-ignore-eos", action="store_true", help="allow stopping at EOS (outputs may be shorter)")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--name", default="", help="a label for the run")
+    r.add_argument("--csv", help="write the per-request CSV here")
+    r.add_argument("--summary-csv", help="write the one-row summary CSV here")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    sub.add_parser("runs", help="list stored runs")
+
+    e = sub.add_parser("export", help="export a run as CSV")
+    e.add_argument("run_id", type=int)
+    e.add_argument("--csv", required=True, help="output file")
+    e.add_argument("--summary", action="store_true", help="the one-row summary instead of per-request rows")
+
+    m = sub.add_parser("model", help="model utilities")
+    m.add_argument("action", choices=("tiny",), help="tiny: build the tiny DeepSeek-V3 and print its folder")
+
+    sub.add_parser("engines", help="list engines and whether they can run here")
+    sub.add_parser("accelerators", help="list accelerators and whether they are available")
+    return p
+
+
+def _store(args: argparse.Namespace) -> Store:
+    from engines.settings import get_settings
+
+    return Store(args.db or get_settings().db_path)
+
+
+def _bar(snap: Any, width: int = 30) -> str:
+    frac = snap.fraction
+    filled = int(width * frac)
+    s = snap.summary
+    extra = ""
+    if s is not None and s.completed:
+        extra = f"  {s.output_throughput_tok_s:7.1f} tok/s  TTFT p50 {_ms(s.ttft_ms.p50)}"
+    if snap.status == "loading":
+        return f"\r{snap.phase[:70]:<70}"
+    return f"\r[{'#' * filled}{'.' * (width - filled)}] {snap.done}/{snap.total}  failed {snap.failed}{extra}   "
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f} ms"
+
+
+def format_summary(summary: RunSummary) -> str:
+    """A plain-text table of a run summary."""
+    lines = [
+        f"requests      {summary.completed} completed, {summary.failed} failed",
+        f"duration      {summary.duration_s:.3f} s",
+        f"throughput    {summary.request_throughput_rps:.3f} req/s   {summary.output_throughput_tok_s:.2f} output tok/s"
+        f"   {summary.total_throughput_tok_s:.2f} total tok/s",
+        f"tokens        {summary.prompt_tokens} prompt, {summary.output_tokens} output",
+        "",
+        f"{'metric':<10}{'mean':>10}{'p50':>10}{'p90':>10}{'p95':>10}{'p99':>10}{'max':>10}",
+    ]
+    for label, st in (
+        ("TTFT ms", summary.ttft_ms),
+        ("TPOT ms", summary.tpot_ms),
+        ("ITL ms", summary.itl_ms),
+        ("E2E ms", summary.e2e_ms),
+    ):
+        vals = [st.mean, st.p50, st.p90, st.p95, st.p99, st.max]
+        lines.append(f"{label:<10}" + "".join(f"{'-' if v is None else f'{v:.2f}':>10}" for v in vals))
+    if summary.peak_memory_gib is not None:
+        lines.append(f"\npeak memory   {summary.peak_memory_gib:.3f} GiB")
+    return "\n".join(lines)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    warmup = args.warmup if args.warmup is not None else (1 if args.mode == "latency" else 0)
+    config = RunConfig.build(
+        engine={"kind": args.engine, "model": args.model, "accelerator": args.accelerator, "dtype": args.dtype},
+        mode=args.mode,
+        workload={
+            "source": args.prompts,
+            "input_len": args.input_len,
+            "output_len": args.output_len,
+            "path": args.prompt_file,
+            "seed": args.seed,
+        },
+        requests=args.requests,
+        concurrency=args.concurrency,
+        warmup=warmup,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        ignore_eos=not args.no_ignore_eos,
+        name=args.name,
+    )
+    store = _store(args)
+    job: Job = start_run(config, store)
+    tty = sys.stderr.isatty() and not args.quiet
+    try:
+        while not job.wait(0.25 if tty else 1.0).status not in ("pending", "loading", "running"):
+            if tty:
+                sys.stderr.write(_bar(job.snapshot()))
+                sys.stderr.flush()
+            elif not args.quiet:
+                snap = job.snapshot()
+                if snap.status == "running":
+                    sys.stderr.write(f"progress {snap.done}/{snap.total} failed {snap.failed}\n")
+    except KeyboardInterrupt:
+        job.cancel()
+        job.wait(10)
+        sys.stderr.write("\ncancelled; what was measured is kept\n")
+        return EXIT_INTERRUPTED
+    snap = job.snapshot()
+    if tty:
+        sys.stderr.write(_bar(snap) + "\n")
+    run_id = snap.run_id
+    assert run_id is not None
+    if snap.summary is not None:
+        print(format_summary(snap.summary))
+    if args.csv:
+        Path(args.csv).write_bytes(store.requests_csv(run_id))
+    if args.summary_csv:
+        Path(args.summary_csv).write_bytes(store.summary_csv([run_id]))
+    print(f"run id        {run_id}  ({snap.status})")
+    if snap.status != "completed":
+        print(f"error: run {run_id} {snap.status}: {snap.error}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    return EXIT_OK
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    runs = _store(args).list_runs()
+    if not runs:
+        print("no runs yet")
+        return EXIT_OK
+    print(
+        f"{'id':>4}  {'status':<11} {'mode':<11} {'engine':<8} {'model':<20} {'acc':<5} {'req':>5}"
+        f" {'tok/s':>9} {'ttft p50':>9}  created"
+    )
+    for r in runs:
+        s = r.summary
+        print(
+            f"{r.id:>4}  {r.status:<11} {r.mode:<11} {r.engine:<8} {r.model[:20]:<20} {r.accelerator:<5} "
+            f"{(s.completed if s else 0):>5} {(f'{s.output_throughput_tok_s:.1f}' if s else '-'):>9} "
+            f"{(f'{s.ttft_ms.p50:.1f}' if s and s.ttft_ms.p50 is not None else '-'):>9}  "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r.created_at))}"
+        )
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    store = _store(args)
+    if store.get_run(args.run_id) is None:
+        raise MoEBenchError(f"no run with id {args.run_id} in {store.path}")
+    data = store.summary_csv([args.run_id]) if args.summary else store.requests_csv(args.run_id)
+    Path(args.csv).write_bytes(data)
+    rows = data.count(b"\n") - 1
+    print(f"wrote {args.csv} ({rows} rows)")
+    return EXIT_OK
+
+
+def cmd_model(args: argparse.Namespace) -> int:
+    from engines.models import tiny_path
+
+    print(tiny_path())
+    return EXIT_OK
+
+
+def cmd_engines(args: argparse.Namespace) -> int:
+    from engines.base import list_engines
+
+    for kind, label, avail in list_engines():
+        print(
+            f"{kind:<10} {'available' if avail.ok else 'unavailable':<12} {label}"
+            + (f": {avail.reason}" if not avail.ok else "")
+        )
+    return EXIT_OK
+
+
+def cmd_accelerators(args: argparse.Namespace) -> int:
+    from engines.accelerators import list_accelerators
+
+    for name, label, avail in list_accelerators():
+        print(
+            f"{name:<5} {'available' if avail.ok else 'unavailable':<12} {label}"
+            + (f": {avail.reason}" if not avail.ok else "")
+        )
+    return EXIT_OK
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "runs": cmd_runs,
+    "export": cmd_export,
+    "model": cmd_model,
+    "engines": cmd_engines,
+    "accelerators": cmd_accelerators,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except MoEBenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        print(f"error: {exc.strerror or exc}: {getattr(exc, 'filename', '') or ''}".rstrip(": "), file=sys.stderr)
+        return EXIT_USAGE

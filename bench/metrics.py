@@ -1,0 +1,220 @@
+"""Per-request records and run summaries. The metric definitions live here, once.
+
+Conventions follow ``vllm bench serve``:
+
+- TTFT: time from sending the request to the first chunk that carries output.
+- TPOT: (E2E - TTFT) / (output tokens - 1), per request; requests with one output
+  token have no TPOT.
+- ITL: every gap between consecutive output chunks, across all requests.
+- E2E: time from sending the request to its last chunk.
+- Throughputs divide by the run's wall-clock duration (first send to last
+  completion), never by a sum of latencies.
+
+Only successful requests enter latency statistics and token counts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
+
+METRIC_DEFINITIONS: dict[str, str] = {
+    "ttft_ms": "Time to first token: from sending the request to receiving the first chunk that carries output, in ms.",
+    "tpot_ms": "Time per output token after the first: (E2E - TTFT) / (output_tokens - 1), per request, in ms; "
+    "undefined for requests with a single output token.",
+    "itl_ms": "Inter-token latency: each gap between two consecutive output chunks of a request, in ms; "
+    "statistics pool the gaps of all requests.",
+    "e2e_ms": "End-to-end latency: from sending the request to receiving its last chunk, in ms.",
+    "duration_s": "Wall-clock run time: from the first request sent to the last request finished, in s "
+    "(warm-up excluded).",
+    "request_throughput_rps": "Completed requests / duration_s.",
+    "output_throughput_tok_s": "Output tokens of completed requests / duration_s.",
+    "total_throughput_tok_s": "(Prompt + output tokens of completed requests) / duration_s.",
+    "peak_memory_gib": "Highest memory seen during the run: the device allocator's peak on CUDA/NPU/MLU, "
+    "the process's peak RSS on CPU; empty when the engine cannot see device memory (remote servers).",
+}
+
+
+@dataclass
+class RequestRecord:
+    """One request, with times in seconds relative to the run's start."""
+
+    request_id: str
+    start_s: float
+    end_s: float
+    chunk_times_s: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    error: str | None = None
+    usage_output_tokens: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def first_token_s(self) -> float | None:
+        return self.chunk_times_s[0] if self.chunk_times_s else None
+
+    @property
+    def ttft_ms(self) -> float | None:
+        ft = self.first_token_s
+        return None if ft is None else (ft - self.start_s) * 1000.0
+
+    @property
+    def e2e_ms(self) -> float:
+        return (self.end_s - self.start_s) * 1000.0
+
+    @property
+    def tpot_ms(self) -> float | None:
+        ttft = self.ttft_ms
+        if ttft is None or self.output_tokens < 2:
+            return None
+        last = self.chunk_times_s[-1]
+        return ((last - self.start_s) * 1000.0 - ttft) / (self.output_tokens - 1)
+
+    @property
+    def itls_ms(self) -> list[float]:
+        t = self.chunk_times_s
+        return [(b - a) * 1000.0 for a, b in itertools.pairwise(t)]
+
+    @property
+    def itl_mean_ms(self) -> float | None:
+        gaps = self.itls_ms
+        return sum(gaps) / len(gaps) if gaps else None
+
+    def as_row(self) -> dict[str, Any]:
+        """The per-request CSV/store row (units in the column names)."""
+        return {
+            "request_id": self.request_id,
+            "start_s": self.start_s,
+            "end_s": self.end_s,
+            "ttft_ms": self.ttft_ms,
+            "tpot_ms": self.tpot_ms,
+            "itl_mean_ms": self.itl_mean_ms,
+            "e2e_ms": self.e2e_ms,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "error": self.error or "",
+        }
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Distribution of one latency metric, in ms."""
+
+    count: int
+    mean: float | None
+    std: float | None
+    min: float | None
+    max: float | None
+    p50: float | None
+    p90: float | None
+    p95: float | None
+    p99: float | None
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default method); None for no data."""
+    if not values:
+        return None
+    xs = sorted(values)
+    if len(xs) == 1:
+        return float(xs[0])
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return float(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo))
+
+
+def describe(values: Iterable[float | None]) -> Stat:
+    """Mean, std (population), min, max and percentiles, skipping None."""
+    xs = [float(v) for v in values if v is not None]
+    if not xs:
+        return Stat(0, None, None, None, None, None, None, None, None)
+    mean = sum(xs) / len(xs)
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
+    p = {q: percentile(xs, q) for q in PERCENTILES}
+    return Stat(len(xs), mean, std, min(xs), max(xs), p[50], p[90], p[95], p[99])
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a run measured. Latency stats cover completed requests only."""
+
+    requests: int
+    completed: int
+    failed: int
+    duration_s: float
+    prompt_tokens: int
+    output_tokens: int
+    request_throughput_rps: float
+    output_throughput_tok_s: float
+    total_throughput_tok_s: float
+    ttft_ms: Stat
+    tpot_ms: Stat
+    itl_ms: Stat
+    e2e_ms: Stat
+    peak_memory_gib: float | None = None
+    max_concurrency: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def flat(self) -> dict[str, Any]:
+        """One flat row: ``ttft_ms_p50``, ``e2e_ms_mean``, ... for tables and CSV."""
+        row: dict[str, Any] = {}
+        for key, value in self.as_dict().items():
+            if isinstance(value, dict):
+                for stat, v in value.items():
+                    if stat != "count":
+                        row[f"{key}_{stat}"] = v
+            else:
+                row[key] = value
+        return row
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunSummary:
+        stats = {k: Stat(**data[k]) for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")}
+        rest = {k: v for k, v in data.items() if k not in stats}
+        return cls(**rest, **stats)
+
+
+def summarize(
+    records: Sequence[RequestRecord],
+    duration_s: float | None = None,
+    peak_memory_gib: float | None = None,
+    max_concurrency: int | None = None,
+) -> RunSummary:
+    """Summarize a run. ``duration_s`` defaults to first start -> last end of the records."""
+    ok = [r for r in records if r.ok]
+    if duration_s is None:
+        duration_s = (max(r.end_s for r in records) - min(r.start_s for r in records)) if records else 0.0
+    prompt_tokens = sum(r.prompt_tokens for r in ok)
+    output_tokens = sum(r.output_tokens for r in ok)
+
+    def rate(x: float) -> float:
+        return x / duration_s if duration_s > 0 else 0.0
+
+    return RunSummary(
+        requests=len(records),
+        completed=len(ok),
+        failed=len(records) - len(ok),
+        duration_s=duration_s,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        request_throughput_rps=rate(len(ok)),
+        output_throughput_tok_s=rate(output_tokens),
+        total_throughput_tok_s=rate(prompt_tokens + output_tokens),
+        ttft_ms=describe(r.ttft_ms for r in ok),
+        tpot_ms=describe(r.tpot_ms for r in ok),
+        itl_ms=describe(g for r in ok for g in r.itls_ms),
+        e2e_ms=describe(r.e2e_ms for r in ok),
+        peak_memory_gib=peak_memory_gib,
+        max_concurrency=max_concurrency,
+    )

@@ -1,0 +1,455 @@
+"""Benchmark runs in the background: latency and concurrency modes.
+
+``start_run(config)`` returns a :class:`Job` at once; a worker thread loads the
+engine (unless a started one is passed in), sends the requests, and writes every
+finished request and a per-second time series to the store as they happen. The
+caller polls ``job.snapshot()`` (an immutable :class:`JobSnapshot`) and may
+``job.cancel()``: no new request starts, in-flight requests stop at their next
+token, and the run is recorded as ``cancelled`` with what it measured.
+
+Modes:
+- ``latency`` (seed 8.1.1 ``benchmark_latency``): ``warmup`` unrecorded requests,
+  then ``requests`` sequential requests.
+- ``concurrency`` (seed 8.4.1): ``requests`` requests with at most ``concurrency``
+  in flight; throughput is tokens over wall-clock time, not over summed latencies.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from bench.metrics import RequestRecord, RunSummary, summarize
+from bench.store import Store
+from bench.workloads import WorkloadSpec, build_requests
+from engines.accelerators import GIB
+from engines.base import (
+    Engine,
+    EngineOptions,
+    GenerationRequest,
+    SamplingParams,
+    create_engine,
+    parse_options,
+    timed_stream,
+)
+from engines.errors import ConfigError, MoEBenchError
+
+Mode = Literal["latency", "concurrency"]
+MODES: tuple[str, ...] = ("latency", "concurrency")
+
+# Live series written about once a second (names in the store's time series table).
+SERIES_OUTPUT_TOK_S = "output_tok_s"
+SERIES_IN_FLIGHT = "in_flight"
+SERIES_DONE = "requests_done"
+SERIES_MEM_ALLOCATED = "mem_allocated_gib"
+SERIES_MEM_RESERVED = "mem_reserved_gib"
+SERIES_MEM_PEAK = "mem_peak_gib"
+
+
+class RunConfig(BaseModel):
+    """Everything that defines a run; stored with it as JSON."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine: dict[str, Any] = Field(default_factory=lambda: {"kind": "native"})
+    mode: Mode = "concurrency"
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    requests: int = Field(8, ge=1, le=1_000_000)
+    concurrency: int = Field(1, ge=1, le=4096)
+    warmup: int = Field(0, ge=0, le=1000)
+    temperature: float = Field(0.0, ge=0.0, le=5.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    ignore_eos: bool = True
+    name: str = ""
+    sample_interval_s: float = Field(1.0, gt=0.0, le=60.0)
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_options(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return parse_options(v).model_dump()
+
+    @model_validator(mode="after")
+    def _latency_is_sequential(self) -> RunConfig:
+        if self.mode == "latency":
+            self.concurrency = 1
+        return self
+
+    @classmethod
+    def build(cls, **data: Any) -> RunConfig:
+        """Validate, turning pydantic errors into one-line :class:`ConfigError`."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            parts = []
+            for err in exc.errors():
+                loc = ".".join(str(x) for x in err["loc"]) or "config"
+                parts.append(f"{loc}: {str(err['msg']).removeprefix('Value error, ')}")
+            raise ConfigError("; ".join(parts)) from exc
+
+    @property
+    def engine_options(self) -> EngineOptions:
+        return parse_options(self.engine)
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=self.workload.output_len,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            ignore_eos=self.ignore_eos,
+            seed=self.workload.seed if self.temperature > 0 else None,
+        )
+
+
+@dataclass(frozen=True)
+class JobSnapshot:
+    """What a job looks like at one moment; safe to hand to any thread."""
+
+    job_id: str
+    run_id: int | None
+    status: str  # pending | loading | running | completed | failed | cancelled
+    phase: str
+    done: int
+    total: int
+    failed: int
+    in_flight: int
+    elapsed_s: float
+    error: str | None
+    summary: RunSummary | None
+    mode: str
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return self.status in ("pending", "loading", "running")
+
+    @property
+    def fraction(self) -> float:
+        return self.done / self.total if self.total else 0.0
+
+
+class Job:
+    """A run in progress. Only the worker thread writes; snapshots are immutable copies."""
+
+    def __init__(self, config: RunConfig, store: Store) -> None:
+        self.id = uuid.uuid4().hex[:12]
+        self.config = config
+        self.store = store
+        self.cancel_event = threading.Event()
+        self._lock = threading.Lock()
+        self._finished = threading.Event()
+        self._status = "pending"
+        self._phase = "queued"
+        self._run_id: int | None = None
+        self._done = 0
+        self._failed = 0
+        self._in_flight = 0
+        self._tokens = 0
+        self._t0: float | None = None
+        self._created = time.perf_counter()
+        self._error: str | None = None
+        self._summary: RunSummary | None = None
+        self._records: list[RequestRecord] = []
+        self.thread: threading.Thread | None = None
+
+    # --- caller side ------------------------------------------------------------------
+    def snapshot(self) -> JobSnapshot:
+        with self._lock:
+            elapsed = time.perf_counter() - (self._t0 or self._created)
+            return JobSnapshot(
+                job_id=self.id,
+                run_id=self._run_id,
+                status=self._status,
+                phase=self._phase,
+                done=self._done,
+                total=self.config.requests,
+                failed=self._failed,
+                in_flight=self._in_flight,
+                elapsed_s=elapsed if self._status in ("loading", "running") else self._final_elapsed(elapsed),
+                error=self._error,
+                summary=self._summary,
+                mode=self.config.mode,
+                config=self.config.model_dump(),
+            )
+
+    def _final_elapsed(self, elapsed: float) -> float:
+        return self._summary.duration_s if self._summary else elapsed
+
+    def cancel(self) -> None:
+        self.cancel_event.set()
+
+    def wait(self, timeout: float | None = None) -> JobSnapshot:
+        self._finished.wait(timeout)
+        return self.snapshot()
+
+    @property
+    def run_id(self) -> int | None:
+        return self._run_id
+
+    # --- worker side ------------------------------------------------------------------
+    def _set(self, **kw: Any) -> None:
+        with self._lock:
+            for k, v in kw.items():
+                setattr(self, f"_{k}", v)
+
+    def _partial_summary(self) -> RunSummary | None:
+        with self._lock:
+            records = list(self._records)
+        if not records or self._t0 is None:
+            return None
+        return summarize(records, duration_s=time.perf_counter() - self._t0, max_concurrency=self.config.concurrency)
+
+
+def _record(req: GenerationRequest, res: Any, t0: float) -> RequestRecord:
+    return RequestRecord(
+        request_id=req.request_id,
+        start_s=res.start - t0,
+        end_s=res.end - t0,
+        chunk_times_s=[c.t - t0 for c in res.chunks],
+        prompt_tokens=int(res.prompt_tokens or 0),
+        output_tokens=res.output_tokens,
+        error=res.error,
+        usage_output_tokens=res.usage_output_tokens,
+    )
+
+
+def _execute(job: Job, engine: Engine | None, owns_engine: bool) -> None:
+    cfg = job.config
+    store = job.store
+    run_id = job._run_id
+    assert run_id is not None
+    try:
+        if engine is None:
+            job._set(status="loading", phase="loading model")
+            engine = create_engine(cfg.engine_options)
+
+            def progress(msg: str, frac: float) -> None:
+                job._set(phase=f"loading: {msg}")
+
+            engine.start(progress)
+        info = engine.describe()
+        store.set_engine_info(run_id, info, model=info.get("model"))
+        if job.cancel_event.is_set():
+            raise _Cancelled
+        job._set(phase="building prompts")
+        sampling = cfg.sampling()
+        requests = build_requests(cfg.workload, cfg.requests, sampling, engine.tokenizer())
+        if cfg.warmup:
+            job._set(phase=f"warm-up ({cfg.warmup} requests)")
+            warm = build_requests(cfg.workload, cfg.warmup, sampling, engine.tokenizer(), prefix="warmup")
+            for req in warm:
+                if job.cancel_event.is_set():
+                    raise _Cancelled
+                res = timed_stream(engine, req, job.cancel_event)
+                if res.error and not job.cancel_event.is_set():
+                    raise MoEBenchError(f"warm-up request failed: {res.error}")
+        engine.reset_peak_memory()
+        _measure(job, engine, requests)
+    except _Cancelled:
+        store.finish_run(run_id, "cancelled", error="cancelled before any request was sent")
+        job._set(status="cancelled", phase="cancelled")
+    except Exception as exc:  # noqa: BLE001 - every failure becomes the run's one-line reason
+        reason = str(exc) if isinstance(exc, MoEBenchError) else f"{type(exc).__name__}: {exc}"
+        reason = " ".join(reason.split())
+        summary = job._partial_summary()
+        store.finish_run(run_id, "failed", summary=summary, error=reason)
+        job._set(status="failed", phase="failed", error=reason, summary=summary)
+    finally:
+        if owns_engine and engine is not None:
+            try:
+                engine.stop()
+            except Exception as exc:  # noqa: BLE001 - report, but keep what was measured
+                job._set(phase=f"engine stop failed: {exc}")
+        job._finished.set()
+
+
+class _Cancelled(Exception):
+    pass
+
+
+def _measure(job: Job, engine: Engine, requests: list[GenerationRequest]) -> None:
+    cfg = job.config
+    store = job.store
+    run_id = job._run_id
+    assert run_id is not None
+    todo: queue.Queue[tuple[int, GenerationRequest]] = queue.Queue()
+    for item in enumerate(requests):
+        todo.put(item)
+    token_lock = threading.Lock()
+    stop_sampler = threading.Event()
+    t0 = time.perf_counter()
+    job._set(status="running", phase="running", t0=t0)
+
+    def on_chunk(chunk: Any) -> None:
+        with token_lock:
+            job._tokens += chunk.tokens
+
+    def worker() -> None:
+        while not job.cancel_event.is_set():
+            try:
+                seq, req = todo.get_nowait()
+            except queue.Empty:
+                return
+            with job._lock:
+                job._in_flight += 1
+            res = timed_stream(engine, req, job.cancel_event, on_chunk)
+            rec = _record(req, res, t0)
+            store.add_sample(run_id, seq, rec)
+            with job._lock:
+                job._in_flight -= 1
+                job._records.append(rec)
+                job._done += 1
+                job._failed += 0 if rec.ok else 1
+
+    def sampler() -> None:
+        last_t, last_tokens = t0, 0
+        summary_every = 1
+        for tick in itertools.count(1):
+            if stop_sampler.wait(cfg.sample_interval_s):
+                break
+            now = time.perf_counter()
+            with token_lock:
+                tokens = job._tokens
+            with job._lock:
+                in_flight, done = job._in_flight, job._done
+            points: list[tuple[float, str, float | None]] = [
+                (now - t0, SERIES_OUTPUT_TOK_S, (tokens - last_tokens) / (now - last_t)),
+                (now - t0, SERIES_IN_FLIGHT, float(in_flight)),
+                (now - t0, SERIES_DONE, float(done)),
+            ]
+            points.extend(_memory_points(engine, now - t0))
+            store.add_points(run_id, points)
+            last_t, last_tokens = now, tokens
+            # The partial summary costs O(records); refresh it less often on big runs.
+            if done > 5000:
+                summary_every = 5
+            if tick % summary_every == 0:
+                job._set(summary=job._partial_summary())
+
+    threads = [threading.Thread(target=worker, name=f"run{run_id}-w{i}", daemon=True) for i in range(cfg.concurrency)]
+    sampler_thread = threading.Thread(target=sampler, name=f"run{run_id}-sampler", daemon=True)
+    store.add_points(run_id, [(0.0, SERIES_IN_FLIGHT, 0.0), (0.0, SERIES_DONE, 0.0), *_memory_points(engine, 0.0)])
+    sampler_thread.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    t_end = time.perf_counter()
+    stop_sampler.set()
+    sampler_thread.join()
+    store.add_points(run_id, [(t_end - t0, SERIES_IN_FLIGHT, 0.0), (t_end - t0, SERIES_DONE, float(job._done))])
+
+    mem = engine.memory()
+    with job._lock:
+        records = list(job._records)
+    last_end = max((r.end_s for r in records), default=t_end - t0)
+    summary = summarize(
+        records,
+        duration_s=last_end,
+        peak_memory_gib=mem.peak_bytes / GIB if mem else None,
+        max_concurrency=cfg.concurrency,
+    )
+    if job.cancel_event.is_set():
+        store.finish_run(run_id, "cancelled", summary=summary, error="cancelled by the user")
+        job._set(status="cancelled", phase="cancelled", summary=summary)
+    elif summary.completed == 0:
+        first = next((r.error for r in records if r.error), "no request completed")
+        reason = f"every request failed; first error: {first}"
+        store.finish_run(run_id, "failed", summary=summary, error=reason)
+        job._set(status="failed", phase="failed", summary=summary, error=reason)
+    else:
+        store.finish_run(run_id, "completed", summary=summary)
+        job._set(status="completed", phase="completed", summary=summary)
+
+
+def _memory_points(engine: Engine, t: float) -> list[tuple[float, str, float | None]]:
+    try:
+        mem = engine.memory()
+    except Exception:  # noqa: BLE001 - a telemetry hiccup must not end a run
+        return []
+    if mem is None:
+        return []
+    return [
+        (t, SERIES_MEM_ALLOCATED, mem.allocated_bytes / GIB),
+        (t, SERIES_MEM_RESERVED, mem.reserved_bytes / GIB),
+        (t, SERIES_MEM_PEAK, mem.peak_bytes / GIB),
+    ]
+
+
+def start_run(
+    config: RunConfig,
+    store: Store,
+    engine: Engine | None = None,
+    on_done: Callable[[Job], None] | None = None,
+) -> Job:
+    """Record the run and start it in a background thread; return at once.
+
+    With ``engine`` (already started), the run uses it and leaves it running;
+    otherwise the job creates, starts and finally stops its own engine.
+    """
+    opts = config.engine_options
+    job = Job(config, store)
+    run_id = store.create_run(
+        mode=config.mode,
+        engine=opts.kind,
+        model=opts.model,
+        accelerator=opts.accelerator,
+        config=config.model_dump(),
+        concurrency=config.concurrency,
+        name=config.name,
+    )
+    job._run_id = run_id
+
+    def target() -> None:
+        _execute(job, engine, owns_engine=engine is None)
+        if on_done is not None:
+            on_done(job)
+
+    job.thread = threading.Thread(target=target, name=f"run-{run_id}", daemon=True)
+    job.thread.start()
+    return job
+
+
+class JobManager:
+    """The jobs of one process (the dashboard keeps one in ``st.cache_resource``)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._jobs: dict[str, Job] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, config: RunConfig, engine: Engine | None = None) -> Job:
+        with self._lock:
+            if any(j.snapshot().active for j in self._jobs.values()):
+                raise ConfigError("a run is already in progress; stop it or wait for it to finish")
+            job = start_run(config, self.store, engine)
+            self._jobs[job.id] = job
+            return job
+
+    def active(self) -> Job | None:
+        with self._lock:
+            for job in self._jobs.values():
+                if job.snapshot().active:
+                    return job
+        return None
+
+    def latest(self, mode: str | None = None) -> Job | None:
+        with self._lock:
+            jobs = [j for j in self._jobs.values() if mode is None or j.config.mode == mode]
+        return jobs[-1] if jobs else None
+
+    def get(self, job_id: str) -> Job | None:
+        return self._jobs.get(job_id)
+
+    def cancel_all(self, timeout: float = 5.0) -> None:
+        for job in list(self._jobs.values()):
+            job.cancel()
+        for job in list(self._jobs.values()):
+            job.wait(timeout)

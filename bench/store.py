@@ -1,0 +1,463 @@
+"""SQLite store: runs, per-request samples and per-second time series; CSV export.
+
+Rows are written as they arrive (WAL mode, one connection per thread), so a reader
+(the dashboard) sees a run grow and a crash loses nothing already measured. A run
+left ``running`` by a process that no longer exists is marked ``interrupted`` when
+a store is opened. Time series are kept long (``t_s, name, value``) so new series
+(server metrics, device telemetry) need no schema change.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.metrics import RequestRecord, RunSummary
+
+SCHEMA_VERSION = 1
+STATUSES = ("running", "completed", "failed", "cancelled", "interrupted")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL,
+    finished_at REAL,
+    status TEXT NOT NULL,
+    mode TEXT NOT NULL,
+    engine TEXT NOT NULL,
+    model TEXT NOT NULL,
+    accelerator TEXT NOT NULL,
+    concurrency INTEGER,
+    config_json TEXT NOT NULL,
+    engine_json TEXT NOT NULL DEFAULT '{}',
+    summary_json TEXT,
+    error TEXT,
+    pid INTEGER,
+    pid_started REAL,
+    host TEXT
+);
+CREATE TABLE IF NOT EXISTS samples (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL,
+    request_id TEXT NOT NULL,
+    start_s REAL NOT NULL,
+    end_s REAL NOT NULL,
+    ttft_ms REAL,
+    tpot_ms REAL,
+    itl_mean_ms REAL,
+    e2e_ms REAL NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    error TEXT NOT NULL DEFAULT '',
+    chunk_times_json TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE TABLE IF NOT EXISTS timeseries (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    t_s REAL NOT NULL,
+    name TEXT NOT NULL,
+    value REAL
+);
+CREATE INDEX IF NOT EXISTS timeseries_run ON timeseries(run_id, name, t_s);
+"""
+
+REQUEST_CSV_COLUMNS: tuple[str, ...] = (
+    "run_id",
+    "request_id",
+    "start_s",
+    "end_s",
+    "ttft_ms",
+    "tpot_ms",
+    "itl_mean_ms",
+    "e2e_ms",
+    "prompt_tokens",
+    "output_tokens",
+    "error",
+)
+
+SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
+    "run_id",
+    "name",
+    "status",
+    "created_at",
+    "engine",
+    "model",
+    "accelerator",
+    "mode",
+    "requests",
+    "completed",
+    "failed",
+    "concurrency",
+    "duration_s",
+    "prompt_tokens",
+    "output_tokens",
+    "request_throughput_rps",
+    "output_throughput_tok_s",
+    "total_throughput_tok_s",
+    "ttft_ms_mean",
+    "ttft_ms_p50",
+    "ttft_ms_p90",
+    "ttft_ms_p99",
+    "tpot_ms_mean",
+    "tpot_ms_p50",
+    "tpot_ms_p90",
+    "tpot_ms_p99",
+    "itl_ms_mean",
+    "itl_ms_p50",
+    "itl_ms_p90",
+    "itl_ms_p99",
+    "e2e_ms_mean",
+    "e2e_ms_p50",
+    "e2e_ms_p90",
+    "e2e_ms_p99",
+    "peak_memory_gib",
+    "error",
+)
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One run as stored."""
+
+    id: int
+    name: str
+    created_at: float
+    finished_at: float | None
+    status: str
+    mode: str
+    engine: str
+    model: str
+    accelerator: str
+    concurrency: int | None
+    config: dict[str, Any]
+    engine_info: dict[str, Any]
+    summary: RunSummary | None
+    error: str | None
+
+    def summary_row(self) -> dict[str, Any]:
+        """The summary CSV row of this run (empty metrics when it has no summary)."""
+        row: dict[str, Any] = {c: None for c in SUMMARY_CSV_COLUMNS}
+        if self.summary is not None:
+            row.update({k: v for k, v in self.summary.flat().items() if k in row})
+        row.update(
+            run_id=self.id,
+            name=self.name,
+            status=self.status,
+            created_at=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.created_at)),
+            engine=self.engine,
+            model=self.model,
+            accelerator=self.accelerator,
+            mode=self.mode,
+            concurrency=self.concurrency,
+            error=self.error or "",
+        )
+        return row
+
+
+def _process_started(pid: int) -> float | None:
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:  # noqa: BLE001 - no such process (or no permission): treat as gone
+        return None
+
+
+class Store:
+    """A SQLite results file. Safe to share between threads."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            from engines.errors import ConfigError
+
+            raise ConfigError(f"cannot create the folder of database '{self.path}': {exc.strerror}") from exc
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        conn = self._conn()
+        with self._lock:
+            conn.executescript(_SCHEMA)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        self.mark_interrupted()
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            try:
+                conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+                conn.execute("PRAGMA journal_mode=WAL")
+            except sqlite3.Error as exc:
+                from engines.errors import ConfigError
+
+                raise ConfigError(f"cannot open database '{self.path}': {exc}") from exc
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.row_factory = sqlite3.Row
+            self._local.conn = conn
+        return conn
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    # --- runs -------------------------------------------------------------------------
+    def create_run(
+        self,
+        *,
+        mode: str,
+        engine: str,
+        model: str,
+        accelerator: str,
+        config: dict[str, Any],
+        concurrency: int | None = None,
+        name: str = "",
+    ) -> int:
+        pid = os.getpid()
+        cur = self._conn().execute(
+            "INSERT INTO runs (name, created_at, status, mode, engine, model, accelerator, concurrency,"
+            " config_json, pid, pid_started, host) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                name,
+                time.time(),
+                "running",
+                mode,
+                engine,
+                model,
+                accelerator,
+                concurrency,
+                json.dumps(config),
+                pid,
+                _process_started(pid),
+                socket.gethostname(),
+            ),
+        )
+        return int(cur.lastrowid or 0)
+
+    def finish_run(
+        self,
+        run_id: int,
+        status: str,
+        summary: RunSummary | None = None,
+        error: str | None = None,
+    ) -> None:
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status}")
+        self._conn().execute(
+            "UPDATE runs SET status=?, finished_at=?, summary_json=COALESCE(?, summary_json), error=? WHERE id=?",
+            (status, time.time(), json.dumps(summary.as_dict()) if summary else None, error, run_id),
+        )
+
+    def set_engine_info(self, run_id: int, info: dict[str, Any], model: str | None = None) -> None:
+        self._conn().execute(
+            "UPDATE runs SET engine_json=?, model=COALESCE(?, model) WHERE id=?",
+            (json.dumps(info, default=str), model, run_id),
+        )
+
+    def set_summary(self, run_id: int, summary: RunSummary) -> None:
+        self._conn().execute("UPDATE runs SET summary_json=? WHERE id=?", (json.dumps(summary.as_dict()), run_id))
+
+    def mark_interrupted(self) -> int:
+        """Mark ``running`` runs whose owning process is gone as ``interrupted``."""
+        host = socket.gethostname()
+        rows = self._conn().execute("SELECT id, pid, pid_started, host FROM runs WHERE status='running'").fetchall()
+        gone = []
+        for r in rows:
+            if r["host"] != host:
+                continue
+            started = _process_started(int(r["pid"] or 0)) if r["pid"] else None
+            if started is None or (r["pid_started"] is not None and abs(started - r["pid_started"]) > 1.0):
+                gone.append(int(r["id"]))
+        for run_id in gone:
+            self._conn().execute(
+                "UPDATE runs SET status='interrupted', error=COALESCE(error, ?) WHERE id=? AND status='running'",
+                ("the process running it ended before it finished", run_id),
+            )
+        return len(gone)
+
+    def _row(self, r: sqlite3.Row) -> RunRow:
+        summary = RunSummary.from_dict(json.loads(r["summary_json"])) if r["summary_json"] else None
+        return RunRow(
+            id=int(r["id"]),
+            name=r["name"],
+            created_at=float(r["created_at"]),
+            finished_at=r["finished_at"],
+            status=r["status"],
+            mode=r["mode"],
+            engine=r["engine"],
+            model=r["model"],
+            accelerator=r["accelerator"],
+            concurrency=r["concurrency"],
+            config=json.loads(r["config_json"]),
+            engine_info=json.loads(r["engine_json"] or "{}"),
+            summary=summary,
+            error=r["error"],
+        )
+
+    def get_run(self, run_id: int) -> RunRow | None:
+        r = self._conn().execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+        return self._row(r) if r else None
+
+    def list_runs(self, limit: int | None = None, statuses: Sequence[str] | None = None) -> list[RunRow]:
+        """Newest first."""
+        sql = "SELECT * FROM runs"
+        args: list[Any] = []
+        if statuses:
+            sql += f" WHERE status IN ({','.join('?' * len(statuses))})"
+            args.extend(statuses)
+        sql += " ORDER BY id DESC"
+        if limit:
+            sql += " LIMIT ?"
+            args.append(limit)
+        return [self._row(r) for r in self._conn().execute(sql, args).fetchall()]
+
+    def delete_runs(self, run_ids: Iterable[int]) -> int:
+        ids = [int(i) for i in run_ids]
+        if not ids:
+            return 0
+        q = ",".join("?" * len(ids))
+        conn = self._conn()
+        with self._lock:
+            conn.execute("BEGIN")
+            conn.execute(f"DELETE FROM samples WHERE run_id IN ({q})", ids)
+            conn.execute(f"DELETE FROM timeseries WHERE run_id IN ({q})", ids)
+            cur = conn.execute(f"DELETE FROM runs WHERE id IN ({q}) AND status != 'running'", ids)
+            conn.execute("COMMIT")
+        return cur.rowcount
+
+    # --- samples ----------------------------------------------------------------------
+    def add_sample(self, run_id: int, seq: int, rec: RequestRecord) -> None:
+        self.add_samples(run_id, [(seq, rec)])
+
+    def add_samples(self, run_id: int, items: Sequence[tuple[int, RequestRecord]]) -> None:
+        rows = []
+        for seq, rec in items:
+            row = rec.as_row()
+            rows.append(
+                (
+                    run_id,
+                    seq,
+                    row["request_id"],
+                    row["start_s"],
+                    row["end_s"],
+                    row["ttft_ms"],
+                    row["tpot_ms"],
+                    row["itl_mean_ms"],
+                    row["e2e_ms"],
+                    row["prompt_tokens"],
+                    row["output_tokens"],
+                    row["error"],
+                    json.dumps([round(t, 6) for t in rec.chunk_times_s]),
+                )
+            )
+        conn = self._conn()
+        with self._lock:
+            conn.execute("BEGIN")
+            conn.executemany("INSERT OR REPLACE INTO samples VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+            conn.execute("COMMIT")
+
+    def records(self, run_id: int) -> list[RequestRecord]:
+        """All samples of a run as records (chunk times included), in arrival order."""
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT request_id, start_s, end_s, chunk_times_json, prompt_tokens, output_tokens, error"
+                " FROM samples WHERE run_id=? ORDER BY seq",
+                (run_id,),
+            )
+            .fetchall()
+        )
+        return [
+            RequestRecord(
+                request_id=r["request_id"],
+                start_s=r["start_s"],
+                end_s=r["end_s"],
+                chunk_times_s=json.loads(r["chunk_times_json"]),
+                prompt_tokens=r["prompt_tokens"],
+                output_tokens=r["output_tokens"],
+                error=r["error"] or None,
+            )
+            for r in rows
+        ]
+
+    def sample_rows(self, run_ids: int | Sequence[int], limit: int | None = None) -> list[dict[str, Any]]:
+        """Per-request rows (CSV columns). With ``limit``, the newest ``limit`` per call, oldest first."""
+        ids = [run_ids] if isinstance(run_ids, int) else list(run_ids)
+        if not ids:
+            return []
+        cols = ", ".join(REQUEST_CSV_COLUMNS)
+        q = ",".join("?" * len(ids))
+        if limit:
+            sql = (
+                f"SELECT * FROM (SELECT {cols}, seq FROM samples WHERE run_id IN ({q}) ORDER BY end_s DESC LIMIT ?)"
+                " ORDER BY end_s"
+            )
+            args: list[Any] = [*ids, limit]
+        else:
+            sql = f"SELECT {cols}, seq FROM samples WHERE run_id IN ({q}) ORDER BY run_id, seq"
+            args = ids
+        return [{c: r[c] for c in REQUEST_CSV_COLUMNS} for r in self._conn().execute(sql, args).fetchall()]
+
+    def sample_count(self, run_id: int) -> int:
+        return int(self._conn().execute("SELECT COUNT(*) FROM samples WHERE run_id=?", (run_id,)).fetchone()[0])
+
+    # --- time series ------------------------------------------------------------------
+    def add_points(self, run_id: int, points: Sequence[tuple[float, str, float | None]]) -> None:
+        if not points:
+            return
+        conn = self._conn()
+        with self._lock:
+            conn.execute("BEGIN")
+            conn.executemany("INSERT INTO timeseries VALUES (?,?,?,?)", [(run_id, t, n, v) for t, n, v in points])
+            conn.execute("COMMIT")
+
+    def timeseries(self, run_id: int, names: Sequence[str] | None = None) -> list[tuple[float, str, float | None]]:
+        sql = "SELECT t_s, name, value FROM timeseries WHERE run_id=?"
+        args: list[Any] = [run_id]
+        if names:
+            sql += f" AND name IN ({','.join('?' * len(names))})"
+            args.extend(names)
+        sql += " ORDER BY t_s"
+        return [(r[0], r[1], r[2]) for r in self._conn().execute(sql, args).fetchall()]
+
+    # --- export -----------------------------------------------------------------------
+    def requests_csv(self, run_ids: int | Sequence[int]) -> bytes:
+        """Per-request CSV of one or more runs (columns: :data:`REQUEST_CSV_COLUMNS`)."""
+        return rows_to_csv(REQUEST_CSV_COLUMNS, self.sample_rows(run_ids))
+
+    def summary_csv(self, run_ids: Sequence[int] | None = None) -> bytes:
+        """One row per run (columns: :data:`SUMMARY_CSV_COLUMNS`); all runs when ``run_ids`` is None."""
+        runs = self.list_runs() if run_ids is None else [r for i in run_ids if (r := self.get_run(int(i)))]
+        return rows_to_csv(SUMMARY_CSV_COLUMNS, [r.summary_row() for r in runs])
+
+
+def _fmt(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}" if abs(v) < 1e-3 and v != 0 else f"{v:.4f}".rstrip("0").rstrip(".")
+    return v
+
+
+def rows_to_csv(columns: Sequence[str], rows: Iterable[dict[str, Any]]) -> bytes:
+    """Pure: rows -> UTF-8 CSV bytes with exactly ``columns``."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(columns)
+    for row in rows:
+        w.writerow([_fmt(row.get(c)) for c in columns])
+    return buf.getvalue().encode("utf-8")

@@ -1,0 +1,1 @@
+"""The Streamlit dashboard: the only package that imports streamlit."""

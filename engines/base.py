@@ -1,0 +1,261 @@
+"""The Engine contract and the registry of engine kinds.
+
+Every engine (native transformers, vLLM, Triton, LMDeploy, any OpenAI-compatible
+server) implements the same small interface:
+
+- ``start(progress)``: load the model or reach the server;
+- ``stream(request, cancel)``: yield :class:`StreamChunk` objects (text plus the number
+  of new tokens it carries) as the engine produces them;
+- ``stop()``; ``describe()``; ``memory()``.
+
+Engines never take timestamps: :func:`timed_stream` stamps every chunk with one
+monotonic clock as it reaches the caller, so TTFT means the same thing for every engine.
+
+Options are typed pydantic models discriminated by ``kind``. Engine modules are
+imported lazily through :data:`ENGINE_MODULES`, so a missing vLLM or tritonclient
+only matters when that engine is picked.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from engines.accelerators import ACCELERATORS, Availability, MemoryStats
+from engines.errors import ConfigError, UnknownEngine
+
+ProgressFn = Callable[[str, float], None]  # (message, fraction 0..1)
+
+
+class SamplingParams(BaseModel):
+    """Per-request sampling. ``ignore_eos`` makes the output exactly ``max_tokens`` long."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_tokens: int = Field(16, ge=1, le=32768)
+    temperature: float = Field(0.0, ge=0.0, le=5.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    ignore_eos: bool = True
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One request. ``prompt_token_ids`` is set when the workload fixed the exact tokens."""
+
+    request_id: str
+    prompt: str
+    sampling: SamplingParams
+    prompt_token_ids: tuple[int, ...] | None = None
+    prompt_tokens: int | None = None  # the workload's count, when known
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """What an engine yields: new text and how many tokens it holds.
+
+    ``final`` marks an end-of-stream usage report that may carry no text (e.g. an
+    OpenAI ``usage`` chunk); ``prompt_tokens`` / ``usage_output_tokens`` come from it.
+    """
+
+    text: str
+    tokens: int = 1
+    final: bool = False
+    prompt_tokens: int | None = None
+    usage_output_tokens: int | None = None
+
+
+@dataclass
+class TimedChunk:
+    t: float  # time.perf_counter() when the chunk reached the caller
+    tokens: int
+
+
+@dataclass
+class TimedResult:
+    """One request as the caller saw it, on the perf_counter clock."""
+
+    start: float
+    end: float = 0.0
+    chunks: list[TimedChunk] = field(default_factory=list)
+    text: str = ""
+    prompt_tokens: int | None = None
+    output_tokens: int = 0
+    usage_output_tokens: int | None = None
+    error: str | None = None
+
+
+def timed_stream(
+    engine: Engine,
+    request: GenerationRequest,
+    cancel: threading.Event | None = None,
+    on_chunk: Callable[[TimedChunk], None] | None = None,
+) -> TimedResult:
+    """Run one request and stamp every chunk that carries text: the single timing point.
+
+    An engine error ends this request with its reason in ``error``; it never raises
+    for a request-level failure (the run goes on).
+    """
+    result = TimedResult(start=time.perf_counter(), prompt_tokens=request.prompt_tokens)
+    parts: list[str] = []
+    try:
+        for chunk in engine.stream(request, cancel):
+            now = time.perf_counter()
+            if chunk.prompt_tokens is not None:
+                result.prompt_tokens = chunk.prompt_tokens
+            if chunk.usage_output_tokens is not None:
+                result.usage_output_tokens = chunk.usage_output_tokens
+            if chunk.tokens > 0 or chunk.text:
+                tc = TimedChunk(now, chunk.tokens)
+                result.chunks.append(tc)
+                result.output_tokens += chunk.tokens
+                parts.append(chunk.text)
+                if on_chunk is not None:
+                    on_chunk(tc)
+        if cancel is not None and cancel.is_set() and result.output_tokens < request.sampling.max_tokens:
+            result.error = "cancelled"
+    except Exception as exc:  # noqa: BLE001 - a failed request is recorded, not raised
+        result.error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
+    result.end = time.perf_counter()
+    result.text = "".join(parts)
+    if result.usage_output_tokens is not None and not result.chunks:
+        result.output_tokens = result.usage_output_tokens
+    return result
+
+
+class EngineOptions(BaseModel):
+    """Options every engine takes. Subclasses narrow ``kind`` to a Literal."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str
+    model: str = "tiny-deepseek-v3"
+    accelerator: str = "cpu"
+    dtype: str = "auto"
+    trust_remote_code: bool = False
+
+    @field_validator("accelerator")
+    @classmethod
+    def _known_accelerator(cls, v: str) -> str:
+        if v not in ACCELERATORS:
+            raise ValueError(f"unknown accelerator '{v}'; known accelerators: {', '.join(ACCELERATORS)}")
+        return v
+
+
+class Engine:
+    """Base class of all engines. See the module docstring for the contract."""
+
+    kind: ClassVar[str] = ""
+    label: ClassVar[str] = ""
+    options_model: ClassVar[type[EngineOptions]] = EngineOptions
+
+    def __init__(self, options: EngineOptions) -> None:
+        self.options = options
+        self.started = False
+
+    @classmethod
+    def availability(cls) -> Availability:
+        """Whether this engine's packages are installed (cheap; no model loaded)."""
+        return Availability(True)
+
+    def start(self, progress: ProgressFn | None = None) -> None:
+        raise NotImplementedError
+
+    def stream(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[StreamChunk]:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        self.started = False
+
+    def describe(self) -> dict[str, Any]:
+        """Engine, model, accelerator, dtype, parameter count, versions: stored with each run."""
+        return {"engine": self.kind, "model": self.options.model, "accelerator": self.options.accelerator}
+
+    def memory(self) -> MemoryStats | None:
+        """Device memory now, or None when the engine cannot see it (remote servers)."""
+        return None
+
+    def reset_peak_memory(self) -> None:
+        return None
+
+    def tokenizer(self) -> Any | None:
+        """A Hugging Face tokenizer for exact-length prompts and client counts, if known."""
+        return None
+
+    def __enter__(self) -> Engine:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# kind -> module that registers it. Modules import their heavy packages lazily.
+ENGINE_MODULES: dict[str, str] = {
+    "native": "engines.native",
+}
+
+_REGISTRY: dict[str, type[Engine]] = {}
+
+
+def register_engine(cls: type[Engine]) -> type[Engine]:
+    """Class decorator: make ``cls`` available under ``cls.kind``."""
+    _REGISTRY[cls.kind] = cls
+    return cls
+
+
+def known_kinds() -> list[str]:
+    return list(ENGINE_MODULES)
+
+
+def engine_class(kind: str) -> type[Engine]:
+    """The class for ``kind``; :class:`UnknownEngine` lists the known kinds otherwise."""
+    if kind not in ENGINE_MODULES:
+        raise UnknownEngine(f"unknown engine '{kind}'; known engines: {', '.join(known_kinds())}")
+    if kind not in _REGISTRY:
+        importlib.import_module(ENGINE_MODULES[kind])
+    return _REGISTRY[kind]
+
+
+def parse_options(data: dict[str, Any] | EngineOptions) -> EngineOptions:
+    """Validate a dict into the options model of its ``kind``; errors become one line."""
+    if isinstance(data, EngineOptions):
+        return data
+    cls = engine_class(str(data.get("kind", "")))
+    try:
+        return cls.options_model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_one_line_validation(exc)) from exc
+
+
+def _one_line_validation(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "value"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}")
+    return "; ".join(parts)
+
+
+def create_engine(data: dict[str, Any] | EngineOptions) -> Engine:
+    """Build (not start) an engine from options."""
+    opts = parse_options(data)
+    return engine_class(opts.kind)(opts)
+
+
+def list_engines() -> list[tuple[str, str, Availability]]:
+    """(kind, label, availability) for every known engine kind."""
+    out = []
+    for kind in known_kinds():
+        try:
+            cls = engine_class(kind)
+            out.append((kind, cls.label or kind, cls.availability()))
+        except Exception as exc:  # noqa: BLE001 - a broken engine module is shown, not fatal
+            out.append((kind, kind, Availability(False, f"{type(exc).__name__}: {exc}")))
+    return out

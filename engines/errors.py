@@ -1,0 +1,42 @@
+"""The project's exception family: every error a user can cause carries a one-line reason.
+
+Pages show ``str(exc)`` with ``st.error``; the CLI prints it and exits non-zero.
+"""
+
+from __future__ import annotations
+
+
+class MoEBenchError(Exception):
+    """Base class: ``str(exc)`` is a one-line reason fit to show a user."""
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return " ".join(text.split())  # always one line
+
+
+class ConfigError(MoEBenchError):
+    """A run or engine configuration is invalid (bad number, unknown kind, ...)."""
+
+
+class UnknownEngine(ConfigError):
+    """An engine kind that is not registered."""
+
+
+class EngineUnavailable(MoEBenchError):
+    """The engine's package or server is not there (e.g. vLLM not installed)."""
+
+
+class AcceleratorUnavailable(MoEBenchError):
+    """The requested accelerator is missing on this machine."""
+
+
+class ModelLoadError(MoEBenchError):
+    """The model could not be found or loaded."""
+
+
+class RequestFailed(MoEBenchError):
+    """One request failed; the run records it and goes on."""
+
+
+class WorkloadError(MoEBenchError):
+    """A workload (prompt set, uploaded JSONL) is invalid."""

@@ -1,0 +1,225 @@
+"""The ``native`` engine: transformers in this process, on the chosen accelerator.
+
+Each request runs ``model.generate`` in its own thread (the seed's 8.4.1 model of
+concurrency: no batching across requests) and streams every new token through a
+queue as soon as the decode step produced it. ``ignore_eos`` sets
+``min_new_tokens = max_tokens`` so the output is exactly ``max_tokens`` tokens long.
+A cancel event stops generation at the next decode step.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from engines.accelerators import Accelerator, Availability, MemoryStats, get_accelerator
+from engines.base import (
+    Engine,
+    EngineOptions,
+    GenerationRequest,
+    ProgressFn,
+    StreamChunk,
+    register_engine,
+)
+from engines.errors import EngineUnavailable, ModelLoadError
+from engines.models import count_parameters, load_model, resolve_model
+
+_END = object()
+
+
+class NativeOptions(EngineOptions):
+    kind: Literal["native"] = "native"
+
+
+def _installed(*modules: str) -> Availability:
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        return Availability(False, f"{', '.join(missing)} not installed: pip install -r requirements.txt")
+    return Availability(True)
+
+
+@register_engine
+class NativeEngine(Engine):
+    """transformers ``generate`` in-process; see the module docstring."""
+
+    kind = "native"
+    label = "Native PyTorch / transformers"
+    options_model = NativeOptions
+
+    def __init__(self, options: EngineOptions) -> None:
+        super().__init__(options)
+        self.accelerator: Accelerator = get_accelerator(options.accelerator)
+        self.model: Any = None
+        self._tokenizer: Any = None
+        self.model_name = options.model
+        self.model_path: str = ""
+        self.num_parameters = 0
+        self.load_seconds = 0.0
+        self.weights_bytes = 0
+
+    @classmethod
+    def availability(cls) -> Availability:
+        return _installed("torch", "transformers")
+
+    def start(self, progress: ProgressFn | None = None) -> None:
+        if self.started:
+            return
+        avail = self.availability()
+        if not avail.ok:
+            raise EngineUnavailable(f"native engine unavailable: {avail.reason}")
+        report = progress or (lambda msg, frac: None)
+        self.accelerator.require()
+        dtype = self.accelerator.resolve_dtype(self.options.dtype)
+        t0 = time.perf_counter()
+        report("resolving model", 0.05)
+        name, path = resolve_model(self.options.model)
+        report(f"loading {name} onto {self.accelerator.name}", 0.3)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        self.model, self._tokenizer = load_model(
+            path, self.accelerator.device(), dtype, trust_remote_code=self.options.trust_remote_code
+        )
+        self.accelerator.synchronize()
+        self.model_name, self.model_path = name, str(path)
+        self.num_parameters = count_parameters(self.model)
+        self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.load_seconds = time.perf_counter() - t0
+        self.started = True
+        report("ready", 1.0)
+
+    def stop(self) -> None:
+        self.model = None
+        self._tokenizer = None
+        self.started = False
+        import gc
+
+        gc.collect()
+        if self.accelerator.name != "cpu" and self.accelerator.availability().ok:
+            empty = getattr(self.accelerator._torch_module(), "empty_cache", None)  # type: ignore[attr-defined]
+            if empty is not None:
+                empty()
+
+    def tokenizer(self) -> Any | None:
+        return self._tokenizer
+
+    def memory(self) -> MemoryStats | None:
+        return self.accelerator.memory()
+
+    def reset_peak_memory(self) -> None:
+        self.accelerator.reset_peak()
+
+    def describe(self) -> dict[str, Any]:
+        import torch
+        import transformers
+
+        info = super().describe()
+        info.update(
+            model=self.model_name,
+            model_path=self.model_path,
+            dtype=str(self.model.dtype).removeprefix("torch.") if self.model is not None else self.options.dtype,
+            device=self.accelerator.device_name(),
+            parameters=self.num_parameters,
+            weights_gib=self.weights_bytes / 1024**3,
+            load_seconds=round(self.load_seconds, 3),
+            versions={"torch": torch.__version__, "transformers": transformers.__version__},
+        )
+        return info
+
+    def _input_ids(self, request: GenerationRequest) -> Any:
+        import torch
+
+        if request.prompt_token_ids is not None:
+            ids = list(request.prompt_token_ids)
+        else:
+            ids = self._tokenizer(request.prompt, add_special_tokens=True).input_ids
+        if not ids:
+            raise ModelLoadError("empty prompt")
+        return torch.tensor([ids], dtype=torch.long, device=self.accelerator.device())
+
+    def stream(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[StreamChunk]:
+        if not self.started or self.model is None:
+            raise EngineUnavailable("the native engine is not started; load the model first")
+        import torch
+        from transformers import StoppingCriteria, StoppingCriteriaList
+        from transformers.generation.streamers import BaseStreamer
+
+        out_q: queue.Queue[Any] = queue.Queue()
+        stop_event = threading.Event()
+
+        class _Streamer(BaseStreamer):
+            def __init__(self) -> None:
+                self.prompt_seen = False
+
+            def put(self, value: Any) -> None:
+                if not self.prompt_seen:  # generate() first sends the prompt
+                    self.prompt_seen = True
+                    return
+                out_q.put(value.reshape(-1).tolist())
+
+            def end(self) -> None:
+                out_q.put(_END)
+
+        class _Cancel(StoppingCriteria):
+            def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+                flag = stop_event.is_set() or (cancel is not None and cancel.is_set())
+                return torch.full((input_ids.shape[0],), flag, dtype=torch.bool, device=input_ids.device)
+
+        sp = request.sampling
+        input_ids = self._input_ids(request)
+        gen_kwargs: dict[str, Any] = {
+            "input_ids": input_ids,
+            "attention_mask": torch.ones_like(input_ids),
+            "max_new_tokens": sp.max_tokens,
+            "streamer": _Streamer(),
+            "stopping_criteria": StoppingCriteriaList([_Cancel()]),
+            "pad_token_id": self._tokenizer.pad_token_id,
+        }
+        if sp.ignore_eos:
+            gen_kwargs["min_new_tokens"] = sp.max_tokens
+        if sp.temperature > 0:
+            gen_kwargs.update(do_sample=True, temperature=sp.temperature, top_p=sp.top_p, top_k=0)
+        else:
+            gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+
+        errors: list[BaseException] = []
+        model = self.model
+
+        def _run() -> None:
+            try:
+                if sp.seed is not None:
+                    torch.manual_seed(sp.seed)
+                with torch.inference_mode():
+                    model.generate(**gen_kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer thread
+                errors.append(exc)
+                out_q.put(_END)
+
+        worker = threading.Thread(target=_run, name=f"native-gen-{request.request_id}", daemon=True)
+        worker.start()
+        yield StreamChunk(text="", tokens=0, prompt_tokens=int(input_ids.shape[1]))
+        tok = self._tokenizer
+        ids: list[int] = []
+        emitted = ""
+        try:
+            while True:
+                item = out_q.get()
+                if item is _END:
+                    break
+                ids.extend(item)
+                text = tok.decode(ids, skip_special_tokens=True)
+                # Hold back an incomplete UTF-8 sequence until its next byte arrives.
+                delta = text[len(emitted) :] if not text.endswith("\ufffd") else ""
+                emitted += delta
+                yield StreamChunk(text=delta, tokens=len(item))
+            if errors:
+                exc = errors[0]
+                raise RuntimeError(f"generate failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            stop_event.set()
+            worker.join(timeout=30)

@@ -1,0 +1,57 @@
+"""One settings object for the whole project; every default lives here.
+
+Each field can be overridden by an environment variable ``MOEBENCH_<FIELD>``
+(e.g. ``MOEBENCH_DB_PATH=/tmp/x.sqlite``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Paths, ports and timeouts. Build with :func:`get_settings`."""
+
+    data_dir: Path = PROJECT_ROOT / "data"
+    db_path: Path = PROJECT_ROOT / "data" / "moebench.sqlite"
+    model_cache_dir: Path = PROJECT_ROOT / "data" / "models"
+    models_dir: Path = PROJECT_ROOT / "data" / "models"  # where real checkpoints are looked for
+    request_timeout_s: float = 600.0
+    server_start_timeout_s: float = 300.0
+    sample_interval_s: float = 1.0
+    host: str = "127.0.0.1"
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
+        """Defaults, overridden by ``MOEBENCH_*`` variables."""
+        env = os.environ if environ is None else environ
+        base = cls()
+        data_dir = Path(env.get("MOEBENCH_DATA_DIR", base.data_dir))
+        values: dict[str, object] = {
+            "data_dir": data_dir,
+            "db_path": data_dir / "moebench.sqlite",
+            "model_cache_dir": data_dir / "models",
+            "models_dir": data_dir / "models",
+        }
+        for f in fields(cls):
+            raw = env.get(f"MOEBENCH_{f.name.upper()}")
+            if raw is None:
+                continue
+            current = getattr(base, f.name)
+            if isinstance(current, Path):
+                values[f.name] = Path(raw)
+            elif isinstance(current, float):
+                values[f.name] = float(raw)
+            else:
+                values[f.name] = raw
+        return replace(base, **values)
+
+
+def get_settings() -> Settings:
+    """The settings in force now (read from the environment on each call)."""
+    return Settings.from_env()
