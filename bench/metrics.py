@@ -51,7 +51,9 @@ class RequestRecord:
     prompt_tokens: int = 0
     output_tokens: int = 0
     error: str | None = None
-    usage_output_tokens: int | None = None
+    usage_output_tokens: int | None = None  # the server's own count, where it reports one
+    first_any_token_s: float | None = None  # first chunk of any kind, reasoning included
+    send_lag_ms: float | None = None  # actual send time - scheduled send time
 
     @property
     def ok(self) -> bool:
@@ -65,6 +67,16 @@ class RequestRecord:
     def ttft_ms(self) -> float | None:
         ft = self.first_token_s
         return None if ft is None else (ft - self.start_s) * 1000.0
+
+    @property
+    def ttft_any_ms(self) -> float | None:
+        ft = self.first_any_token_s
+        return None if ft is None else (ft - self.start_s) * 1000.0
+
+    @property
+    def usage_mismatch(self) -> bool:
+        """The server's output-token count differs from the client's."""
+        return self.usage_output_tokens is not None and self.usage_output_tokens != self.output_tokens
 
     @property
     def e2e_ms(self) -> float:
@@ -100,6 +112,9 @@ class RequestRecord:
             "e2e_ms": self.e2e_ms,
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,
+            "usage_output_tokens": self.usage_output_tokens,
+            "ttft_any_ms": self.ttft_any_ms,
+            "send_lag_ms": self.send_lag_ms,
             "error": self.error or "",
         }
 
@@ -162,6 +177,8 @@ class RunSummary:
     e2e_ms: Stat
     peak_memory_gib: float | None = None
     max_concurrency: int | None = None
+    usage_mismatches: int = 0
+    send_lag_ms: Stat | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -170,6 +187,8 @@ class RunSummary:
         """One flat row: ``ttft_ms_p50``, ``e2e_ms_mean``, ... for tables and CSV."""
         row: dict[str, Any] = {}
         for key, value in self.as_dict().items():
+            if value is None and key == "send_lag_ms":
+                continue
             if isinstance(value, dict):
                 for stat, v in value.items():
                     if stat != "count":
@@ -181,6 +200,8 @@ class RunSummary:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunSummary:
         stats = {k: Stat(**data[k]) for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")}
+        if data.get("send_lag_ms"):
+            stats["send_lag_ms"] = Stat(**data["send_lag_ms"])
         rest = {k: v for k, v in data.items() if k not in stats}
         return cls(**rest, **stats)
 
@@ -217,4 +238,8 @@ def summarize(
         e2e_ms=describe(r.e2e_ms for r in ok),
         peak_memory_gib=peak_memory_gib,
         max_concurrency=max_concurrency,
+        usage_mismatches=sum(1 for r in ok if r.usage_mismatch),
+        send_lag_ms=describe(r.send_lag_ms for r in records)
+        if any(r.send_lag_ms is not None for r in records)
+        else None,
     )

@@ -217,6 +217,7 @@ def _record(req: GenerationRequest, res: Any, t0: float) -> RequestRecord:
         output_tokens=res.output_tokens,
         error=res.error,
         usage_output_tokens=res.usage_output_tokens,
+        first_any_token_s=None if res.first_any is None else res.first_any - t0,
     )
 
 
@@ -325,7 +326,12 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest]) -> Non
                 (now - t0, SERIES_DONE, float(done)),
             ]
             points.extend(_memory_points(engine, now - t0))
+            points.extend(_telemetry_points(engine, now - t0))
             store.add_points(run_id, points)
+            reason = engine.health()
+            if reason is not None:
+                job._set(error=reason)
+                job.cancel_event.set()
             last_t, last_tokens = now, tokens
             # The partial summary costs O(records); refresh it less often on big runs.
             if done > 5000:
@@ -356,7 +362,12 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest]) -> Non
         peak_memory_gib=mem.peak_bytes / GIB if mem else None,
         max_concurrency=cfg.concurrency,
     )
-    if job.cancel_event.is_set():
+    engine_error = job.snapshot().error
+    if engine_error is not None:
+        reason = f"engine failed during the run: {engine_error}"
+        store.finish_run(run_id, "failed", summary=summary, error=reason)
+        job._set(status="failed", phase="failed", summary=summary, error=reason)
+    elif job.cancel_event.is_set():
         store.finish_run(run_id, "cancelled", summary=summary, error="cancelled by the user")
         job._set(status="cancelled", phase="cancelled", summary=summary)
     elif summary.completed == 0:
@@ -367,6 +378,13 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest]) -> Non
     else:
         store.finish_run(run_id, "completed", summary=summary)
         job._set(status="completed", phase="completed", summary=summary)
+
+
+def _telemetry_points(engine: Engine, t: float) -> list[tuple[float, str, float | None]]:
+    try:
+        return [(t, name, float(v)) for name, v in engine.telemetry().items()]
+    except Exception:  # noqa: BLE001 - a failed scrape is a gap in the series, not a failed run
+        return []
 
 
 def _memory_points(engine: Engine, t: float) -> list[tuple[float, str, float | None]]:

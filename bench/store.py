@@ -61,6 +61,9 @@ CREATE TABLE IF NOT EXISTS samples (
     output_tokens INTEGER NOT NULL,
     error TEXT NOT NULL DEFAULT '',
     chunk_times_json TEXT NOT NULL,
+    usage_output_tokens INTEGER,
+    ttft_any_ms REAL,
+    send_lag_ms REAL,
     PRIMARY KEY (run_id, seq)
 );
 CREATE TABLE IF NOT EXISTS timeseries (
@@ -83,6 +86,9 @@ REQUEST_CSV_COLUMNS: tuple[str, ...] = (
     "e2e_ms",
     "prompt_tokens",
     "output_tokens",
+    "usage_output_tokens",
+    "ttft_any_ms",
+    "send_lag_ms",
     "error",
 )
 
@@ -122,6 +128,7 @@ SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
     "e2e_ms_p90",
     "e2e_ms_p99",
     "peak_memory_gib",
+    "usage_mismatches",
     "error",
 )
 
@@ -362,12 +369,15 @@ class Store:
                     row["output_tokens"],
                     row["error"],
                     json.dumps([round(t, 6) for t in rec.chunk_times_s]),
+                    row["usage_output_tokens"],
+                    row["ttft_any_ms"],
+                    row["send_lag_ms"],
                 )
             )
         conn = self._conn()
         with self._lock:
             conn.execute("BEGIN")
-            conn.executemany("INSERT OR REPLACE INTO samples VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+            conn.executemany("INSERT OR REPLACE INTO samples VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
             conn.execute("COMMIT")
 
     def records(self, run_id: int) -> list[RequestRecord]:
@@ -390,6 +400,9 @@ class Store:
                 prompt_tokens=r["prompt_tokens"],
                 output_tokens=r["output_tokens"],
                 error=r["error"] or None,
+                usage_output_tokens=r["usage_output_tokens"],
+                first_any_token_s=None if r["ttft_any_ms"] is None else r["start_s"] + r["ttft_any_ms"] / 1000.0,
+                send_lag_ms=r["send_lag_ms"],
             )
             for r in rows
         ]

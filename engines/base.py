@@ -69,6 +69,7 @@ class StreamChunk:
     final: bool = False
     prompt_tokens: int | None = None
     usage_output_tokens: int | None = None
+    reasoning: bool = False  # a reasoning_content chunk (reasoning models), not answer content
 
 
 @dataclass
@@ -83,11 +84,13 @@ class TimedResult:
 
     start: float
     end: float = 0.0
-    chunks: list[TimedChunk] = field(default_factory=list)
+    chunks: list[TimedChunk] = field(default_factory=list)  # content chunks only
+    first_any: float | None = None  # first chunk of any kind (reasoning or content)
     text: str = ""
     prompt_tokens: int | None = None
     output_tokens: int = 0
     usage_output_tokens: int | None = None
+    reasoning_tokens: int = 0
     error: str | None = None
 
 
@@ -111,6 +114,12 @@ def timed_stream(
                 result.prompt_tokens = chunk.prompt_tokens
             if chunk.usage_output_tokens is not None:
                 result.usage_output_tokens = chunk.usage_output_tokens
+            if (chunk.tokens > 0 or chunk.text) and result.first_any is None:
+                result.first_any = now
+            if chunk.reasoning:
+                result.output_tokens += chunk.tokens
+                result.reasoning_tokens += chunk.tokens
+                continue
             if chunk.tokens > 0 or chunk.text:
                 tc = TimedChunk(now, chunk.tokens)
                 result.chunks.append(tc)
@@ -186,6 +195,17 @@ class Engine:
 
     def tokenizer(self) -> Any | None:
         """A Hugging Face tokenizer for exact-length prompts and client counts, if known."""
+        return None
+
+    def telemetry(self) -> dict[str, float]:
+        """Extra live series sampled about once a second during a run (e.g. a server's
+        Prometheus gauges: ``kv_cache_usage_pct``, ``requests_waiting``). Names become
+        time-series names in the store. Default: none."""
+        return {}
+
+    def health(self) -> str | None:
+        """None while the engine can serve; else a one-line reason (e.g. "vLLM server exited
+        with code -9"). The runner polls it and ends a run as failed when it is not None."""
         return None
 
     def __enter__(self) -> Engine:
