@@ -385,8 +385,8 @@ class Store:
         rows = (
             self._conn()
             .execute(
-                "SELECT request_id, start_s, end_s, chunk_times_json, prompt_tokens, output_tokens, error"
-                " FROM samples WHERE run_id=? ORDER BY seq",
+                "SELECT request_id, start_s, end_s, chunk_times_json, prompt_tokens, output_tokens, error,"
+                " usage_output_tokens, ttft_any_ms, send_lag_ms FROM samples WHERE run_id=? ORDER BY seq",
                 (run_id,),
             )
             .fetchall()

@@ -1,0 +1,113 @@
+"""The CLI as a user runs it: real subprocesses, real files."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.store import REQUEST_CSV_COLUMNS, SUMMARY_CSV_COLUMNS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str, db: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bench", "--db", str(db), *args],
+        cwd=ROOT,
+        env=os.environ.copy(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+def test_issue_command_prints_summary_and_writes_both_csvs(tmp_path: Path, tiny_model: Path) -> None:
+    db, req_csv, sum_csv = tmp_path / "db.sqlite", tmp_path / "req.csv", tmp_path / "sum.csv"
+    p = cli(
+        "run",
+        "--engine",
+        "native",
+        "--model",
+        "tiny-deepseek-v3",
+        "--accelerator",
+        "cpu",
+        "--mode",
+        "concurrency",
+        "--requests",
+        "8",
+        "--concurrency",
+        "4",
+        "--input-len",
+        "32",
+        "--output-len",
+        "16",
+        "--csv",
+        str(req_csv),
+        "--summary-csv",
+        str(sum_csv),
+        db=db,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "8 completed, 0 failed" in p.stdout and "TTFT ms" in p.stdout and "run id        1" in p.stdout
+    rows = list(csv.DictReader(req_csv.open()))
+    assert list(rows[0]) == list(REQUEST_CSV_COLUMNS) and len(rows) == 8
+    assert all(r["output_tokens"] == "16" and r["prompt_tokens"] == "32" for r in rows)
+    summary = list(csv.DictReader(sum_csv.open()))
+    assert list(summary[0]) == list(SUMMARY_CSV_COLUMNS)
+    assert summary[0]["completed"] == "8" and summary[0]["concurrency"] == "4"
+    assert float(summary[0]["output_throughput_tok_s"]) > 0
+
+    listed = cli("runs", db=db)
+    assert listed.returncode == 0 and "completed" in listed.stdout and "tiny-deepseek-v3" in listed.stdout
+    out = tmp_path / "again.csv"
+    exported = cli("export", "1", "--csv", str(out), db=db)
+    assert exported.returncode == 0 and out.read_bytes() == req_csv.read_bytes()
+    exported = cli("export", "1", "--csv", str(out), "--summary", db=db)
+    assert exported.returncode == 0 and len(list(csv.DictReader(out.open()))) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (["run", "--engine", "tgi"], "unknown engine 'tgi'; known engines: native"),
+        (["run", "--concurrency", "0"], "--concurrency must be at least 1, got 0"),
+        (["run", "--model", "/no/such/model"], "model path '/no/such/model' does not exist"),
+        (["run", "--accelerator", "npu"], "accelerator 'npu' is unavailable: torch_npu is not installed"),
+        (["run", "--accelerator", "tpu"], "unknown accelerator 'tpu'"),
+        (["run", "--prompts", "jsonl"], "a jsonl workload needs a path"),
+        (["export", "99", "--csv", "x.csv"], "no run with id 99"),
+    ],
+)
+def test_bad_inputs_exit_non_zero_with_one_line(tmp_path: Path, tiny_model: Path, args: list[str], reason: str) -> None:
+    p = cli(*args, db=tmp_path / "db.sqlite")
+    assert p.returncode != 0
+    err_lines = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert len(err_lines) == 1 and reason in err_lines[0], p.stderr
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.slow
+def test_failed_run_is_recorded(tmp_path: Path, tiny_model: Path) -> None:
+    db = tmp_path / "db.sqlite"
+    cli("run", "--model", "/no/such/model", db=db)
+    listed = cli("runs", db=db)
+    assert "failed" in listed.stdout
+
+
+def test_model_tiny_prints_the_folder(tmp_path: Path, tiny_model: Path) -> None:
+    p = cli("model", "tiny", db=tmp_path / "db.sqlite")
+    assert p.returncode == 0 and Path(p.stdout.strip()) == tiny_model
+
+
+def test_engines_and_accelerators_list_reasons(tmp_path: Path) -> None:
+    p = cli("accelerators", db=tmp_path / "db.sqlite")
+    assert p.returncode == 0 and "cpu   available" in p.stdout and "npu   unavailable" in p.stdout
+    p = cli("engines", db=tmp_path / "db.sqlite")
+    assert p.returncode == 0 and "native" in p.stdout

@@ -1,0 +1,126 @@
+"""Background runs on the real native engine and a real SQLite store."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+
+from bench.runner import (
+    SERIES_DONE,
+    SERIES_IN_FLIGHT,
+    SERIES_MEM_PEAK,
+    SERIES_OUTPUT_TOK_S,
+    JobManager,
+    RunConfig,
+    start_run,
+)
+from bench.store import Store
+from engines.errors import ConfigError
+
+
+def _config(**kw: object) -> RunConfig:
+    base: dict[str, object] = {
+        "engine": {"kind": "native"},
+        "mode": "concurrency",
+        "workload": {"source": "random", "input_len": 32, "output_len": 16},
+        "requests": 8,
+        "concurrency": 4,
+    }
+    base.update(kw)
+    return RunConfig.build(**base)
+
+
+def test_concurrency_run_records_every_request(store: Store, native_engine: object) -> None:
+    t0 = time.perf_counter()
+    job = start_run(_config(), store, engine=native_engine)  # type: ignore[arg-type]
+    assert time.perf_counter() - t0 < 0.5  # never blocks the caller
+    snap = job.wait(120)
+    assert snap.status == "completed", snap.error
+    assert snap.done == snap.total == 8 and snap.failed == 0
+    recs = store.records(snap.run_id)  # type: ignore[arg-type]
+    assert len(recs) == 8 and sum(r.output_tokens for r in recs) == 8 * 16
+    assert all(r.prompt_tokens == 32 for r in recs)
+    run = store.get_run(snap.run_id)  # type: ignore[arg-type]
+    assert run is not None and run.status == "completed" and run.summary is not None
+    s = run.summary
+    assert s.output_tokens == 128 and s.prompt_tokens == 256
+    assert s.output_throughput_tok_s == pytest.approx(128 / s.duration_s)
+    assert s.peak_memory_gib and s.peak_memory_gib > 0.1
+    assert run.engine_info["parameters"] > 1_000_000
+    names = {n for _t, n, _v in store.timeseries(snap.run_id)}  # type: ignore[arg-type]
+    assert {SERIES_IN_FLIGHT, SERIES_DONE, SERIES_MEM_PEAK} <= names
+    in_flight = [v for _t, n, v in store.timeseries(snap.run_id, [SERIES_IN_FLIGHT])]  # type: ignore[arg-type]
+    assert max(in_flight) <= 4
+
+
+def test_latency_mode_is_sequential_after_warmup(store: Store, native_engine: object) -> None:
+    job = start_run(_config(mode="latency", requests=4, concurrency=8, warmup=2), store, engine=native_engine)  # type: ignore[arg-type]
+    snap = job.wait(120)
+    assert snap.status == "completed"
+    recs = sorted(store.records(snap.run_id), key=lambda r: r.start_s)  # type: ignore[arg-type]
+    assert len(recs) == 4  # warm-up requests are not recorded
+    for a, b in itertools.pairwise(recs):
+        assert b.start_s >= a.end_s  # one at a time
+    assert store.get_run(snap.run_id).concurrency == 1  # type: ignore[arg-type, union-attr]
+
+
+def test_live_progress_and_cancel_within_two_seconds(store: Store, native_engine: object) -> None:
+    job = start_run(
+        _config(requests=400, concurrency=2, workload={"source": "builtin", "output_len": 64}, sample_interval_s=0.2),
+        store,
+        engine=native_engine,  # type: ignore[arg-type]
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline and job.snapshot().done < 3:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    mid = job.snapshot()
+    assert mid.status == "running" and 3 <= mid.done < 400 and mid.summary is not None
+    assert mid.summary.completed >= 3
+    t_cancel = time.perf_counter()
+    job.cancel()
+    snap = job.wait(5)
+    assert time.perf_counter() - t_cancel < 2.0
+    assert snap.status == "cancelled"
+    run = store.get_run(snap.run_id)  # type: ignore[arg-type]
+    assert run is not None and run.status == "cancelled"
+    assert store.sample_count(run.id) >= mid.done  # nothing measured is lost
+    assert len(store.timeseries(run.id, [SERIES_OUTPUT_TOK_S])) >= 2
+
+
+def test_engine_start_failure_is_a_failed_run_with_the_reason(store: Store) -> None:
+    job = start_run(_config(engine={"kind": "native", "model": "/nonexistent/model"}), store)
+    snap = job.wait(30)
+    assert snap.status == "failed" and "does not exist" in (snap.error or "")
+    run = store.get_run(snap.run_id)  # type: ignore[arg-type]
+    assert run is not None and run.status == "failed" and "does not exist" in (run.error or "")
+
+
+def test_unavailable_accelerator_fails_the_run_with_the_reason(store: Store) -> None:
+    import torch
+
+    if torch.version.cuda is not None:
+        pytest.skip("CUDA build of torch")
+    snap = start_run(_config(engine={"kind": "native", "accelerator": "cuda"}), store).wait(30)
+    assert snap.status == "failed" and "accelerator 'cuda' is unavailable" in (snap.error or "")
+
+
+def test_bad_configs_are_one_line_errors() -> None:
+    with pytest.raises(ConfigError, match=r"concurrency: Input should be greater than or equal to 1"):
+        _config(concurrency=0)
+    with pytest.raises(ConfigError, match="unknown engine 'nope'"):
+        _config(engine={"kind": "nope"})
+    with pytest.raises(ConfigError, match=r"workload\.output_len"):
+        _config(workload={"output_len": 0})
+
+
+def test_job_manager_allows_one_run_at_a_time(store: Store, native_engine: object) -> None:
+    jm = JobManager(store)
+    job = jm.submit(_config(requests=50, workload={"source": "builtin", "output_len": 32}), engine=native_engine)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="already in progress"):
+        jm.submit(_config(), engine=native_engine)  # type: ignore[arg-type]
+    assert jm.active() is job
+    jm.cancel_all()
+    assert jm.active() is None and jm.latest("concurrency") is job

@@ -1,0 +1,122 @@
+"""The SQLite store on a real file: runs, samples, time series, CSV, interrupted runs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.metrics import RequestRecord, summarize
+from bench.store import REQUEST_CSV_COLUMNS, SUMMARY_CSV_COLUMNS, Store
+
+
+def _rec(i: int, err: str | None = None) -> RequestRecord:
+    return RequestRecord(f"r{i}", i * 0.1, i * 0.1 + 0.5, [i * 0.1 + 0.1, i * 0.1 + 0.5], 8, 2, err)
+
+
+def _run(store: Store) -> int:
+    return store.create_run(
+        mode="concurrency", engine="native", model="m", accelerator="cpu", config={"a": 1}, concurrency=2
+    )
+
+
+def test_run_lifecycle_samples_and_csv(store: Store) -> None:
+    run_id = _run(store)
+    assert store.get_run(run_id).status == "running"  # type: ignore[union-attr]
+    recs = [_rec(0), _rec(1), _rec(2, "RequestFailed: HTTP 500")]
+    for i, r in enumerate(recs):
+        store.add_sample(run_id, i, r)
+    store.add_points(run_id, [(1.0, "output_tok_s", 12.5), (1.0, "in_flight", 2.0)])
+    store.finish_run(run_id, "completed", summarize(recs, peak_memory_gib=0.5))
+    run = store.get_run(run_id)
+    assert run is not None and run.status == "completed" and run.summary is not None
+    assert run.summary.completed == 2 and run.summary.failed == 1
+    assert store.records(run_id)[1].chunk_times_s == pytest.approx([0.2, 0.6])
+    assert store.timeseries(run_id, ["output_tok_s"]) == [(1.0, "output_tok_s", 12.5)]
+
+    rows = list(csv.DictReader(io.StringIO(store.requests_csv(run_id).decode())))
+    assert list(rows[0]) == list(REQUEST_CSV_COLUMNS) and len(rows) == 3
+    assert float(rows[0]["ttft_ms"]) == pytest.approx(100.0) and rows[2]["error"] == "RequestFailed: HTTP 500"
+    summary = list(csv.DictReader(io.StringIO(store.summary_csv([run_id]).decode())))
+    assert list(summary[0]) == list(SUMMARY_CSV_COLUMNS) and len(summary) == 1
+    assert summary[0]["completed"] == "2" and summary[0]["peak_memory_gib"] == "0.5"
+
+
+def test_bounded_window_returns_the_newest_rows_oldest_first(store: Store) -> None:
+    run_id = _run(store)
+    store.add_samples(run_id, [(i, _rec(i)) for i in range(50)])
+    window = store.sample_rows(run_id, limit=10)
+    assert [r["request_id"] for r in window] == [f"r{i}" for i in range(40, 50)]
+    assert store.sample_count(run_id) == 50
+
+
+def test_delete_keeps_running_runs(store: Store) -> None:
+    done, live = _run(store), _run(store)
+    store.finish_run(done, "failed", error="boom")
+    assert store.delete_runs([done, live]) == 1
+    assert store.get_run(done) is None and store.get_run(live) is not None
+
+
+def test_bad_db_location_is_a_one_line_reason(tmp_path: Path) -> None:
+    from engines.errors import ConfigError
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="cannot create the folder"):
+        Store(blocker / "sub" / "db.sqlite")
+
+
+@pytest.mark.slow
+def test_killed_process_leaves_samples_and_an_interrupted_run(tmp_path: Path, tiny_model: Path) -> None:
+    db = tmp_path / "killed.sqlite"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--db",
+            str(db),
+            "run",
+            "--requests",
+            "500",
+            "--concurrency",
+            "1",
+            "--output-len",
+            "16",
+            "--quiet",
+        ],
+        cwd=Path(__file__).resolve().parents[2],
+        env=os.environ.copy(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.time() + 120
+        count = 0
+        while time.time() < deadline and proc.poll() is None:
+            if db.exists():
+                s = Store(db)
+                runs = s.list_runs()
+                count = s.sample_count(runs[0].id) if runs else 0
+                s.close()
+                if count >= 3:
+                    break
+            time.sleep(0.3)
+        assert count >= 3, proc.stderr.read().decode() if proc.poll() is not None else "no samples in time"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    store = Store(db)  # opening marks runs of dead processes
+    run = store.list_runs()[0]
+    assert run.status == "interrupted" and "ended before it finished" in (run.error or "")
+    assert store.sample_count(run.id) >= 3
+    assert all(r.output_tokens == 16 for r in store.records(run.id))
