@@ -35,6 +35,12 @@ METRIC_DEFINITIONS: dict[str, str] = {
     "request_throughput_rps": "Completed requests / duration_s.",
     "output_throughput_tok_s": "Output tokens of completed requests / duration_s.",
     "total_throughput_tok_s": "(Prompt + output tokens of completed requests) / duration_s.",
+    "ttft_any_ms": "Time to the first chunk of any kind, reasoning_content included (reasoning models), in ms; "
+    "equals ttft_ms for models without a reasoning stream.",
+    "usage_output_tokens": "Output tokens as the server's usage report counts them (HTTP engines); output_tokens is "
+    "the client's own count, and a run counts the requests where the two differ in usage_mismatches.",
+    "send_lag_ms": "Actual send time minus scheduled send time: large values mean the client, not the server, was "
+    "the bottleneck (rate-based loads).",
     "peak_memory_gib": "Highest memory seen during the run: the device allocator's peak on CUDA/NPU/MLU, "
     "the process's peak RSS on CPU; empty when the engine cannot see device memory (remote servers).",
 }

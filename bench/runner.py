@@ -355,10 +355,11 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest]) -> Non
     mem = engine.memory()
     with job._lock:
         records = list(job._records)
-    last_end = max((r.end_s for r in records), default=t_end - t0)
+    # First request sent -> last request finished (warm-up excluded).
+    duration = (max(r.end_s for r in records) - min(r.start_s for r in records)) if records else t_end - t0
     summary = summarize(
         records,
-        duration_s=last_end,
+        duration_s=duration,
         peak_memory_gib=mem.peak_bytes / GIB if mem else None,
         max_concurrency=cfg.concurrency,
     )
