@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("run_id", type=int)
     e.add_argument("--csv", required=True, help="output file")
     e.add_argument("--summary", action="store_true", help="the one-row summary instead of per-request rows")
+    e.add_argument("--operators", action="store_true", help="a profile run's operator table")
 
     m = sub.add_parser("model", help="model utilities")
     m.add_argument("action", choices=("tiny",), help="tiny: build the tiny DeepSeek-V3 and print its folder")
@@ -129,8 +130,34 @@ def format_summary(summary: RunSummary) -> str:
     return "\n".join(lines)
 
 
+def format_profile(store: Store, run_id: int, top: int = 12) -> str:
+    """The bottleneck breakdown and the top operators of a profile run, as text."""
+    from bench.runner import ARTIFACT_BREAKDOWN, ARTIFACT_OPERATORS, ARTIFACT_TRACE
+
+    lines = []
+    bd = store.artifact(run_id, ARTIFACT_BREAKDOWN)
+    if bd:
+        lines.append(f"\nbottleneck breakdown ({bd['basis']} time, total {bd['total_ms']:.1f} ms)")
+        for row in bd["rows"]:
+            lines.append(f"  {row['category']:<16}{row['time_ms']:>10.2f} ms {row['share_pct']:>6.1f} %")
+    ops = store.artifact(run_id, ARTIFACT_OPERATORS) or []
+    if ops:
+        key = "self_device_ms" if any(o["self_device_ms"] for o in ops) else "self_cpu_ms"
+        lines.append(f"\ntop operators by {key}")
+        lines.append(f"  {'operator':<40}{'calls':>8}{'self cpu ms':>13}{'self dev ms':>13}  input shapes")
+        for o in sorted(ops, key=lambda o: o[key], reverse=True)[:top]:
+            lines.append(
+                f"  {o['operator'][:40]:<40}{o['calls']:>8}{o['self_cpu_ms']:>13.2f}{o['self_device_ms']:>13.2f}"
+                f"  {o['input_shapes'][:60]}"
+            )
+    trace = store.artifact(run_id, ARTIFACT_TRACE)
+    if trace:
+        lines.append(f"\ntrace         {trace['path']}  (open in Perfetto or chrome://tracing)")
+    return "\n".join(lines)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    warmup = args.warmup if args.warmup is not None else (1 if args.mode == "latency" else 0)
+    warmup = args.warmup if args.warmup is not None else (0 if args.mode == "concurrency" else 1)
     config = RunConfig.build(
         engine={"kind": args.engine, "model": args.model, "accelerator": args.accelerator, "dtype": args.dtype},
         mode=args.mode,
@@ -173,6 +200,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     assert run_id is not None
     if snap.summary is not None:
         print(format_summary(snap.summary))
+    if args.mode == "profile" and snap.status == "completed":
+        print(format_profile(store, run_id))
     if args.csv:
         Path(args.csv).write_bytes(store.requests_csv(run_id))
     if args.summary_csv:
@@ -208,7 +237,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     store = _store(args)
     if store.get_run(args.run_id) is None:
         raise MoEBenchError(f"no run with id {args.run_id} in {store.path}")
-    data = store.summary_csv([args.run_id]) if args.summary else store.requests_csv(args.run_id)
+    if args.operators:
+        data = store.operators_csv(args.run_id)
+    elif args.summary:
+        data = store.summary_csv([args.run_id])
+    else:
+        data = store.requests_csv(args.run_id)
     Path(args.csv).write_bytes(data)
     rows = data.count(b"\n") - 1
     print(f"wrote {args.csv} ({rows} rows)")

@@ -12,6 +12,11 @@ Modes:
   then ``requests`` sequential requests.
 - ``concurrency`` (seed 8.4.1): ``requests`` requests with at most ``concurrency``
   in flight; throughput is tokens over wall-clock time, not over summed latencies.
+- ``profile`` (seed 8.1.1 ``profile_inference``): a short concurrency run under the
+  engine's profiler; the operator table, the bottleneck breakdown and the trace file
+  are stored with the run.
+
+Engines that see their MoE gates (native) also store expert routing counts.
 """
 
 from __future__ import annotations
@@ -41,9 +46,16 @@ from engines.base import (
     timed_stream,
 )
 from engines.errors import ConfigError, MoEBenchError
+from engines.settings import get_settings
 
-Mode = Literal["latency", "concurrency"]
-MODES: tuple[str, ...] = ("latency", "concurrency")
+Mode = Literal["latency", "concurrency", "profile"]
+MODES: tuple[str, ...] = ("latency", "concurrency", "profile")
+
+# Artifact names in the store
+ARTIFACT_OPERATORS = "profile_operators"
+ARTIFACT_BREAKDOWN = "profile_breakdown"
+ARTIFACT_TRACE = "profile_trace"
+ARTIFACT_ROUTING = "expert_routing"
 
 # Live series written about once a second (names in the store's time series table).
 SERIES_OUTPUT_TOK_S = "output_tok_s"
@@ -70,6 +82,7 @@ class RunConfig(BaseModel):
     ignore_eos: bool = True
     name: str = ""
     sample_interval_s: float = Field(1.0, gt=0.0, le=60.0)
+    profile_with_stack: bool = True  # profile mode: Python stacks per op (slower to analyse)
 
     @field_validator("engine")
     @classmethod
@@ -252,7 +265,29 @@ def _execute(job: Job, engine: Engine | None, owns_engine: bool) -> None:
                 if res.error and not job.cancel_event.is_set():
                     raise MoEBenchError(f"warm-up request failed: {res.error}")
         engine.reset_peak_memory()
-        _measure(job, engine, requests)
+        engine.reset_expert_routing()
+        if cfg.mode == "profile":
+            trace = get_settings().data_dir / "traces" / f"run{run_id}.trace.json"
+            session = engine.profiler(trace, with_stack=cfg.profile_with_stack)
+            job._set(phase="profiling")
+            with session:
+                _measure(job, engine, requests, finish=False)
+            job._set(phase="analysing the profile")
+            res = session.result
+            if res is not None:
+                store.put_artifact(run_id, ARTIFACT_OPERATORS, res.operators)
+                store.put_artifact(
+                    run_id,
+                    ARTIFACT_BREAKDOWN,
+                    {"rows": res.breakdown, "basis": res.time_basis, "total_ms": res.total_ms},
+                )
+                if res.trace_path:
+                    store.put_artifact(run_id, ARTIFACT_TRACE, {"path": res.trace_path})
+            _store_routing(store, run_id, engine)
+            _finish(job, engine)
+        else:
+            _measure(job, engine, requests)
+            _store_routing(store, run_id, engine)
     except _Cancelled:
         store.finish_run(run_id, "cancelled", error="cancelled before any request was sent")
         job._set(status="cancelled", phase="cancelled")
@@ -275,7 +310,13 @@ class _Cancelled(Exception):
     pass
 
 
-def _measure(job: Job, engine: Engine, requests: list[GenerationRequest]) -> None:
+def _store_routing(store: Store, run_id: int, engine: Engine) -> None:
+    routing = engine.expert_routing()
+    if routing is not None:
+        store.put_artifact(run_id, ARTIFACT_ROUTING, routing)
+
+
+def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish: bool = True) -> None:
     cfg = job.config
     store = job.store
     run_id = job._run_id
@@ -352,11 +393,19 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest]) -> Non
     sampler_thread.join()
     store.add_points(run_id, [(t_end - t0, SERIES_IN_FLIGHT, 0.0), (t_end - t0, SERIES_DONE, float(job._done))])
 
+    if finish:
+        _finish(job, engine)
+
+
+def _finish(job: Job, engine: Engine) -> None:
+    """Summarize what was measured and close the run with its final status."""
+    cfg, store, run_id = job.config, job.store, job._run_id
+    assert run_id is not None
     mem = engine.memory()
     with job._lock:
         records = list(job._records)
     # First request sent -> last request finished (warm-up excluded).
-    duration = (max(r.end_s for r in records) - min(r.start_s for r in records)) if records else t_end - t0
+    duration = (max(r.end_s for r in records) - min(r.start_s for r in records)) if records else 0.0
     summary = summarize(
         records,
         duration_s=duration,

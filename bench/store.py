@@ -73,6 +73,12 @@ CREATE TABLE IF NOT EXISTS timeseries (
     value REAL
 );
 CREATE INDEX IF NOT EXISTS timeseries_run ON timeseries(run_id, name, t_s);
+CREATE TABLE IF NOT EXISTS artifacts (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    name TEXT NOT NULL,
+    content_json TEXT NOT NULL,
+    PRIMARY KEY (run_id, name)
+);
 """
 
 REQUEST_CSV_COLUMNS: tuple[str, ...] = (
@@ -342,6 +348,7 @@ class Store:
             conn.execute("BEGIN")
             conn.execute(f"DELETE FROM samples WHERE run_id IN ({q})", ids)
             conn.execute(f"DELETE FROM timeseries WHERE run_id IN ({q})", ids)
+            conn.execute(f"DELETE FROM artifacts WHERE run_id IN ({q})", ids)
             cur = conn.execute(f"DELETE FROM runs WHERE id IN ({q}) AND status != 'running'", ids)
             conn.execute("COMMIT")
         return cur.rowcount
@@ -447,10 +454,38 @@ class Store:
         sql += " ORDER BY t_s"
         return [(r[0], r[1], r[2]) for r in self._conn().execute(sql, args).fetchall()]
 
+    # --- artifacts (profiles, expert routing, trace paths) ------------------------------
+    def put_artifact(self, run_id: int, name: str, content: Any) -> None:
+        """Store a JSON-ready value under ``name`` for a run (replacing an older one)."""
+        self._conn().execute(
+            "INSERT OR REPLACE INTO artifacts VALUES (?,?,?)", (run_id, name, json.dumps(content, default=str))
+        )
+
+    def artifact(self, run_id: int, name: str) -> Any | None:
+        r = (
+            self._conn()
+            .execute("SELECT content_json FROM artifacts WHERE run_id=? AND name=?", (run_id, name))
+            .fetchone()
+        )
+        return json.loads(r[0]) if r else None
+
+    def artifact_names(self, run_id: int) -> list[str]:
+        rows = self._conn().execute("SELECT name FROM artifacts WHERE run_id=? ORDER BY name", (run_id,)).fetchall()
+        return [r[0] for r in rows]
+
     # --- export -----------------------------------------------------------------------
     def requests_csv(self, run_ids: int | Sequence[int]) -> bytes:
         """Per-request CSV of one or more runs (columns: :data:`REQUEST_CSV_COLUMNS`)."""
         return rows_to_csv(REQUEST_CSV_COLUMNS, self.sample_rows(run_ids))
+
+    def operators_csv(self, run_id: int) -> bytes:
+        """A profile run's operator table (columns: :data:`OPERATOR_CSV_COLUMNS`)."""
+        from engines.errors import MoEBenchError
+
+        ops = self.artifact(run_id, "profile_operators")
+        if ops is None:
+            raise MoEBenchError(f"run {run_id} has no operator table (only profile runs have one)")
+        return rows_to_csv(OPERATOR_CSV_COLUMNS, ops)
 
     def summary_csv(self, run_ids: Sequence[int] | None = None) -> bytes:
         """One row per run (columns: :data:`SUMMARY_CSV_COLUMNS`); all runs when ``run_ids`` is None."""
@@ -464,6 +499,19 @@ def _fmt(v: Any) -> Any:
     if isinstance(v, float):
         return f"{v:.6g}" if abs(v) < 1e-3 and v != 0 else f"{v:.4f}".rstrip("0").rstrip(".")
     return v
+
+
+OPERATOR_CSV_COLUMNS: tuple[str, ...] = (
+    "operator",
+    "input_shapes",
+    "calls",
+    "self_cpu_ms",
+    "cpu_total_ms",
+    "self_device_ms",
+    "device_total_ms",
+    "cpu_memory_mib",
+    "device_memory_mib",
+)
 
 
 def rows_to_csv(columns: Sequence[str], rows: Iterable[dict[str, Any]]) -> bytes:

@@ -203,6 +203,22 @@ class Engine:
         time-series names in the store. Default: none."""
         return {}
 
+    def expert_routing(self) -> dict[str, Any] | None:
+        """Tokens per expert per MoE layer since the last reset (see engines.routing), or None
+        when the engine cannot see its gates (remote servers)."""
+        return None
+
+    def reset_expert_routing(self) -> None:
+        return None
+
+    def profiler(self, trace_path: Any, with_stack: bool = True) -> Any:
+        """A context manager that profiles the requests run inside it; afterwards its
+        ``result`` holds the operator table, the breakdown and the trace file path.
+        Engines that cannot be profiled raise :class:`EngineUnavailable` with the reason."""
+        from engines.errors import EngineUnavailable
+
+        raise EngineUnavailable(f"the {self.kind} engine does not support profiling runs")
+
     def health(self) -> str | None:
         """None while the engine can serve; else a one-line reason (e.g. "vLLM server exited
         with code -9"). The runner polls it and ends a run as failed when it is not None."""
@@ -219,6 +235,8 @@ class Engine:
 # kind -> module that registers it. Modules import their heavy packages lazily.
 ENGINE_MODULES: dict[str, str] = {
     "native": "engines.native",
+    "openai": "engines.openai_http",
+    "vllm": "engines.vllm",
 }
 
 _REGISTRY: dict[str, type[Engine]] = {}

@@ -26,12 +26,15 @@ from engines.base import (
 )
 from engines.errors import EngineUnavailable, ModelLoadError
 from engines.models import count_parameters, load_model, resolve_model
+from engines.profiling import ProfileSession, generate_scope
+from engines.routing import RoutingRecorder
 
 _END = object()
 
 
 class NativeOptions(EngineOptions):
     kind: Literal["native"] = "native"
+    record_routing: bool = True  # count tokens per expert (hooks on the MoE gates)
 
 
 def _installed(*modules: str) -> Availability:
@@ -61,6 +64,7 @@ class NativeEngine(Engine):
         self.num_parameters = 0
         self.load_seconds = 0.0
         self.weights_bytes = 0
+        self._routing: RoutingRecorder | None = None
 
     @classmethod
     def availability(cls) -> Availability:
@@ -90,10 +94,15 @@ class NativeEngine(Engine):
         self.num_parameters = count_parameters(self.model)
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.load_seconds = time.perf_counter() - t0
+        if getattr(self.options, "record_routing", True):
+            self._routing = RoutingRecorder(self.model)
         self.started = True
         report("ready", 1.0)
 
     def stop(self) -> None:
+        if self._routing is not None:
+            self._routing.close()
+            self._routing = None
         self.model = None
         self._tokenizer = None
         self.started = False
@@ -107,6 +116,18 @@ class NativeEngine(Engine):
 
     def tokenizer(self) -> Any | None:
         return self._tokenizer
+
+    def expert_routing(self) -> dict[str, Any] | None:
+        return self._routing.snapshot() if self._routing is not None else None
+
+    def reset_expert_routing(self) -> None:
+        if self._routing is not None:
+            self._routing.reset()
+
+    def profiler(self, trace_path: Any, with_stack: bool = True) -> ProfileSession:
+        if not self.started or self.model is None:
+            raise EngineUnavailable("the native engine is not started; load the model first")
+        return ProfileSession(self.model, self.accelerator.name, trace_path, with_stack=with_stack)
 
     def memory(self) -> MemoryStats | None:
         return self.accelerator.memory()
@@ -194,7 +215,7 @@ class NativeEngine(Engine):
             try:
                 if sp.seed is not None:
                     torch.manual_seed(sp.seed)
-                with torch.inference_mode():
+                with torch.inference_mode(), generate_scope():
                     model.generate(**gen_kwargs)
             except BaseException as exc:  # noqa: BLE001 - handed to the consumer thread
                 errors.append(exc)

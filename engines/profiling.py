@@ -1,0 +1,334 @@
+"""Operator profiling of an in-process model: torch.profiler sessions, scopes, breakdown.
+
+A session profiles every thread (the native engine generates in worker threads) with
+CPU plus the accelerator's activities, ``record_shapes``, ``profile_memory`` and
+``with_stack`` (seed 8.1.1 ``profile_inference``). While it runs, forward hooks wrap
+the model's modules in named ``record_function`` scopes (``moe_bench::<category>``),
+so the time of generic ops such as ``aten::mm`` can be attributed to attention,
+routing, routed experts, ... (seed 8.1.2's bottlenecks).
+
+The classification lives in one table, :data:`CATEGORY_RULES`:
+
+- a *module* rule puts a module's whole forward (its ops and kernels) in a category;
+- an *op* rule moves matching ops (quantization, collectives) out of whatever module
+  category encloses them into their own category;
+- ``generate`` scopes wrap each request; time inside them that no rule claims is
+  ``other`` (embeddings, norms, cache bookkeeping, Python overhead).
+
+So the categories always add up to the total: the sum over requests of their
+``generate`` scope time (CPU time, and device time where the device reports it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCOPE_PREFIX = "moe_bench::"
+GENERATE_SCOPE = SCOPE_PREFIX + "generate"
+
+
+@dataclass(frozen=True)
+class CategoryRule:
+    """One classification rule. ``target`` is 'module' (class name or module path regex) or 'op'."""
+
+    category: str
+    target: str  # "module_name" | "module_class" | "op" | "op_outside"
+    pattern: str
+    why: str
+
+
+# Order matters: the first matching module rule wins; op rules apply inside any scope.
+CATEGORY_RULES: tuple[CategoryRule, ...] = (
+    CategoryRule("attention_kv", "module_class", r"Attention$", "MLA / MHA attention incl. KV cache read and write"),
+    CategoryRule("moe_routing", "module_name", r"mlp\.gate$", "gate: router logits, scoring, group-limited top-k"),
+    CategoryRule("routed_experts", "module_name", r"mlp\.experts$", "the routed experts' matmuls and dispatch"),
+    CategoryRule("shared_experts", "module_name", r"mlp\.shared_experts$", "DeepSeek's always-on shared experts"),
+    CategoryRule("dense_mlp", "module_class", r"MLP$", "the dense FFN of the first_k_dense_replace layers"),
+    CategoryRule("sampling", "module_name", r"^lm_head$", "LM head (logits)"),
+    CategoryRule(
+        "sampling",
+        "op_outside",
+        r"argmax|multinomial|softmax|topk|sort|cumsum|where|div",
+        "logits processing and token choice in the generate loop (ops outside any module scope)",
+    ),
+    CategoryRule("quantization", "op", r"quant|fp8|float8|_scaled_mm", "quantize / dequantize ops (FP8, int8)"),
+    CategoryRule(
+        "communication",
+        "op",
+        r"all_?reduce|all_?gather|all_?to_?all|reduce_?scatter|broadcast|nccl|hccl|cncl",
+        "collectives (tensor / expert parallel)",
+    ),
+)
+CATEGORIES: tuple[str, ...] = (
+    "attention_kv",
+    "moe_routing",
+    "routed_experts",
+    "shared_experts",
+    "dense_mlp",
+    "quantization",
+    "communication",
+    "sampling",
+    "other",
+)
+
+
+def classify_module(name: str, module: Any) -> str | None:
+    """The category of a module by the module rules, or None."""
+    cls = type(module).__name__
+    for rule in CATEGORY_RULES:
+        if rule.target == "module_class" and re.search(rule.pattern, cls):
+            return rule.category
+        if rule.target == "module_name" and re.search(rule.pattern, name):
+            return rule.category
+    return None
+
+
+def classify_op(op_name: str, inside_module: bool = True) -> str | None:
+    """The category of an op by the op rules (``op_outside`` rules only outside module scopes)."""
+    for rule in CATEGORY_RULES:
+        applies = rule.target == "op" or (rule.target == "op_outside" and not inside_module)
+        if applies and re.search(rule.pattern, op_name, re.IGNORECASE):
+            return rule.category
+    return None
+
+
+def classified_modules(model: Any) -> list[tuple[str, str, Any]]:
+    """(name, category, module) for the outermost classified modules: a module inside an
+    already classified one (an expert MLP inside ``mlp.experts``) is not scoped again, so
+    category scopes never nest."""
+    out: list[tuple[str, str, Any]] = []
+    claimed: list[str] = []
+    for name, module in model.named_modules():
+        if any(name.startswith(prefix + ".") for prefix in claimed):
+            continue
+        cat = classify_module(name, module)
+        if cat is not None:
+            out.append((name, cat, module))
+            claimed.append(name)
+    return out
+
+
+class ModuleScopes:
+    """Forward hooks that wrap classified modules in ``moe_bench::<category>`` scopes."""
+
+    def __init__(self, model: Any) -> None:
+        self._handles: list[Any] = []
+        self._local = threading.local()
+        for _name, cat, module in classified_modules(model):
+            self._handles.append(module.register_forward_pre_hook(self._enter(cat)))
+            self._handles.append(module.register_forward_hook(self._exit()))
+
+    def _stack(self) -> list[Any]:
+        if not hasattr(self._local, "stack"):
+            self._local.stack = []
+        return self._local.stack
+
+    def _enter(self, category: str) -> Any:
+        def pre(module: Any, args: Any) -> None:
+            import torch
+
+            rf = torch.autograd.profiler.record_function(SCOPE_PREFIX + category)
+            rf.__enter__()
+            self._stack().append(rf)
+
+        return pre
+
+    def _exit(self) -> Any:
+        def post(module: Any, args: Any, output: Any) -> None:
+            stack = self._stack()
+            if stack:
+                stack.pop().__exit__(None, None, None)
+
+        return post
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
+def _profiler(accelerator: str, with_stack: bool = True) -> Any:
+    """A torch profiler for CPU plus the accelerator's activities, all threads."""
+    from torch.profiler import ProfilerActivity
+
+    kwargs: dict[str, Any] = {"record_shapes": True, "profile_memory": True, "with_stack": with_stack}
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+
+        kwargs["experimental_config"] = _ExperimentalConfig(profile_all_threads=True)
+    except (ImportError, TypeError):
+        pass  # older torch: only the calling thread is profiled
+    if accelerator == "npu":
+        import torch_npu
+
+        prof_mod = torch_npu.profiler
+        acts = [prof_mod.ProfilerActivity.CPU, prof_mod.ProfilerActivity.NPU]
+        kwargs.pop("experimental_config", None)
+        return prof_mod.profile(activities=acts, **kwargs)
+    acts = [ProfilerActivity.CPU]
+    if accelerator == "cuda":
+        acts.append(ProfilerActivity.CUDA)
+    elif accelerator == "mlu":
+        import torch_mlu  # noqa: F401
+
+        acts.append(getattr(ProfilerActivity, "MLU", ProfilerActivity.PrivateUse1))
+    return torch_profile(acts, kwargs)
+
+
+def torch_profile(activities: list[Any], kwargs: dict[str, Any]) -> Any:
+    from torch.profiler import profile
+
+    try:
+        return profile(activities=activities, **kwargs)
+    except TypeError:
+        kwargs.pop("experimental_config", None)
+        return profile(activities=activities, **kwargs)
+
+
+@dataclass
+class ProfileResult:
+    """What a profile produced: the operator table, the breakdown and the trace file."""
+
+    operators: list[dict[str, Any]]
+    breakdown: list[dict[str, Any]]
+    trace_path: str | None
+    time_basis: str  # "device" or "cpu"
+    total_ms: float
+
+
+class ProfileSession:
+    """Context manager: profile a model while requests run; ``result`` afterwards."""
+
+    def __init__(self, model: Any, accelerator: str, trace_path: Path | None, with_stack: bool = True) -> None:
+        self.model = model
+        self.with_stack = with_stack
+        self.accelerator = accelerator
+        self.trace_path = trace_path
+        self.result: ProfileResult | None = None
+        self._prof: Any = None
+        self._scopes: ModuleScopes | None = None
+
+    def __enter__(self) -> ProfileSession:
+        self._scopes = ModuleScopes(self.model)
+        self._prof = _profiler(self.accelerator, self.with_stack)
+        self._prof.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._prof.__exit__(None, None, None)
+        finally:
+            if self._scopes is not None:
+                self._scopes.close()
+        trace = None
+        if self.trace_path is not None:
+            self.trace_path.parent.mkdir(parents=True, exist_ok=True)
+            self._prof.export_chrome_trace(str(self.trace_path))
+            trace = str(self.trace_path)
+        events = list(self._prof.events())
+        breakdown, basis, total = compute_breakdown(events)
+        self.result = ProfileResult(operator_table(self._prof), breakdown, trace, basis, total)
+
+
+def _dev_total(ev: Any) -> float:
+    name = "device_time_total" if hasattr(ev, "device_time_total") else "cuda_time_total"
+    return float(getattr(ev, name, 0.0) or 0.0)
+
+
+def _dev_self(ev: Any) -> float:
+    name = "self_device_time_total" if hasattr(ev, "self_device_time_total") else "self_cuda_time_total"
+    return float(getattr(ev, name, 0.0) or 0.0)
+
+
+# Python-function events that with_stack adds (``file.py(12): f``, ``<built-in method ...>``):
+# kept in the trace and the breakdown, left out of the operator table.
+_PYTHON_EVENT = re.compile(r"\.py\(\d+\)|^<built-in|^<method")
+
+
+def operator_table(prof: Any) -> list[dict[str, Any]]:
+    """``key_averages(group_by_input_shape=True)`` as rows (times in ms, memory in MiB)."""
+    rows = []
+    for e in prof.key_averages(group_by_input_shape=True):
+        if e.key.startswith(SCOPE_PREFIX) or _PYTHON_EVENT.search(e.key):
+            continue
+        rows.append(
+            {
+                "operator": e.key,
+                "input_shapes": str(e.input_shapes) if e.input_shapes else "",
+                "calls": int(e.count),
+                "self_cpu_ms": e.self_cpu_time_total / 1000.0,
+                "cpu_total_ms": e.cpu_time_total / 1000.0,
+                "self_device_ms": _dev_self(e) / 1000.0,
+                "device_total_ms": _dev_total(e) / 1000.0,
+                "cpu_memory_mib": float(getattr(e, "self_cpu_memory_usage", 0) or 0) / 2**20,
+                "device_memory_mib": float(
+                    getattr(e, "self_device_memory_usage", 0) or getattr(e, "self_cuda_memory_usage", 0) or 0
+                )
+                / 2**20,
+            }
+        )
+    rows.sort(key=lambda r: (r["self_device_ms"], r["self_cpu_ms"]), reverse=True)
+    return rows
+
+
+def compute_breakdown(events: list[Any]) -> tuple[list[dict[str, Any]], str, float]:
+    """Split the time of the ``generate`` scopes into :data:`CATEGORIES` (sums to the total).
+
+    Basis: device time when any generate scope has device time, else CPU time.
+    Category scopes are never nested in one another (the rules pick leaf-level modules);
+    op rules move matching ops out of the enclosing category.
+    """
+    gens = [e for e in events if e.name == GENERATE_SCOPE]
+    use_device = any(_dev_total(e) > 0 for e in gens)
+
+    def total_of(e: Any) -> float:
+        return _dev_total(e) if use_device else float(e.cpu_time_total)
+
+    def self_of(e: Any) -> float:
+        return _dev_self(e) if use_device else float(e.self_cpu_time_total)
+
+    totals = dict.fromkeys(CATEGORIES, 0.0)
+    grand = sum(total_of(e) for e in gens)
+
+    def walk(ev: Any, current: str | None) -> None:
+        name = ev.name
+        cat = current
+        if name.startswith(SCOPE_PREFIX) and name != GENERATE_SCOPE:
+            cat = name[len(SCOPE_PREFIX) :]
+        op_cat = classify_op(name, inside_module=cat is not None) if not name.startswith(SCOPE_PREFIX) else None
+        if op_cat is not None:
+            totals[op_cat] += total_of(ev)  # the op with everything under it
+            return
+        if cat is not None and cat in totals:
+            totals[cat] += self_of(ev)
+        for child in ev.cpu_children:
+            walk(child, cat)
+
+    for g in gens:
+        for child in g.cpu_children:
+            walk(child, None)
+    claimed = sum(v for k, v in totals.items() if k != "other")
+    totals["other"] = max(grand - claimed, 0.0)
+    scale = 1.0
+    if claimed > grand > 0:  # rounding in the profiler's integer microseconds
+        scale = grand / claimed
+    rows = []
+    for cat in CATEGORIES:
+        v = totals[cat] * (scale if cat != "other" else 1.0)
+        rows.append({"category": cat, "time_ms": v / 1000.0, "share_pct": 100.0 * v / grand if grand else 0.0})
+    return rows, ("device" if use_device else "cpu"), grand / 1000.0
+
+
+@contextlib.contextmanager
+def generate_scope() -> Iterator[None]:
+    """Wrap one request's generation; the breakdown's total is the sum of these scopes."""
+    import torch
+
+    with torch.autograd.profiler.record_function(GENERATE_SCOPE):
+        yield

@@ -1,0 +1,131 @@
+"""Expert routing counts: hooks on the MoE gates of an in-process model.
+
+For every MoE layer the recorder counts how many tokens were sent to each routed
+expert (each token counts once per expert of its top-k), how many tokens went
+through the gate, and how often each expert group was selected (group-limited
+routing: a token "selects" a group when any of its top-k experts lies in it). This
+is what an operator needs to reason about expert parallelism and load imbalance.
+
+A gate is any module whose forward returns a tuple holding an integer tensor of
+shape (tokens, top_k): DeepSeek-V3's ``DeepseekV3TopkRouter`` returns
+``(router_logits, topk_weights, topk_indices)``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+_LAYER_RE = re.compile(r"layers\.(\d+)\.")
+
+
+class RoutingRecorder:
+    """Counts tokens per expert per MoE layer; thread-safe; cheap (one bincount per layer per step)."""
+
+    def __init__(self, model: Any) -> None:
+        cfg = getattr(model, "config", None)
+        self.num_experts = int(getattr(cfg, "n_routed_experts", 0) or getattr(cfg, "num_experts", 0) or 0)
+        self.top_k = int(getattr(cfg, "num_experts_per_tok", 0) or 0)
+        self.n_group = int(getattr(cfg, "n_group", 1) or 1)
+        self._lock = threading.Lock()
+        self._handles: list[Any] = []
+        self.layers: list[str] = []
+        self._counts: dict[str, list[int]] = {}
+        self._groups: dict[str, list[int]] = {}
+        self._tokens: dict[str, int] = {}
+        self.enabled = True
+        if self.num_experts <= 0:
+            return
+        for name, module in model.named_modules():
+            if name.endswith("mlp.gate") and type(module).__name__.endswith(("Router", "Gate", "MoEGate")):
+                self._handles.append(module.register_forward_hook(self._make_hook(name)))
+                self.layers.append(name)
+        self.reset()
+
+    @property
+    def active(self) -> bool:
+        return bool(self._handles)
+
+    def _make_hook(self, name: str) -> Any:
+        def hook(module: Any, args: Any, output: Any) -> None:
+            if not self.enabled:
+                return
+            idx = _find_indices(output, self.top_k)
+            if idx is None:
+                return
+            import torch
+
+            flat = idx.reshape(-1).to("cpu")
+            counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+            per_group = max(self.num_experts // self.n_group, 1)
+            groups_of_token = (idx.to("cpu") // per_group).sort(dim=-1).values
+            # a group is selected by a token when any of its top-k experts lies in it
+            first = torch.ones_like(groups_of_token, dtype=torch.bool)
+            first[:, 1:] = groups_of_token[:, 1:] != groups_of_token[:, :-1]
+            group_counts = torch.bincount(groups_of_token[first], minlength=self.n_group).tolist()
+            with self._lock:
+                c = self._counts[name]
+                for i, v in enumerate(counts[: self.num_experts]):
+                    c[i] += int(v)
+                g = self._groups[name]
+                for i, v in enumerate(group_counts[: self.n_group]):
+                    g[i] += int(v)
+                self._tokens[name] += int(idx.shape[0])
+
+        return hook
+
+    def reset(self) -> None:
+        with self._lock:
+            self._counts = {n: [0] * self.num_experts for n in self.layers}
+            self._groups = {n: [0] * self.n_group for n in self.layers}
+            self._tokens = {n: 0 for n in self.layers}
+
+    def snapshot(self) -> dict[str, Any] | None:
+        """Counts so far as plain data (JSON-ready), or None when the model has no gates."""
+        if not self.active:
+            return None
+        with self._lock:
+            layers = list(self.layers)
+            counts = [list(self._counts[n]) for n in layers]
+            groups = [list(self._groups[n]) for n in layers]
+            tokens = [self._tokens[n] for n in layers]
+        imbalance = []
+        for row in counts:
+            mean = sum(row) / len(row) if row else 0.0
+            imbalance.append(max(row) / mean if mean > 0 else None)
+        return {
+            "layers": [_layer_label(n) for n in layers],
+            "num_experts": self.num_experts,
+            "top_k": self.top_k,
+            "n_group": self.n_group,
+            "counts": counts,
+            "group_counts": groups,
+            "tokens": tokens,
+            "imbalance": imbalance,
+        }
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
+def _layer_label(name: str) -> str:
+    m = _LAYER_RE.search(name)
+    return f"layer {m.group(1)}" if m else name
+
+
+def _find_indices(output: Any, top_k: int) -> Any | None:
+    import torch
+
+    items = output if isinstance(output, tuple | list) else (output,)
+    for item in items:
+        if (
+            isinstance(item, torch.Tensor)
+            and not item.is_floating_point()
+            and item.dim() == 2
+            and (top_k <= 0 or item.shape[-1] == top_k)
+        ):
+            return item
+    return None
