@@ -9,6 +9,7 @@ line ``error: <reason>`` on stderr and exits with status 2 (1 for a failed run).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -72,9 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("export", help="export a run as CSV")
     e.add_argument("run_id", type=int)
-    e.add_argument("--csv", required=True, help="output file")
+    e.add_argument("--csv", "--out", dest="csv", required=True, help="output file")
     e.add_argument("--summary", action="store_true", help="the one-row summary instead of per-request rows")
     e.add_argument("--operators", action="store_true", help="a profile run's operator table")
+    e.add_argument("--bundle", action="store_true", help="the whole run as JSON (for `import`)")
+
+    i = sub.add_parser("import", help="import a run bundle (e.g. examples/*.json)")
+    i.add_argument("path")
 
     m = sub.add_parser("model", help="model utilities")
     m.add_argument("action", choices=("tiny",), help="tiny: build the tiny DeepSeek-V3 and print its folder")
@@ -237,6 +242,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     store = _store(args)
     if store.get_run(args.run_id) is None:
         raise MoEBenchError(f"no run with id {args.run_id} in {store.path}")
+    if args.bundle:
+        data = json.dumps(store.export_bundle(args.run_id)).encode()
+        Path(args.csv).write_bytes(data)
+        print(f"wrote {args.csv} (run {args.run_id} bundle)")
+        return EXIT_OK
     if args.operators:
         data = store.operators_csv(args.run_id)
     elif args.summary:
@@ -246,6 +256,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     Path(args.csv).write_bytes(data)
     rows = data.count(b"\n") - 1
     print(f"wrote {args.csv} ({rows} rows)")
+    return EXIT_OK
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    try:
+        bundle = json.loads(Path(args.path).read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise MoEBenchError(f"{args.path} is not valid JSON: {exc}") from exc
+    run_id = _store(args).import_bundle(bundle)
+    print(f"imported {args.path} as run {run_id}")
     return EXIT_OK
 
 
@@ -283,6 +303,7 @@ COMMANDS = {
     "runs": cmd_runs,
     "export": cmd_export,
     "model": cmd_model,
+    "import": cmd_import,
     "engines": cmd_engines,
     "accelerators": cmd_accelerators,
 }

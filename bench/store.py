@@ -473,6 +473,56 @@ class Store:
         rows = self._conn().execute("SELECT name FROM artifacts WHERE run_id=? ORDER BY name", (run_id,)).fetchall()
         return [r[0] for r in rows]
 
+    # --- bundles: a whole run as one JSON document (examples/, moving runs between machines)
+    def export_bundle(self, run_id: int) -> dict[str, Any]:
+        """A run with its samples, time series and artifacts, JSON-ready."""
+        from engines.errors import MoEBenchError
+
+        r = self._conn().execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
+        if r is None:
+            raise MoEBenchError(f"no run with id {run_id} in {self.path}")
+        run = {k: r[k] for k in r.keys() if k not in ("id", "pid", "pid_started", "host")}
+        samples = [
+            dict(x) for x in self._conn().execute("SELECT * FROM samples WHERE run_id=? ORDER BY seq", (run_id,))
+        ]
+        for x in samples:
+            x.pop("run_id")
+        points = self.timeseries(run_id)
+        arts = {n: self.artifact(run_id, n) for n in self.artifact_names(run_id)}
+        return {"format": "moebench-run/1", "run": run, "samples": samples, "timeseries": points, "artifacts": arts}
+
+    def import_bundle(self, bundle: dict[str, Any]) -> int:
+        """Add a run from :meth:`export_bundle`'s document; returns its new id."""
+        from engines.errors import MoEBenchError
+
+        if bundle.get("format") != "moebench-run/1":
+            raise MoEBenchError("not a MoE Bench run bundle (format moebench-run/1)")
+        run = dict(bundle["run"])
+        if run.get("status") == "running":
+            run["status"] = "interrupted"
+        cols = list(run)
+        conn = self._conn()
+        with self._lock:
+            conn.execute("BEGIN")
+            cur = conn.execute(
+                f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", [run[c] for c in cols]
+            )
+            run_id = int(cur.lastrowid or 0)
+            for x in bundle.get("samples", []):
+                keys = ["run_id", *x]
+                conn.execute(
+                    f"INSERT INTO samples ({', '.join(keys)}) VALUES ({', '.join('?' * len(keys))})",
+                    [run_id, *x.values()],
+                )
+            conn.executemany(
+                "INSERT INTO timeseries VALUES (?,?,?,?)",
+                [(run_id, t, n, v) for t, n, v in bundle.get("timeseries", [])],
+            )
+            for name, content in bundle.get("artifacts", {}).items():
+                conn.execute("INSERT INTO artifacts VALUES (?,?,?)", (run_id, name, json.dumps(content)))
+            conn.execute("COMMIT")
+        return run_id
+
     # --- export -----------------------------------------------------------------------
     def requests_csv(self, run_ids: int | Sequence[int]) -> bytes:
         """Per-request CSV of one or more runs (columns: :data:`REQUEST_CSV_COLUMNS`)."""

@@ -34,7 +34,34 @@ class ModelPreset:
     hub_id: str | None = None
     builtin: bool = False
     trust_remote_code: bool = False
+    random_config: dict[str, Any] | None = None  # built in memory with random weights, no checkpoint
 
+
+# DeepSeek-V2-Lite's shape in the DeepSeek-V3 architecture (FACTS.md: the H200 measurements).
+V2_LITE_SHAPE: dict[str, Any] = {
+    "vocab_size": 102400,
+    "hidden_size": 2048,
+    "intermediate_size": 10944,
+    "moe_intermediate_size": 1408,
+    "num_hidden_layers": 27,
+    "first_k_dense_replace": 1,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "n_routed_experts": 64,
+    "num_experts_per_tok": 6,
+    "n_group": 1,
+    "topk_group": 1,
+    "n_shared_experts": 2,
+    "routed_scaling_factor": 1.0,
+    "norm_topk_prob": False,
+    "q_lora_rank": None,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
 
 PRESETS: dict[str, ModelPreset] = {
     p.name: p
@@ -46,6 +73,12 @@ PRESETS: dict[str, ModelPreset] = {
         ModelPreset("deepseek-v3", "DeepSeek-V3, 671 B (37 B active)", hub_id="deepseek-ai/DeepSeek-V3"),
         ModelPreset(
             "deepseek-r1", "DeepSeek-R1 reasoning model, 671 B (37 B active)", hub_id="deepseek-ai/DeepSeek-R1"
+        ),
+        ModelPreset(
+            "random-v2-lite-shape",
+            "DeepSeek-V3 architecture shaped like DeepSeek-V2-Lite (15.7 B), random weights built in memory on "
+            "the device: GPU measurements without a checkpoint (about 32 GiB in bf16)",
+            random_config=V2_LITE_SHAPE,
         ),
     ]
 }
@@ -196,7 +229,7 @@ def resolve_model(spec: str) -> tuple[str, Path]:
         raise ModelLoadError("no model given; pick a preset or a local checkpoint folder")
     preset = PRESETS.get(spec.lower())
     if preset is not None:
-        if preset.builtin:
+        if preset.builtin or preset.random_config is not None:  # random presets use the tiny tokenizer
             try:
                 return preset.name, tiny_path()
             except Exception as exc:
@@ -235,6 +268,37 @@ def validate_checkpoint(path: Path) -> dict[str, Any]:
         what = ", ".join(map(str, archs)) or f"model_type '{cfg.get('model_type', '?')}' without architectures"
         raise ModelLoadError(f"'{path}' holds a {what} config, not a causal language model")
     return cfg
+
+
+def load_spec(spec: str, device: Any, dtype: Any, trust_remote_code: bool = False) -> tuple[str, Path, Any, Any]:
+    """Resolve and load a preset or path: (display name, folder, model, tokenizer)."""
+    name, path = resolve_model(spec)
+    preset = PRESETS.get(spec.strip().lower())
+    if preset is not None and preset.random_config is not None:
+        return name, path, *build_random(preset.random_config, path, device, dtype)
+    return name, path, *load_model(path, device, dtype, trust_remote_code=trust_remote_code)
+
+
+def build_random(config: dict[str, Any], tokenizer_dir: Path, device: Any, dtype: Any) -> tuple[Any, Any]:
+    """A DeepSeek-V3 model from ``config`` with random weights, built directly on ``device``."""
+    try:
+        import torch
+        from transformers import AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        cfg = DeepseekV3Config(
+            **config,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = DeepseekV3ForCausalLM(cfg).to(dtype).eval()
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ModelLoadError(f"could not build the random model: {type(exc).__name__}: {first}") from exc
+    return model, tokenizer
 
 
 def count_parameters(model: Any) -> int:

@@ -25,7 +25,7 @@ from engines.base import (
     register_engine,
 )
 from engines.errors import EngineUnavailable, ModelLoadError
-from engines.models import count_parameters, load_model, resolve_model
+from engines.models import count_parameters, load_spec
 from engines.profiling import ProfileSession, generate_scope
 from engines.routing import RoutingRecorder
 
@@ -80,14 +80,12 @@ class NativeEngine(Engine):
         self.accelerator.require()
         dtype = self.accelerator.resolve_dtype(self.options.dtype)
         t0 = time.perf_counter()
-        report("resolving model", 0.05)
-        name, path = resolve_model(self.options.model)
-        report(f"loading {name} onto {self.accelerator.name}", 0.3)
+        report(f"loading {self.options.model} onto {self.accelerator.name}", 0.2)
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        self.model, self._tokenizer = load_model(
-            path, self.accelerator.device(), dtype, trust_remote_code=self.options.trust_remote_code
+        name, path, self.model, self._tokenizer = load_spec(
+            self.options.model, self.accelerator.device(), dtype, trust_remote_code=self.options.trust_remote_code
         )
         self.accelerator.synchronize()
         self.model_name, self.model_path = name, str(path)

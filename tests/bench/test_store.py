@@ -120,3 +120,23 @@ def test_killed_process_leaves_samples_and_an_interrupted_run(tmp_path: Path, ti
     assert run.status == "interrupted" and "ended before it finished" in (run.error or "")
     assert store.sample_count(run.id) >= 3
     assert all(r.output_tokens == 16 for r in store.records(run.id))
+
+
+def test_bundle_round_trip_keeps_everything(store: Store, tmp_path: Path) -> None:
+    run_id = _run(store)
+    store.add_samples(run_id, [(i, _rec(i)) for i in range(4)])
+    store.add_points(run_id, [(1.0, "output_tok_s", 3.0)])
+    store.put_artifact(run_id, "profile_breakdown", {"rows": [{"category": "other", "time_ms": 1.0}]})
+    store.finish_run(run_id, "completed", summarize([_rec(i) for i in range(4)]))
+    other = Store(tmp_path / "other.sqlite")
+    new_id = other.import_bundle(store.export_bundle(run_id))
+    assert other.requests_csv(new_id).replace(b"\n" + str(new_id).encode(), b"\nX") == store.requests_csv(
+        run_id
+    ).replace(b"\n" + str(run_id).encode(), b"\nX")
+    assert other.timeseries(new_id) == store.timeseries(run_id)
+    assert other.artifact(new_id, "profile_breakdown") == store.artifact(run_id, "profile_breakdown")
+    assert other.get_run(new_id).summary == store.get_run(run_id).summary  # type: ignore[union-attr]
+    from engines.errors import MoEBenchError
+
+    with pytest.raises(MoEBenchError, match="not a MoE Bench run bundle"):
+        other.import_bundle({"format": "something else"})
