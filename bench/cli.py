@@ -142,9 +142,11 @@ def format_profile(store: Store, run_id: int, top: int = 12) -> str:
     lines = []
     bd = store.artifact(run_id, ARTIFACT_BREAKDOWN)
     if bd:
-        lines.append(f"\nbottleneck breakdown ({bd['basis']} time, total {bd['total_ms']:.1f} ms)")
+        lines.append(f"\nbottleneck breakdown (share of {bd['basis']} time, total {bd['total_ms']:.1f} ms)")
+        lines.append(f"  {'category':<16}{'cpu ms':>10}{'device ms':>11}{'share':>9}")
         for row in bd["rows"]:
-            lines.append(f"  {row['category']:<16}{row['time_ms']:>10.2f} ms {row['share_pct']:>6.1f} %")
+            dev = "-" if row.get("device_ms") is None else f"{row['device_ms']:.2f}"
+            lines.append(f"  {row['category']:<16}{row['cpu_ms']:>10.2f}{dev:>11}{row['share_pct']:>8.1f}%")
     ops = store.artifact(run_id, ARTIFACT_OPERATORS) or []
     if ops:
         key = "self_device_ms" if any(o["self_device_ms"] for o in ops) else "self_cpu_ms"

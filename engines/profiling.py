@@ -16,7 +16,7 @@ The classification lives in one table, :data:`CATEGORY_RULES`:
   ``other`` (embeddings, norms, cache bookkeeping, Python overhead).
 
 So the categories always add up to the total: the sum over requests of their
-``generate`` scope time (CPU time, and device time where the device reports it).
+``generate`` scope CPU time, and of the kernel time of their ops on a device.
 """
 
 from __future__ import annotations
@@ -278,51 +278,63 @@ def operator_table(prof: Any) -> list[dict[str, Any]]:
 
 
 def compute_breakdown(events: list[Any]) -> tuple[list[dict[str, Any]], str, float]:
-    """Split the time of the ``generate`` scopes into :data:`CATEGORIES` (sums to the total).
+    """Split the time of the ``generate`` scopes into :data:`CATEGORIES`; rows sum to the total.
 
-    Basis: device time when any generate scope has device time, else CPU time.
-    Category scopes are never nested in one another (the rules pick leaf-level modules);
-    op rules move matching ops out of the enclosing category.
+    Two bases, both reported per row: CPU time (``cpu_ms``: the self CPU time of every event
+    under a generate scope, so the total is the generate scopes' CPU time) and device time
+    (``device_ms``: the kernel time of the ops under them; None when no device reported
+    kernels). ``share_pct`` uses device time when there is any, else CPU time. Scope events'
+    own device "time" is the span of a GPU annotation, idle gaps included, so only ops count
+    there. Category scopes never nest; op rules move matching ops (with everything under
+    them) out of the enclosing category.
     """
     gens = [e for e in events if e.name == GENERATE_SCOPE]
-    use_device = any(_dev_total(e) > 0 for e in gens)
+    cpu = dict.fromkeys(CATEGORIES, 0.0)
+    dev = dict.fromkeys(CATEGORIES, 0.0)
 
-    def total_of(e: Any) -> float:
-        return _dev_total(e) if use_device else float(e.cpu_time_total)
-
-    def self_of(e: Any) -> float:
-        return _dev_self(e) if use_device else float(e.self_cpu_time_total)
-
-    totals = dict.fromkeys(CATEGORIES, 0.0)
-    grand = sum(total_of(e) for e in gens)
+    def subtree(ev: Any) -> tuple[float, float]:
+        """(cpu, device) of an op and everything under it."""
+        c, d = float(ev.self_cpu_time_total), (0.0 if ev.name.startswith(SCOPE_PREFIX) else _dev_self(ev))
+        for child in ev.cpu_children:
+            cc, dd = subtree(child)
+            c, d = c + cc, d + dd
+        return c, d
 
     def walk(ev: Any, current: str | None) -> None:
         name = ev.name
-        cat = current
-        if name.startswith(SCOPE_PREFIX) and name != GENERATE_SCOPE:
-            cat = name[len(SCOPE_PREFIX) :]
-        op_cat = classify_op(name, inside_module=cat is not None) if not name.startswith(SCOPE_PREFIX) else None
-        if op_cat is not None:
-            totals[op_cat] += total_of(ev)  # the op with everything under it
-            return
-        if cat is not None and cat in totals:
-            totals[cat] += self_of(ev)
+        is_scope = name.startswith(SCOPE_PREFIX)
+        cat = name[len(SCOPE_PREFIX) :] if is_scope and name != GENERATE_SCOPE else current
+        if not is_scope:
+            op_cat = classify_op(name, inside_module=cat is not None)
+            if op_cat is not None:
+                c, d = subtree(ev)
+                cpu[op_cat] += c
+                dev[op_cat] += d
+                return
+        key = cat if cat in cpu else "other"
+        cpu[key] += float(ev.self_cpu_time_total)
+        if not is_scope:
+            dev[key] += _dev_self(ev)
         for child in ev.cpu_children:
             walk(child, cat)
 
     for g in gens:
-        for child in g.cpu_children:
-            walk(child, None)
-    claimed = sum(v for k, v in totals.items() if k != "other")
-    totals["other"] = max(grand - claimed, 0.0)
-    scale = 1.0
-    if claimed > grand > 0:  # rounding in the profiler's integer microseconds
-        scale = grand / claimed
-    rows = []
-    for cat in CATEGORIES:
-        v = totals[cat] * (scale if cat != "other" else 1.0)
-        rows.append({"category": cat, "time_ms": v / 1000.0, "share_pct": 100.0 * v / grand if grand else 0.0})
-    return rows, ("device" if use_device else "cpu"), grand / 1000.0
+        walk(g, None)
+    total_cpu, total_dev = sum(cpu.values()), sum(dev.values())
+    use_device = total_dev > 0
+    basis_total = total_dev if use_device else total_cpu
+    basis = dev if use_device else cpu
+    rows = [
+        {
+            "category": c,
+            "cpu_ms": cpu[c] / 1000.0,
+            "device_ms": dev[c] / 1000.0 if use_device else None,
+            "time_ms": basis[c] / 1000.0,
+            "share_pct": 100.0 * basis[c] / basis_total if basis_total else 0.0,
+        }
+        for c in CATEGORIES
+    ]
+    return rows, ("device" if use_device else "cpu"), basis_total / 1000.0
 
 
 @contextlib.contextmanager

@@ -37,6 +37,7 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--profile-output-len", type=int, default=8, help="shorter: profiles grow fast")
     ap.add_argument("--skip-concurrency", action="store_true")
+    ap.add_argument("--only-profile", action="store_true")
     ap.add_argument("--db", help="SQLite file (default: OUT/gpu.sqlite)")
     args = ap.parse_args()
     out = Path(args.out)
@@ -85,7 +86,13 @@ def main() -> int:
     if bd:
         print(f"\nbreakdown ({bd['basis']} time, total {bd['total_ms']:.1f} ms)")
         for row in bd["rows"]:
-            print(f"   {row['category']:<16}{row['time_ms']:>10.1f} ms {row['share_pct']:>6.1f} %")
+            dev = "-" if row.get("device_ms") is None else f"{row['device_ms']:.1f}"
+            print(
+                f"   {row['category']:<16} cpu {row['cpu_ms']:>9.1f} ms  device {dev:>9} ms {row['share_pct']:>6.1f} %"
+            )
+    if args.only_profile:
+        engine.stop()
+        return 0
     run("h200-latency-bs1", mode="latency", requests=4, warmup=1)
     if not args.skip_concurrency:
         run("h200-concurrency-16", mode="concurrency", requests=32, concurrency=16, warmup=0)
