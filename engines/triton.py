@@ -1,0 +1,465 @@
+"""The ``triton`` engine: NVIDIA Triton Inference Server's generate extension over HTTP.
+
+Two ways to use it:
+
+- **connect** (``base_url`` set): talk to a running Triton server and a model that
+  follows the generate-extension conventions of Triton's vLLM and TensorRT-LLM backends
+  (input ``text_input``, ``max_tokens``, ``stream``; output ``text_output``; every name
+  configurable). Readiness: ``/v2/health/ready`` and ``/v2/models/{model}/ready``.
+- **managed** (no ``base_url``): MoE Bench writes a model repository (``config.pbtxt`` and
+  a Python-backend ``model.py`` that runs the model with transformers and streams tokens
+  as a decoupled model) and starts ``tritonserver`` on it: the system's when it is on
+  PATH (or ``MOEBENCH_TRITON_SERVER``), else the binary shipped in the ``nvidia-pytriton``
+  wheel of the Triton environment (``.venv-triton``, ``make triton``; see the README).
+
+Requests go to ``/v2/models/{model}/generate_stream`` (SSE, one event per response).
+Server metrics come from Triton's Prometheus endpoint (port 8002 by default).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from engines.accelerators import Availability
+from engines.base import GenerationRequest, ProgressFn, StreamChunk, register_engine
+from engines.errors import EngineUnavailable, RequestFailed
+from engines.launch import ManagedProcess, free_port
+from engines.openai_http import OpenAIEngine, OpenAIOptions, SSEError, _error_message, _one_line, iter_sse_data
+from engines.prometheus import parse_prometheus
+from engines.settings import PROJECT_ROOT, get_settings
+
+MODEL_TEMPLATE = Path(__file__).resolve().parent / "triton_repo" / "model.py"
+
+# Triton Prometheus metrics -> time-series names (gauges as they are; counters as rates).
+GAUGES: dict[str, str] = {
+    "nv_inference_pending_request_count": "server_requests_waiting",
+    "nv_cpu_memory_used_bytes": "server_cpu_mem_gib",
+    "nv_gpu_memory_used_bytes": "server_gpu_mem_gib",
+    "nv_gpu_utilization": "server_gpu_util_pct",
+}
+COUNTERS: dict[str, str] = {
+    "nv_inference_request_success": "server_request_success_rps",
+    "nv_inference_request_failure": "server_request_failure_rps",
+}
+
+
+class TritonOptions(OpenAIOptions):
+    """Triton options. ``model`` is the checkpoint (preset or folder) for a managed server."""
+
+    kind: Literal["triton"] = "triton"  # type: ignore[assignment]
+    base_url: str | None = None  # type: ignore[assignment]  # e.g. http://127.0.0.1:8000; None: launch
+    model_name: str = "moebench"  # the Triton model to call (and the name of the managed one)
+    metrics_url: str | None = None  # default: the server's host on metrics_port
+    metrics_port: int = Field(8002, ge=1, le=65535)
+    input_name: str = "text_input"
+    output_name: str = "text_output"
+    max_tokens_name: str = "max_tokens"
+    stream_name: str | None = "stream"
+    ignore_eos_name: str | None = "ignore_eos"  # None: do not send (servers without the input)
+    tokens_name: str | None = "num_tokens"  # per-response token count output; None: count with the tokenizer
+    instance_count: int = Field(1, ge=1, le=64)
+    start_timeout_s: float | None = Field(None, gt=0)
+    check_model: bool = True
+
+
+def triton_python() -> str:
+    """The interpreter of the Triton environment (``MOEBENCH_TRITON_PYTHON``, else ``.venv-triton``)."""
+    configured = os.environ.get("MOEBENCH_TRITON_PYTHON", "")
+    if configured:
+        return configured
+    return str(PROJECT_ROOT / ".venv-triton" / "bin" / "python")
+
+
+_PROBE = r"""
+import importlib.util as u, json, sys, sysconfig
+spec = u.find_spec("pytriton")
+root = None
+if spec and spec.submodule_search_locations:
+    root = list(spec.submodule_search_locations)[0]
+print(json.dumps({
+    "version": "%d.%d" % sys.version_info[:2],
+    "libdir": sysconfig.get_config_var("LIBDIR"),
+    "purelib": sysconfig.get_paths()["purelib"],
+    "pytriton": root,
+    "torch": u.find_spec("torch") is not None,
+    "transformers": u.find_spec("transformers") is not None,
+}))
+"""
+
+
+@lru_cache(maxsize=4)
+def probe_env(python: str, mtime: float) -> dict[str, Any]:
+    """What the Triton environment holds (pytriton's server, torch, transformers)."""
+    try:
+        out = subprocess.run([python, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=60, check=False)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+        return {"error": f"cannot probe {python}: {exc}"}
+
+
+def server_env() -> tuple[dict[str, Any] | None, str]:
+    """(layout, reason): where tritonserver, its Python backend and the model's packages are."""
+    python = triton_python()
+    try:
+        mtime = os.stat(python).st_mtime
+    except OSError:
+        return None, f"no Triton environment at {python}: run `make triton` (or set MOEBENCH_TRITON_PYTHON)"
+    info = probe_env(python, mtime)
+    if "error" in info:
+        return None, info["error"]
+    if not (info.get("torch") and info.get("transformers")):
+        return None, f"{python} lacks torch/transformers, which the Triton model needs"
+    system = os.environ.get("MOEBENCH_TRITON_SERVER") or shutil.which("tritonserver")
+    if system:
+        return {"server": system, "backends": None, **info}, ""
+    if not info.get("pytriton"):
+        return None, f"no tritonserver on PATH and no nvidia-pytriton in {python}: run `make triton`"
+    root = Path(info["pytriton"]) / "tritonserver"
+    stub = root / "python_backend_stubs" / info["version"] / "triton_python_backend_stub"
+    if not stub.exists():
+        return None, f"nvidia-pytriton has no Python-backend stub for Python {info['version']}"
+    return {
+        "server": str(root / "bin" / "tritonserver"),
+        "backends": str(root / "backends"),
+        "stub": str(stub),
+        "libs": str(Path(info["pytriton"]).parent / "nvidia_pytriton.libs"),
+        **info,
+    }, ""
+
+
+def write_repository(
+    repo: Path, name: str, model_dir: str, device: str, dtype: str, instances: int, extra_sys_path: list[str]
+) -> Path:
+    """Write a Triton model repository with one decoupled Python-backend model; return it."""
+    model = repo / name
+    (model / "1").mkdir(parents=True, exist_ok=True)
+    source = MODEL_TEMPLATE.read_text(encoding="utf-8")
+    source = source.replace("EXTRA_SYS_PATH: list = []", f"EXTRA_SYS_PATH: list = {json.dumps(extra_sys_path)}", 1)
+    (model / "1" / "model.py").write_text(source, encoding="utf-8")
+    kind = "KIND_GPU" if device.startswith("cuda") else "KIND_CPU"
+    config = f"""name: "{name}"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy {{ decoupled: true }}
+input [
+  {{ name: "text_input" data_type: TYPE_STRING dims: [ 1 ] }},
+  {{ name: "max_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true }},
+  {{ name: "stream" data_type: TYPE_BOOL dims: [ 1 ] optional: true }},
+  {{ name: "ignore_eos" data_type: TYPE_BOOL dims: [ 1 ] optional: true }},
+  {{ name: "temperature" data_type: TYPE_FP32 dims: [ 1 ] optional: true }},
+  {{ name: "top_p" data_type: TYPE_FP32 dims: [ 1 ] optional: true }}
+]
+output [
+  {{ name: "text_output" data_type: TYPE_STRING dims: [ 1 ] }},
+  {{ name: "num_tokens" data_type: TYPE_INT32 dims: [ 1 ] }}
+]
+instance_group [ {{ count: {instances} kind: {kind} }} ]
+parameters {{ key: "model_dir" value: {{ string_value: {json.dumps(model_dir)} }} }}
+parameters {{ key: "device" value: {{ string_value: "{device}" }} }}
+parameters {{ key: "dtype" value: {{ string_value: "{dtype}" }} }}
+"""
+    (model / "config.pbtxt").write_text(config, encoding="utf-8")
+    return repo
+
+
+@register_engine
+class TritonEngine(OpenAIEngine):
+    """Triton's generate extension (connect or managed); see the module docstring."""
+
+    kind = "triton"
+    label = "Triton Inference Server"
+    options_model = TritonOptions
+
+    def __init__(self, options: Any) -> None:
+        super().__init__(options)
+        self.topts: TritonOptions = options
+        self._url: str | None = options.base_url
+        self.server: ManagedProcess | None = None
+        self.argv: list[str] = []
+        self.metrics_url: str | None = options.metrics_url
+        self.load_seconds = 0.0
+        self._last: tuple[float, dict[str, float]] | None = None
+        self._metrics_lock = threading.Lock()
+        self._health_fail_since: float | None = None
+
+    @property
+    def base_url(self) -> str:
+        return self._url or ""
+
+    @property
+    def served_name(self) -> str:
+        return self.topts.model_name
+
+    @classmethod
+    def availability(cls) -> Availability:
+        _, reason = server_env()
+        if reason:
+            return Availability(True, f"connect only (base_url): managed server unavailable: {reason}")
+        return Availability(True)
+
+    # --- lifecycle --------------------------------------------------------------------
+    def start(self, progress: ProgressFn | None = None) -> None:
+        if self.started:
+            return
+        report = progress or (lambda msg, frac: None)
+        if self.topts.base_url:
+            self._load_tokenizer(report)
+            self._client = self._make_client()
+            report(f"connecting to {self.base_url}", 0.8)
+            self._check_server()
+            self.started = True
+            report("ready", 1.0)
+            return
+        self._launch(report)
+
+    def _launch(self, report: ProgressFn) -> None:
+        layout, reason = server_env()
+        if layout is None:
+            raise EngineUnavailable(f"cannot launch Triton: {reason}")
+        acc = self.topts.accelerator
+        if acc not in ("cpu", "cuda"):
+            raise EngineUnavailable(f"the managed Triton model runs on cpu or cuda, not {acc}")
+        from engines.accelerators import get_accelerator
+        from engines.models import resolve_model
+
+        if acc == "cuda":
+            get_accelerator("cuda").require()
+        report("resolving model", 0.02)
+        _name, path = resolve_model(self.topts.model)
+        dtype = {"auto": "float32" if acc == "cpu" else "bfloat16"}.get(self.topts.dtype, self.topts.dtype)
+        dtype = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}.get(dtype, dtype)
+        settings = get_settings()
+        work = settings.data_dir / "triton" / f"{os.getpid()}-{id(self) & 0xFFFF:04x}"
+        repo = write_repository(
+            work / "repo",
+            self.topts.model_name,
+            str(path),
+            "cuda:0" if acc == "cuda" else "cpu",
+            dtype,
+            self.topts.instance_count,
+            [layout["purelib"], str(PROJECT_ROOT)],
+        )
+        env = dict(os.environ)
+        backend_args: list[str] = []
+        if layout.get("backends"):
+            # pytriton's server: a backend folder holding its Python backend and the stub built
+            # for this interpreter; the stub links libpython (LIBDIR) and the wheel's own libs.
+            backends = work / "backends" / "python"
+            backends.mkdir(parents=True, exist_ok=True)
+            for item in ("libtriton_python.so", "triton_python_backend_utils.py"):
+                target = backends / item
+                if not target.exists():
+                    target.symlink_to(Path(layout["backends"]) / "python" / item)
+            stub = backends / "triton_python_backend_stub"
+            if not stub.exists():
+                shutil.copy2(layout["stub"], stub)
+            backend_args = ["--backend-directory", str(work / "backends")]
+            libs = [layout["libdir"], layout["libs"], env.get("LD_LIBRARY_PATH", "")]
+            env["LD_LIBRARY_PATH"] = ":".join(p for p in libs if p)
+        host = settings.host
+        http, grpc, metrics = free_port(host), free_port(host), free_port(host)
+        self.argv = [
+            layout["server"], "--model-repository", str(repo), *backend_args,
+            "--http-address", host, "--http-port", str(http),
+            "--grpc-address", host, "--grpc-port", str(grpc),
+            "--metrics-address", host, "--metrics-port", str(metrics),
+            "--exit-on-error", "true", "--disable-auto-complete-config", "--log-verbose", "0",
+        ]  # fmt: skip
+        self._load_tokenizer(report)
+        report(f"starting tritonserver on port {http}", 0.15)
+        t0 = time.perf_counter()
+        self.server = ManagedProcess(self.argv, name="tritonserver", env=env).start()
+        self._url = f"http://{host}:{http}"
+        self.metrics_url = f"http://{host}:{metrics}/metrics"
+        try:
+            timeout = self.topts.start_timeout_s or settings.server_start_timeout_s
+            self.server.wait_http(
+                f"{self._url}/v2/models/{self.served_name}/ready", timeout, progress=_scaled(report, 0.2, 0.9)
+            )
+            self._client = self._make_client()
+            self._check_server()
+        except BaseException as exc:
+            reason = _model_load_error(self.server) if isinstance(exc, EngineUnavailable) else None
+            self.server.stop()
+            if reason:
+                raise EngineUnavailable(f"Triton could not load the model: {reason}") from exc
+            raise
+        self.load_seconds = time.perf_counter() - t0
+        self.started = True
+        report("ready", 1.0)
+
+    def stop(self) -> None:
+        super().stop()
+        if self.server is not None:
+            self.server.stop()
+
+    def _check_server(self) -> None:
+        import httpx
+
+        try:
+            ready = self._client.get(f"{self.base_url}/v2/health/ready", timeout=10.0)
+            model = self._client.get(f"{self.base_url}/v2/models/{self.served_name}/ready", timeout=10.0)
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(
+                f"cannot reach Triton at {self.base_url}: {type(exc).__name__}: "
+                f"{_one_line(str(exc), 200) or 'no answer'}"
+            ) from exc
+        if ready.status_code != 200:
+            raise EngineUnavailable(f"Triton at {self.base_url} is not ready (HTTP {ready.status_code})")
+        if model.status_code != 200:
+            raise EngineUnavailable(
+                f"model '{self.served_name}' is not ready on Triton at {self.base_url} (HTTP {model.status_code}): "
+                f"{_error_message(model.content)}"
+            )
+        if self.metrics_url is None:
+            from urllib.parse import urlsplit
+
+            parts = urlsplit(self.base_url)
+            self.metrics_url = f"{parts.scheme}://{parts.hostname}:{self.topts.metrics_port}/metrics"
+
+    # --- requests ---------------------------------------------------------------------
+    def request_body(self, request: GenerationRequest) -> dict[str, Any]:
+        o, sp = self.topts, request.sampling
+        body: dict[str, Any] = {o.input_name: request.prompt, o.max_tokens_name: sp.max_tokens}
+        if o.stream_name:
+            body[o.stream_name] = True
+        if o.ignore_eos_name and sp.ignore_eos and o.exact_lengths:
+            body[o.ignore_eos_name] = True
+        if sp.temperature > 0:
+            body.update(temperature=sp.temperature, top_p=sp.top_p)
+        return body
+
+    def stream(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[StreamChunk]:
+        if self._client is None:
+            raise EngineUnavailable("the triton engine is not started")
+        import httpx
+
+        url = f"{self.base_url}/v2/models/{self.served_name}/generate_stream"
+        try:
+            with self._client.stream("POST", url, json=self.request_body(request)) as resp:
+                if resp.status_code >= 400:
+                    raise RequestFailed(f"HTTP {resp.status_code} from {url}: {_error_message(resp.read())}")
+                yield from self._triton_events(resp, cancel)
+        except httpx.TimeoutException as exc:
+            raise RequestFailed(f"timed out waiting for {url} ({type(exc).__name__})") from exc
+        except httpx.RemoteProtocolError as exc:
+            raise RequestFailed(f"connection dropped by Triton: {_one_line(str(exc), 200)}") from exc
+        except httpx.HTTPError as exc:
+            raise RequestFailed(f"{type(exc).__name__} from {url}: {_one_line(str(exc), 200)}") from exc
+
+    def _triton_events(self, resp: Any, cancel: threading.Event | None) -> Iterator[StreamChunk]:
+        o = self.topts
+        tok = self._tokenizer
+        text_so_far = ""
+        counted = 0
+        for payload in iter_sse_data(resp.iter_lines()):
+            if cancel is not None and cancel.is_set():
+                return
+            try:
+                obj = json.loads(payload)
+            except ValueError as exc:
+                raise SSEError(f"malformed SSE event from Triton (not JSON): {_one_line(payload, 120)}") from exc
+            if not isinstance(obj, dict):
+                raise SSEError(f"malformed SSE event from Triton: {_one_line(payload, 120)}")
+            if "error" in obj:
+                raise RequestFailed(f"Triton error: {_one_line(str(obj['error']), 200)}")
+            if o.output_name not in obj:
+                continue
+            text = obj[o.output_name]
+            text = text if isinstance(text, str) else json.dumps(text)
+            if o.tokens_name and o.tokens_name in obj:
+                n = int(obj[o.tokens_name])
+            elif tok is not None:
+                text_so_far += text
+                total = len(tok.encode(text_so_far, add_special_tokens=False))
+                n, counted = total - counted, total
+            else:
+                n = 1  # one response per token, by the streaming convention
+            yield StreamChunk(text=text, tokens=n)
+
+    # --- telemetry and health ---------------------------------------------------------
+    def telemetry(self) -> dict[str, float]:
+        if not self.metrics_url or self._client is None:
+            return {}
+        try:
+            text = self._client.get(self.metrics_url, timeout=2.0).text
+        except Exception:  # noqa: BLE001 - no metrics endpoint: a gap in the series
+            return {}
+        values = parse_prometheus(text)
+        out: dict[str, float] = {}
+        for prom, name in GAUGES.items():
+            if prom in values:
+                v = values[prom]
+                out[name] = v / 1024**3 if name.endswith("_gib") else v * (100.0 if name.endswith("_pct") else 1.0)
+        now = time.monotonic()
+        counters = {name: values[prom] for prom, name in COUNTERS.items() if prom in values}
+        with self._metrics_lock:
+            last, self._last = self._last, (now, counters)
+        if last is not None and now > last[0]:
+            for name, value in counters.items():
+                if name in last[1]:
+                    out[name] = max(0.0, value - last[1][name]) / (now - last[0])
+        return out
+
+    def health(self) -> str | None:
+        if self.server is not None:
+            reason = self.server.exit_reason()
+            if reason is not None:
+                tail = self.server.tail_one_line(3)
+                return f"Triton server {reason.removeprefix('tritonserver ')}; last log lines: {tail}"
+        if self._client is None:
+            return None
+        import httpx
+
+        try:
+            ok = self._client.get(f"{self.base_url}/v2/health/ready", timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        if ok:
+            self._health_fail_since = None
+            return None
+        now = time.monotonic()
+        self._health_fail_since = self._health_fail_since or now
+        if now - self._health_fail_since > 15.0:
+            return f"Triton at {self.base_url} has not answered /v2/health/ready for 15 s"
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info.update(
+            engine="triton",
+            base_url=self.base_url,
+            triton_model=self.served_name,
+            metrics_url=self.metrics_url,
+            managed=self.server is not None,
+            server_argv=self.argv,
+            server_log=str(self.server.log_path) if self.server is not None else None,
+            load_seconds=round(self.load_seconds, 3),
+        )
+        return info
+
+
+def _model_load_error(server: ManagedProcess) -> str | None:
+    """Triton's own reason when a model failed to load (from its log), one line."""
+    for line in reversed(server.tail(200)):
+        if "failed to load" in line and "'" in line:
+            return _one_line(line.split("]", 1)[-1].strip().strip('"'), 400)
+    return None
+
+
+def _scaled(report: ProgressFn, lo: float, hi: float) -> ProgressFn:
+    def inner(msg: str, frac: float) -> None:
+        report(msg, lo + (hi - lo) * frac)
+
+    return inner
