@@ -1,0 +1,245 @@
+"""The ``lmdeploy`` engine: LMDeploy's OpenAI-compatible ``api_server``, measured over HTTP.
+
+- **managed**: launches ``python -m lmdeploy serve api_server MODEL --backend pytorch|turbomind
+  [--device cuda|ascend|camb] --tp N --server-name HOST --server-port PORT --model-name NAME``
+  (flags as in LMDeploy 0.18's CLI) with the interpreter that has lmdeploy
+  (``MOEBENCH_LMDEPLOY_PYTHON``, else this one), then talks to it through the OpenAI client.
+- **connect** (``base_url``): any running LMDeploy server (``http://host:23333/v1``).
+- **pipeline**: :func:`run_pipeline` runs ``lmdeploy.pipeline`` in a worker process for offline
+  throughput, when lmdeploy is installed.
+
+LMDeploy has no CPU backend: on a machine without CUDA, Ascend or Cambricon the managed
+mode is unavailable and says why. TurboMind runs on CUDA only; Ascend (``--device ascend``)
+and Cambricon (``--device camb``) need the PyTorch backend.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from engines.accelerators import Availability, get_accelerator
+from engines.base import ProgressFn, register_engine
+from engines.errors import ConfigError, EngineUnavailable
+from engines.launch import ManagedProcess, free_port
+from engines.openai_http import OpenAIEngine, OpenAIOptions
+from engines.settings import get_settings
+
+# MoE Bench accelerator -> LMDeploy --device
+DEVICES: dict[str, str] = {"cuda": "cuda", "npu": "ascend", "mlu": "camb"}
+INSTALL = {
+    "cuda": "pip install lmdeploy",
+    "npu": "pip install lmdeploy dlinfer-ascend (with CANN and torch-npu)",
+    "mlu": "install lmdeploy with dlinfer for Cambricon (torch_mlu from Cambricon's release)",
+}
+
+
+class LMDeployOptions(OpenAIOptions):
+    """LMDeploy server options. ``model`` is the checkpoint (preset or folder)."""
+
+    kind: Literal["lmdeploy"] = "lmdeploy"  # type: ignore[assignment]
+    base_url: str | None = None  # type: ignore[assignment]  # connect instead of launching
+    backend: Literal["pytorch", "turbomind"] = "pytorch"
+    tp: int = Field(1, ge=1, le=64)
+    ep: int | None = Field(None, ge=1, le=1024)  # expert parallelism (PyTorch backend)
+    session_len: int | None = Field(None, ge=16)
+    max_batch_size: int | None = Field(None, ge=1)
+    cache_max_entry_count: float | None = Field(None, gt=0.0, le=1.0)
+    eager_mode: bool = False
+    served_model_name: str | None = None
+    extra_args: list[str] = Field(default_factory=list)
+    start_timeout_s: float | None = Field(None, gt=0)
+    send_min_tokens: bool = True
+
+    @model_validator(mode="after")
+    def _backend_fits_device(self) -> LMDeployOptions:
+        if self.base_url is None and self.backend == "turbomind" and self.accelerator in ("npu", "mlu"):
+            raise ValueError(
+                f"LMDeploy's turbomind backend runs on CUDA only; use backend pytorch on {self.accelerator}"
+            )
+        return self
+
+
+def lmdeploy_python() -> str:
+    return os.environ.get("MOEBENCH_LMDEPLOY_PYTHON", "") or sys.executable
+
+
+def lmdeploy_installed(python: str | None = None) -> bool:
+    python = python or lmdeploy_python()
+    if python == sys.executable:
+        return importlib.util.find_spec("lmdeploy") is not None
+    probe = "import importlib.util as u; print(u.find_spec('lmdeploy') is not None)"
+    try:
+        out = subprocess.run([python, "-I", "-c", probe], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.stdout.strip() == "True"
+
+
+def managed_availability(accelerator: str) -> Availability:
+    """Whether a managed LMDeploy server can start here on ``accelerator``, and why not."""
+    if accelerator not in DEVICES:
+        return Availability(False, "LMDeploy has no CPU backend; it runs on CUDA, Ascend (npu) or Cambricon (mlu)")
+    if not lmdeploy_installed():
+        return Availability(False, f"lmdeploy is not installed: {INSTALL[accelerator]}")
+    dev = get_accelerator(accelerator).availability()
+    if not dev.ok:
+        return Availability(False, f"no {accelerator} device for LMDeploy: {dev.reason}")
+    return Availability(True)
+
+
+def server_argv(python: str, model_dir: str, name: str, host: str, port: int, o: LMDeployOptions) -> list[str]:
+    """The ``lmdeploy serve api_server`` command line for these options."""
+    if o.accelerator not in DEVICES:
+        raise ConfigError("LMDeploy has no CPU backend; pick cuda, npu or mlu")
+    argv = [python, "-m", "lmdeploy", "serve", "api_server", model_dir, "--backend", o.backend]
+    if o.backend == "pytorch":
+        argv += ["--device", DEVICES[o.accelerator]]
+        if o.eager_mode:
+            argv.append("--eager-mode")
+    argv += ["--tp", str(o.tp), "--server-name", host, "--server-port", str(port), "--model-name", name]
+    if o.ep:
+        argv += ["--ep", str(o.ep)]
+    if o.session_len:
+        argv += ["--session-len", str(o.session_len)]
+    if o.max_batch_size:
+        argv += ["--max-batch-size", str(o.max_batch_size)]
+    if o.cache_max_entry_count is not None:
+        argv += ["--cache-max-entry-count", f"{o.cache_max_entry_count:g}"]
+    if o.dtype not in ("auto", ""):
+        argv += ["--dtype", {"fp16": "float16", "bf16": "bfloat16"}.get(o.dtype, o.dtype)]
+    if o.trust_remote_code:
+        argv.append("--trust-remote-code")
+    return argv + [str(a) for a in o.extra_args]
+
+
+@register_engine
+class LMDeployEngine(OpenAIEngine):
+    """LMDeploy's api_server (managed or connect); see the module docstring."""
+
+    kind = "lmdeploy"
+    label = "LMDeploy (api_server)"
+    options_model = LMDeployOptions
+
+    def __init__(self, options: Any) -> None:
+        super().__init__(options)
+        self.lopts: LMDeployOptions = options
+        self._url: str | None = options.base_url
+        self.server: ManagedProcess | None = None
+        self.argv: list[str] = []
+        self.model_name = options.served_model_name or options.model
+        self.load_seconds = 0.0
+
+    @property
+    def base_url(self) -> str:
+        return self._url or ""
+
+    @property
+    def served_name(self) -> str:
+        return self.model_name
+
+    @classmethod
+    def availability(cls) -> Availability:
+        if not lmdeploy_installed():
+            return Availability(True, "connect only (base_url): lmdeploy is not installed here (pip install lmdeploy)")
+        return Availability(True)
+
+    def start(self, progress: ProgressFn | None = None) -> None:
+        if self.started:
+            return
+        report = progress or (lambda msg, frac: None)
+        if self.lopts.base_url:
+            super().start(report)
+            return
+        avail = managed_availability(self.lopts.accelerator)
+        if not avail.ok:
+            raise EngineUnavailable(f"cannot launch LMDeploy: {avail.reason}")
+        from engines.models import PRESETS, resolve_model
+
+        name, path = resolve_model(self.lopts.model)
+        if not self.lopts.served_model_name:
+            self.model_name = name if self.lopts.model.lower() in PRESETS else self.lopts.model
+        settings = get_settings()
+        port = free_port(settings.host)
+        self.argv = server_argv(lmdeploy_python(), str(path), self.model_name, settings.host, port, self.lopts)
+        self._load_tokenizer(report)
+        report(f"starting LMDeploy on port {port}", 0.15)
+        t0 = time.perf_counter()
+        self.server = ManagedProcess(self.argv, name="lmdeploy").start()
+        self._url = f"http://{settings.host}:{port}/v1"
+        try:
+            timeout = self.lopts.start_timeout_s or settings.server_start_timeout_s
+            self.server.wait_http(f"{self._url}/models", timeout, progress=progress)
+            self._client = self._make_client()
+            self._check_server()
+        except BaseException:
+            self.server.stop()
+            raise
+        self.load_seconds = time.perf_counter() - t0
+        self.started = True
+        report("ready", 1.0)
+
+    def stop(self) -> None:
+        super().stop()
+        if self.server is not None:
+            self.server.stop()
+
+    def health(self) -> str | None:
+        if self.server is not None:
+            reason = self.server.exit_reason()
+            if reason is not None:
+                tail = self.server.tail_one_line(3)
+                return f"LMDeploy server {reason.removeprefix('lmdeploy ')}; last log lines: {tail}"
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info.update(engine="lmdeploy", backend=self.lopts.backend, managed=self.server is not None,
+                    server_argv=self.argv, load_seconds=round(self.load_seconds, 3))  # fmt: skip
+        return info
+
+
+_PIPELINE = r"""
+import json, sys, time
+from lmdeploy import GenerationConfig, pipeline, PytorchEngineConfig, TurbomindEngineConfig
+spec = json.loads(sys.argv[1])
+cfg = (PytorchEngineConfig(tp=spec["tp"], device_type=spec["device"]) if spec["backend"] == "pytorch"
+       else TurbomindEngineConfig(tp=spec["tp"]))
+pipe = pipeline(spec["model"], backend_config=cfg)
+gen = GenerationConfig(max_new_tokens=spec["max_tokens"], ignore_eos=True)
+t0 = time.perf_counter()
+outs = pipe(spec["prompts"], gen_config=gen)
+elapsed = time.perf_counter() - t0
+out_tokens = sum(o.generate_token_len for o in outs)
+in_tokens = sum(o.input_token_len for o in outs)
+print(json.dumps({"requests": len(outs), "elapsed_s": elapsed, "output_tokens": out_tokens,
+                  "prompt_tokens": in_tokens}))
+"""
+
+
+def run_pipeline(model: str, prompts: list[str], max_tokens: int, accelerator: str, backend: str = "pytorch",
+                 tp: int = 1, timeout_s: float = 3600) -> dict[str, Any]:  # fmt: skip
+    """``lmdeploy.pipeline`` in a worker process: offline throughput (requests/s, tokens/s)."""
+    import json
+
+    avail = managed_availability(accelerator)
+    if not avail.ok:
+        raise EngineUnavailable(f"cannot run the LMDeploy pipeline: {avail.reason}")
+    spec = {"model": model, "prompts": prompts, "max_tokens": max_tokens, "backend": backend, "tp": tp,
+            "device": DEVICES[accelerator]}  # fmt: skip
+    out = subprocess.run([lmdeploy_python(), "-c", _PIPELINE, json.dumps(spec)], capture_output=True, text=True,
+                         timeout=timeout_s, check=False)  # fmt: skip
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EngineUnavailable(f"the LMDeploy pipeline failed: {last}")
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    el = res["elapsed_s"]
+    res.update(request_throughput_rps=res["requests"] / el, output_throughput_tok_s=res["output_tokens"] / el,
+               total_throughput_tok_s=(res["output_tokens"] + res["prompt_tokens"]) / el)  # fmt: skip
+    return res
