@@ -6,15 +6,41 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast lint browser clean
+.PHONY: run test test-fast lint browser engines vllm triton clean
+
+# Engine runtimes live in their own environments (their pins clash with the main one:
+# nvidia-pytriton needs numpy<2); MoE Bench launches their servers from there.
+VLLM_VENV     := .venv-vllm
+VLLM_STAMP    := $(VLLM_VENV)/.installed
+TRITON_VENV   := .venv-triton
+TRITON_STAMP  := $(TRITON_VENV)/.installed
+DROP_CUDA_PKGS := torchvision torchaudio torchcodec
 
 $(STAMP): requirements.txt requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.txt
 	@# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break transformers beside CPU torch.
-	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	$(PY) -m pip uninstall -y -q $(DROP_CUDA_PKGS) 2>/dev/null || true
 	@touch $@
+
+$(VLLM_STAMP): requirements-vllm.txt
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q -r requirements-vllm.txt
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q $(DROP_CUDA_PKGS) 2>/dev/null || true
+	@touch $@
+
+$(TRITON_STAMP): requirements-triton.txt
+	@test -x $(TRITON_VENV)/bin/python || $(PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TRITON_VENV)/bin/python -m pip install -q -r requirements-triton.txt
+	$(TRITON_VENV)/bin/python -m pip uninstall -y -q $(DROP_CUDA_PKGS) 2>/dev/null || true
+	@touch $@
+
+vllm: $(VLLM_STAMP)
+triton: $(TRITON_STAMP)
+engines: vllm triton
 
 run: $(STAMP)
 	$(PY) -m streamlit run dashboard/app.py
@@ -23,7 +49,7 @@ run: $(STAMP)
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
-test: $(STAMP) browser
+test: $(STAMP) $(VLLM_STAMP) $(TRITON_STAMP) browser
 	$(PY) -m ruff check engines bench dashboard tests
 	$(PY) -m pytest
 
@@ -34,4 +60,4 @@ lint: $(STAMP)
 	$(PY) -m ruff check engines bench dashboard tests
 
 clean:
-	rm -rf $(VENV) .pytest_cache tests/artifacts
+	rm -rf $(VENV) $(VLLM_VENV) $(TRITON_VENV) .pytest_cache tests/artifacts

@@ -237,6 +237,8 @@ ENGINE_MODULES: dict[str, str] = {
     "native": "engines.native",
     "openai": "engines.openai_http",
     "vllm": "engines.vllm",
+    "triton": "engines.triton",
+    "lmdeploy": "engines.lmdeploy",
 }
 
 _REGISTRY: dict[str, type[Engine]] = {}
