@@ -262,11 +262,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    try:
-        bundle = json.loads(Path(args.path).read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise MoEBenchError(f"{args.path} is not valid JSON: {exc}") from exc
-    run_id = _store(args).import_bundle(bundle)
+    from bench.store import import_bundle_file
+
+    run_id = import_bundle_file(_store(args), args.path)
     print(f"imported {args.path} as run {run_id}")
     return EXIT_OK
 

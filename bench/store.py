@@ -543,6 +543,27 @@ class Store:
         return rows_to_csv(SUMMARY_CSV_COLUMNS, [r.summary_row() for r in runs])
 
 
+def import_bundle_file(store: Store, path: str | os.PathLike[str]) -> int:
+    """Import a bundle file; a trace beside it (``NAME.trace.json[.gz]``) becomes the run's trace."""
+    from engines.errors import MoEBenchError
+
+    path = Path(path)
+    try:
+        bundle = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise MoEBenchError(f"cannot read run bundle {path}: {exc}") from exc
+    for suffix in (".trace.json.gz", ".trace.json"):
+        trace = path.with_name(path.name.removesuffix(".json") + suffix)
+        if trace.exists():
+            bundle.setdefault("artifacts", {})["profile_trace"] = {"path": str(trace.resolve())}
+            break
+    else:
+        old = bundle.get("artifacts", {}).get("profile_trace")
+        if old and not Path(old.get("path", "")).exists():
+            bundle["artifacts"].pop("profile_trace")  # recorded on another machine; not here
+    return store.import_bundle(bundle)
+
+
 def _fmt(v: Any) -> Any:
     if v is None:
         return ""
