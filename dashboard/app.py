@@ -1,9 +1,43 @@
-"""MoE Bench dashboard (placeholder until the dashboard issue lands)."""
+"""MoE Bench dashboard: the router. ``streamlit run dashboard/app.py`` (``make run``).
+
+Builds ``st.navigation`` over ``dashboard/app_pages/`` (one file per page, UI only) and
+draws the shared sidebar: the loaded engine, its memory and the run in progress.
+"""
 
 from __future__ import annotations
 
-import streamlit as st
+import sys
+from pathlib import Path
 
-st.set_page_config(page_title="MoE Bench", layout="wide")
-st.title("MoE Bench")
-st.write("Use `python -m bench run ...` for now; the dashboard is being built.")
+# `streamlit run dashboard/app.py` puts dashboard/ on sys.path, not the project root.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+import streamlit as st  # noqa: E402
+
+from dashboard import ui  # noqa: E402
+
+st.set_page_config(page_title="MoE Bench", page_icon=":material/speed:", layout="wide")
+
+PAGES = {
+    "Setup": [
+        st.Page(ui.PAGE_ENGINE, title="Engine & Model", icon=":material/memory:", default=True),
+    ],
+    "Benchmark": [
+        st.Page(ui.PAGE_LATENCY, title="Latency", icon=":material/timer:"),
+        st.Page(ui.PAGE_CONCURRENCY, title="Concurrency", icon=":material/stacked_line_chart:"),
+    ],
+    "Analysis": [
+        st.Page(ui.PAGE_RESULTS, title="Results", icon=":material/table_chart:"),
+        st.Page(ui.PAGE_COMPARE, title="Compare with the book", icon=":material/compare_arrows:"),
+    ],
+}
+
+page = st.navigation(PAGES)
+ui.init_state()
+with st.sidebar:
+    st.markdown("### :material/speed: MoE Bench")
+    st.caption("DeepSeek MoE inference benchmarks")
+    ui.sidebar()
+page.run()

@@ -25,6 +25,9 @@ class Settings:
     server_start_timeout_s: float = 300.0
     sample_interval_s: float = 1.0
     host: str = "127.0.0.1"
+    # Interpreter of the environment that has vLLM (empty: .venv-vllm/bin/python when it
+    # exists, else the current interpreter). Env: MOEBENCH_VLLM_PYTHON.
+    vllm_python: str = ""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:

@@ -1,0 +1,219 @@
+"""Parity check: MoE Bench's client against vLLM's own ``vllm bench serve`` on one vLLM server.
+
+Both clients send the same random workload shape (input/output lengths, number of prompts,
+concurrency, seed, ``ignore_eos``) to the same server, in ABBA order over ``--rounds`` rounds
+(ours, theirs, theirs, ours, ...) so drift on a shared machine hits both alike. Prints the
+TTFT / TPOT / ITL / E2E medians and P99s and the throughputs of each, with the ratio
+ours / theirs averaged over the rounds. Exit status 0 when every median is within
+``--tolerance`` (default 5 %).
+
+    python -m bench.benchmarks.parity_vllm                # launches a vLLM server (tiny model, CPU)
+    python -m bench.benchmarks.parity_vllm --base-url http://127.0.0.1:8000/v1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.runner import RunConfig, start_run
+from bench.store import Store
+from engines.base import create_engine
+from engines.launch import ManagedProcess
+from engines.vllm import vllm_python
+
+# (label, MoE Bench summary path, vllm bench serve result key)
+ROWS: list[tuple[str, str, str]] = [
+    ("TTFT median ms", "ttft_ms.p50", "median_ttft_ms"),
+    ("TTFT p99 ms", "ttft_ms.p99", "p99_ttft_ms"),
+    ("TPOT median ms", "tpot_ms.p50", "median_tpot_ms"),
+    ("TPOT p99 ms", "tpot_ms.p99", "p99_tpot_ms"),
+    ("ITL median ms", "itl_ms.p50", "median_itl_ms"),
+    ("ITL p99 ms", "itl_ms.p99", "p99_itl_ms"),
+    ("E2E median ms", "e2e_ms.p50", "median_e2el_ms"),
+    ("E2E p99 ms", "e2e_ms.p99", "p99_e2el_ms"),
+    ("requests/s", "request_throughput_rps", "request_throughput"),
+    ("output tok/s", "output_throughput_tok_s", "output_throughput"),
+    ("total tok/s", "total_throughput_tok_s", "total_token_throughput"),
+]
+
+_VLLM_SERVE = (
+    "import sys\n"
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "from vllm.benchmarks.serve import add_cli_args, main\n"
+    "p = FlexibleArgumentParser()\n"
+    "add_cli_args(p)\n"
+    "main(p.parse_args(sys.argv[1:]))\n"
+)
+
+
+def _get(summary: Any, path: str) -> float | None:
+    obj = summary
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def run_ours(args: argparse.Namespace, base_url: str, model_name: str, store: Store) -> dict[str, float | None]:
+    """One MoE Bench concurrency run against the server; the figures keyed like :data:`ROWS`."""
+    config = RunConfig.build(
+        engine={"kind": "vllm", "model": args.model, "base_url": base_url, "served_model_name": model_name},
+        mode="concurrency",
+        workload={
+            "source": "random",
+            "input_len": args.input_len,
+            "output_len": args.output_len,
+            "seed": args.seed,
+        },
+        requests=args.num_prompts,
+        concurrency=args.concurrency,
+        warmup=1,  # vllm bench serve sends one test request first
+        name="parity: moe-bench",
+    )
+    job = start_run(config, store)
+    snap = job.wait(900)
+    if snap.status != "completed" or snap.summary is None:
+        raise SystemExit(f"MoE Bench run {snap.status}: {snap.error}")
+    return {label: _get(snap.summary, path) for label, path, _ in ROWS}
+
+
+def run_theirs(
+    args: argparse.Namespace, base_url: str, model_name: str, model_dir: str, work: Path, n: int
+) -> dict[str, float | None]:
+    """One ``vllm bench serve`` run in the vLLM environment; the figures keyed like :data:`ROWS`."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    result = work / f"vllm-serve-{n}.json"
+    argv = [
+        vllm_python(),
+        "-c",
+        _VLLM_SERVE,
+        "--backend",
+        "openai",
+        "--base-url",
+        root,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        model_dir,
+        "--served-model-name",
+        model_name,
+        "--tokenizer",
+        model_dir,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(args.input_len),
+        "--random-output-len",
+        str(args.output_len),
+        "--num-prompts",
+        str(args.num_prompts),
+        "--max-concurrency",
+        str(args.concurrency),
+        "--seed",
+        str(args.seed),
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,99",
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        str(work),
+        "--result-filename",
+        result.name,
+    ]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
+    proc = ManagedProcess(argv, name="vllm-bench-serve", env=env, log_path=work / f"vllm-serve-{n}.log").start()
+    code = proc.wait(900)
+    if code != 0 or not result.exists():
+        raise SystemExit(f"vllm bench serve failed ({proc.exit_reason()}): {proc.tail_one_line(6)}")
+    data = json.loads(result.read_text())
+    return {label: data.get(key) for label, _, key in ROWS}
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b in (None, 0) else a / b  # type: ignore[operator]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.benchmarks.parity_vllm", description=__doc__.split("\n")[0])
+    p.add_argument("--base-url", help="a running vLLM server (default: launch one)")
+    p.add_argument("--model", default="tiny-deepseek-v3", help="preset or checkpoint folder")
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--input-len", type=int, default=32)
+    p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=2, help="ABBA rounds (each runs both clients once)")
+    p.add_argument("--tolerance", type=float, default=0.05, help="allowed relative gap of the medians")
+    p.add_argument("--json", help="also write the figures to this JSON file")
+    args = p.parse_args(argv)
+
+    from engines.models import resolve_model
+
+    name, path = resolve_model(args.model)
+    engine_opts: dict[str, Any] = {"kind": "vllm", "model": args.model, "cpu_kvcache_space_gib": 1}
+    if args.base_url:
+        engine_opts["base_url"] = args.base_url
+    engine = create_engine(engine_opts)
+    print("starting vLLM server..." if not args.base_url else f"using {args.base_url}", file=sys.stderr)
+    engine.start()
+    work = Path(tempfile.mkdtemp(prefix="parity-vllm-"))
+    store = Store(work / "parity.sqlite")
+    ours: list[dict[str, float | None]] = []
+    theirs: list[dict[str, float | None]] = []
+    try:
+        base_url, served = engine.base_url, engine.served_name  # type: ignore[attr-defined]
+        for r in range(args.rounds):
+            order = ("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")
+            for who in order:
+                print(f"round {r + 1}: {who}", file=sys.stderr, flush=True)
+                if who == "ours":
+                    ours.append(run_ours(args, base_url, served, store))
+                else:
+                    theirs.append(run_theirs(args, base_url, served, str(path), work, r))
+    finally:
+        engine.stop()
+
+    def mean(rows: list[dict[str, float | None]], label: str) -> float | None:
+        vals = [row[label] for row in rows if row[label] is not None]
+        return sum(vals) / len(vals) if vals else None  # type: ignore[arg-type]
+
+    print(
+        f"\nworkload: {args.num_prompts} prompts, {args.input_len} in / {args.output_len} out, "
+        f"concurrency {args.concurrency}, seed {args.seed}, model {name}; {args.rounds} ABBA rounds"
+    )
+    print(f"{'metric':<16}{'MoE Bench':>12}{'vllm bench':>12}{'ratio':>9}")
+    out: dict[str, Any] = {}
+    worst = 0.0
+    for label, _, _ in ROWS:
+        a, b = mean(ours, label), mean(theirs, label)
+        ratio = _ratio(a, b)
+        out[label] = {"moe_bench": a, "vllm_bench": b, "ratio": ratio}
+        if "median" in label and ratio is not None:
+            worst = max(worst, abs(ratio - 1.0))
+
+        def f(v: float | None) -> str:
+            return "-" if v is None else f"{v:.2f}"
+
+        print(f"{label:<16}{f(a):>12}{f(b):>12}{f(ratio):>9}")
+    verdict = "PASS" if worst <= args.tolerance else "FAIL"
+    print(f"\nlargest median gap {worst * 100:.1f} % (tolerance {args.tolerance * 100:.0f} %): {verdict}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": out, "rounds": {"ours": ours, "theirs": theirs}}, indent=2))
+    return 0 if verdict == "PASS" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

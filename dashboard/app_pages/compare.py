@@ -1,0 +1,241 @@
+"""Compare page: the book's tables (8.2.4, 8.3.3) beside measured runs, never mixed."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from bench import reference as ref
+from bench.compare import MEMORY_EFFICIENCY_DEFINITION, peak_kv_usage_pct
+from bench.store import RunRow
+from dashboard import charts, data, services, ui
+
+st.title("Compare with the book")
+st.caption(
+    "The book's figures are shown as printed, labelled **book**; figures from runs stored here are labelled "
+    "**measured**. A gain is computed from two book values or from two measured runs, never from one of each."
+)
+
+store = services.get_store()
+runs = [r for r in store.list_runs() if r.status == "completed" and r.summary is not None]
+by_id = {r.id: r for r in runs}
+
+
+def _label(run_id: int | None) -> str:
+    if run_id is None:
+        return "none"
+    r = by_id[run_id]
+    dev = r.engine_info.get("device")
+    return f"{data.run_label(r)}" + (f" · {dev}" if dev else "") + (f" · {r.name}" if r.name else "")
+
+
+def _pick(title: str, candidates: list[RunRow], key: str, missing: str) -> RunRow | None:
+    """A run picker; says ``missing`` when there is nothing to pick."""
+    if not candidates:
+        st.selectbox(title, ["none"], key=key + ".empty", disabled=True)
+        st.info(missing, icon=":material/hourglass_empty:")
+        return None
+    ids: list[int | None] = [r.id for r in candidates]
+    if key in st.session_state and st.session_state[key] not in ids:
+        del st.session_state[key]
+    chosen = st.selectbox(title, ids, key=key, format_func=_label)
+    return by_id.get(chosen) if chosen is not None else None
+
+
+def _workload(run: RunRow) -> tuple:
+    c = run.config
+    w = c.get("workload", {})
+    return (
+        c.get("mode"),
+        c.get("requests"),
+        c.get("concurrency"),
+        w.get("source"),
+        w.get("input_len"),
+        w.get("output_len"),
+    )
+
+
+def _warn_if_different(picked: list[RunRow]) -> None:
+    if len(picked) > 1 and len({_workload(r) for r in picked}) > 1:
+        st.warning(
+            "The picked runs used different workloads (mode, requests, concurrency, prompt or output lengths); "
+            "their ratios compare more than the engine or the accelerator.",
+            icon=":material/warning:",
+        )
+
+
+# --- 8.2.4: native vs vLLM ---------------------------------------------------------------------
+
+st.header("Native inference vs vLLM")
+st.caption(f"Book: {ref.SOURCE_ENGINES.cite()}")
+
+c1, c2, c3 = st.columns(3)
+with c1:
+    native = _pick(
+        "Measured native run",
+        [r for r in runs if r.engine == "native"],
+        "c.native",
+        "no measured native run yet: run one on the Latency or Concurrency page",
+    )
+with c2:
+    vllm = _pick(
+        "Measured vLLM run",
+        [r for r in runs if "vllm" in r.engine.lower()],
+        "c.vllm",
+        "no measured vLLM run yet: load a vLLM engine and run a benchmark",
+    )
+with c3:
+    lat_metric = st.selectbox(
+        "Latency statistic for 'P99 latency'",
+        list(ref.LATENCY_METRICS),
+        key="c.latency-metric",
+        format_func=ref.LATENCY_METRICS.get,
+        help="The book does not say which latency it reports; pick the measured statistic whose p99 stands for it.",
+    )
+
+measured_native = ref.measured_engine_values(native.summary if native else None, lat_metric)  # no KV pool
+measured_vllm = ref.measured_engine_values(
+    vllm.summary if vllm else None, lat_metric, peak_kv_usage_pct(store, vllm.id) if vllm else None
+)
+
+
+def _measured_cell(row: ref.EngineRow, run: RunRow | None, value: float | None, who: str) -> str:
+    if run is None:
+        return "no measured vLLM run yet" if who == "vLLM" else "no measured native run yet"
+    if value is None:
+        return "not measured"
+    return data.fmt_unit(value, row.unit)
+
+
+book_rows, measured_rows, gain_rows = [], [], []
+for row in ref.ENGINE_TABLE:
+    book_rows.append(
+        {
+            "metric": row.metric,
+            "native (book)": f"{data.fmt_num(row.native)} {row.unit}",
+            "vLLM (book)": f"{data.fmt_num(row.vllm)} {row.unit}",
+            "gain (book)": row.book_gain_text + ("" if row.gain != "points" else " (points)"),
+        }
+    )
+    mg = ref.gain(row.gain, measured_native[row.key], measured_vllm[row.key])
+    measured_rows.append(
+        {
+            "metric": row.metric
+            + (f" [{lat_metric.removesuffix('_ms').upper()} p99]" if row.key == "p99_latency" else ""),
+            "native (measured)": _measured_cell(row, native, measured_native[row.key], "native"),
+            "vLLM (measured)": _measured_cell(row, vllm, measured_vllm[row.key], "vLLM"),
+            "gain (measured)": ref.format_gain(row.gain, mg) if mg is not None else "-",
+        }
+    )
+    if row.gain == "points":
+        continue  # percentage points do not share an axis with factors; the tables show them
+    gain_rows.append(
+        {
+            "metric": row.metric,
+            "book": ref.book_gain(row),
+            "book_text": ref.format_gain(row.gain, ref.book_gain(row)),
+            "measured": mg,
+            "measured_text": ref.format_gain(row.gain, mg) if mg is not None else None,
+        }
+    )
+
+left, right = st.columns([4, 5])
+with left:
+    st.markdown("**Book** (chapter 8, section 8.2.4)")
+    st.dataframe(pd.DataFrame(book_rows), hide_index=True, key="c.engine-book")
+with right:
+    st.markdown("**Measured** (runs stored here)")
+    st.dataframe(pd.DataFrame(measured_rows), hide_index=True, key="c.engine-measured")
+st.caption("Memory efficiency (measured): " + MEMORY_EFFICIENCY_DEFINITION)
+_warn_if_different([r for r in (native, vllm) if r is not None])
+ui.chart(charts.book_vs_measured_gains(pd.DataFrame(gain_rows)), "c.engine-gains")
+
+# --- 8.3.3: accelerators -----------------------------------------------------------------------
+
+st.header("Accelerators: NVIDIA, Ascend, Cambricon")
+st.caption(f"Book: {ref.SOURCE_ACCELERATORS.cite()}. Every figure is relative to the NVIDIA H100 (= 100%).")
+
+picked: dict[str, RunRow | None] = {}
+cols = st.columns(len(ref.ACCELERATOR_TABLE))
+for col, row in zip(cols, ref.ACCELERATOR_TABLE, strict=True):
+    with col:
+        picked[row.accelerator] = _pick(
+            f"Measured run for the {row.platform} column ({row.accelerator})",
+            [r for r in runs if r.accelerator == row.accelerator],
+            f"c.acc.{row.accelerator}",
+            f"no measured {row.accelerator} run yet",
+        )
+
+book_acc = pd.DataFrame(
+    [
+        {
+            "platform": r.platform,
+            "throughput (book)": f"{r.throughput_pct:.0f}%",
+            "latency (book)": f"{r.latency_pct:.0f}%",
+            "memory (book)": f"{r.memory_pct:.0f}%",
+        }
+        for r in ref.ACCELERATOR_TABLE
+    ]
+)
+base_run = picked.get(ref.ACCELERATOR_TABLE[0].accelerator)
+base_vals = ref.measured_accelerator_values(base_run.summary if base_run else None)
+measured_acc, rel_measured = [], {}
+for row in ref.ACCELERATOR_TABLE:
+    run = picked.get(row.accelerator)
+    vals = ref.measured_accelerator_values(run.summary if run else None)
+    rel = {k: ref.relative_pct(base_vals[k], vals[k]) for k in vals}
+    if run is not None and base_run is not None:
+        rel_measured[f"{row.accelerator} (run #{run.id})"] = rel
+    measured_acc.append(
+        {
+            "column": row.platform,
+            "measured run": f"#{run.id} · {run.engine_info.get('device', row.accelerator)}" if run else "no run yet",
+            "throughput": data.fmt_unit(vals["throughput_pct"], "tok/s") if run else "-",
+            "mean E2E latency": data.fmt_unit(vals["latency_pct"], "ms") if run else "-",
+            "peak memory": (
+                data.fmt_unit(vals["memory_pct"], "GiB") if vals["memory_pct"] is not None else "not measured"
+            )
+            if run
+            else "-",
+            "throughput %": f"{rel['throughput_pct']:.0f}%" if rel["throughput_pct"] is not None else "-",
+            "latency %": f"{rel['latency_pct']:.0f}%" if rel["latency_pct"] is not None else "-",
+            "memory %": f"{rel['memory_pct']:.0f}%" if rel["memory_pct"] is not None else "-",
+        }
+    )
+
+st.markdown("**Book** (chapter 8, section 8.3.3)")
+st.dataframe(book_acc, hide_index=True, key="c.acc-book")
+st.markdown("**Measured** (absolute values, and % of the measured CUDA run)")
+st.dataframe(pd.DataFrame(measured_acc), hide_index=True, key="c.acc-measured")
+if base_run is None:
+    st.info(
+        "Percentages need a measured CUDA run as the 100% reference: no measured cuda run is picked yet.",
+        icon=":material/info:",
+    )
+elif "H100" not in str(base_run.engine_info.get("device", "")):
+    st.caption(
+        f"The measured reference ran on {base_run.engine_info.get('device', 'an unknown CUDA device')}, "
+        "not an H100: measured percentages are relative to that device."
+    )
+_warn_if_different([r for r in picked.values() if r is not None])
+
+metric_names = [label for _, label, _ in ref.ACCELERATOR_METRICS]
+book_rel = pd.DataFrame(
+    {"metric": metric_names}
+    | {r.platform: [r.throughput_pct, r.latency_pct, r.memory_pct] for r in ref.ACCELERATOR_TABLE}
+)
+g1, g2 = st.columns(2)
+with g1:
+    ui.chart(charts.relative_bars(book_rel, "Book: % of NVIDIA H100"), "c.acc-book-chart")
+with g2:
+    if rel_measured:
+        measured_rel = pd.DataFrame(
+            {"metric": metric_names}
+            | {name: [rel[k] for k, _, _ in ref.ACCELERATOR_METRICS] for name, rel in rel_measured.items()}
+        )
+        ui.chart(charts.relative_bars(measured_rel, "Measured: % of the CUDA run"), "c.acc-measured-chart")
+    else:
+        ui.chart(
+            charts.empty_figure("Measured: % of the CUDA run", "no measured CUDA run to compare against yet", 340),
+            "c.acc-measured-chart",
+        )

@@ -1,0 +1,202 @@
+"""Results page: every stored run; filter, sort, compare, inspect, export and delete."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import charts, data, services, ui
+from engines.errors import MoEBenchError
+
+st.title("Results")
+
+store = services.get_store()
+runs = store.list_runs()
+df = data.runs_frame(runs)
+by_id = {r.id: r for r in runs}
+
+flash = st.session_state.pop("r.flash", None)
+if flash is not None:
+    (st.success if flash[0] == "success" else st.error)(flash[1])
+
+
+if df.empty:
+    st.info("No runs yet. Start one on the Latency or Concurrency page.", icon=":material/info:")
+    c1, c2, _ = st.columns([1, 1, 3])
+    c1.page_link(ui.PAGE_LATENCY, label="Latency", icon=":material/timer:")
+    c2.page_link(ui.PAGE_CONCURRENCY, label="Concurrency", icon=":material/stacked_line_chart:")
+    st.stop()
+
+
+def _delete(run_ids: list[int]) -> None:
+    """Button callback (runs before the page, so it may reset the selection widgets)."""
+    try:
+        n = store.delete_runs(run_ids)
+    except MoEBenchError as exc:
+        st.session_state["r.flash"] = ("error", str(exc))
+        return
+    st.session_state["r.selected"] = []
+    st.session_state["r.confirm-delete"] = False
+    st.session_state["r.flash"] = ("success", f"Deleted {n} run(s).")
+
+
+def _options(col: str) -> list[str]:
+    return sorted(str(v) for v in df[col].dropna().unique())
+
+
+with st.container(border=True):
+    f1, f2, f3, f4, f5, f6 = st.columns([1, 1, 1, 1, 1.4, 1.4])
+    statuses = f1.multiselect("Status", _options("status"), key="r.status", placeholder="all")
+    engines = f2.multiselect("Engine", _options("engine"), key="r.engine", placeholder="all")
+    accs = f3.multiselect("Accelerator", _options("accelerator"), key="r.accelerator", placeholder="all")
+    modes = f4.multiselect("Mode", _options("mode"), key="r.mode", placeholder="all")
+    text = f5.text_input("Search", key="r.search", placeholder="name, model, device")
+    sort = f6.selectbox("Sort by", list(data.SORTS), key="r.sort")
+
+view = data.sort_runs(data.filter_runs(df, statuses, engines, accs, modes, text), sort)
+st.caption(f"{len(view)} of {len(df)} runs")
+
+TABLE_ORDER = [
+    "run_id", "created", "status", "mode", "engine", "model", "accelerator", "concurrency", "requests",
+    "output_throughput_tok_s", "request_throughput_rps", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50",
+    "e2e_ms_p50", "e2e_ms_p99", "e2e_ms_mean", "peak_memory_gib", "duration_s", "completed", "failed",
+    "device", "name", "error",
+]  # fmt: skip
+num = st.column_config.NumberColumn
+st.dataframe(
+    view.drop(columns=["label"]),
+    hide_index=True,
+    key="r.table",
+    column_order=TABLE_ORDER,
+    column_config={
+        "run_id": num("run", format="%d", width="small"),
+        "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm:ss"),
+        "duration_s": num("duration (s)", format="%.2f"),
+        "output_throughput_tok_s": num("output (tok/s)", format="%.1f", help="output tokens / duration"),
+        "request_throughput_rps": num("requests/s", format="%.2f"),
+        "ttft_ms_p50": num("TTFT p50 (ms)", format="%.1f"),
+        "ttft_ms_p99": num("TTFT p99 (ms)", format="%.1f"),
+        "tpot_ms_p50": num("TPOT p50 (ms)", format="%.2f"),
+        "e2e_ms_p50": num("E2E p50 (ms)", format="%.1f"),
+        "e2e_ms_p99": num("E2E p99 (ms)", format="%.1f"),
+        "e2e_ms_mean": num("E2E mean (ms)", format="%.1f"),
+        "peak_memory_gib": num("peak mem (GiB)", format="%.3f"),
+        "error": st.column_config.TextColumn("error", width="medium"),
+    },
+)
+
+labels = dict(zip(view["run_id"].tolist(), view["label"].tolist(), strict=True))
+if "r.selected" in st.session_state:  # runs filtered out or deleted drop out of the selection
+    st.session_state["r.selected"] = [i for i in st.session_state["r.selected"] if i in labels]
+selected: list[int] = st.multiselect(
+    "Select runs to compare, inspect, export or delete",
+    list(labels),
+    key="r.selected",
+    format_func=lambda i: labels.get(i, f"#{i}"),
+    placeholder="pick one or more runs",
+)
+chosen = (
+    view[view["run_id"].isin(selected)].set_index("run_id").loc[selected].reset_index() if selected else view.iloc[0:0]
+)
+
+compare_tab, detail_tab, export_tab, delete_tab = st.tabs(
+    [
+        ":material/bar_chart: Compare",
+        ":material/query_stats: Run details",
+        ":material/download: Export",
+        ":material/delete: Delete",
+    ]
+)
+
+with compare_tab:
+    if not selected:
+        st.info("Select runs above to compare them side by side.", icon=":material/info:")
+    else:
+        ui.chart(charts.compare_bars(chosen), "r.compare-bars")
+    ui.chart(charts.latency_throughput_scatter(view, highlight=selected), "r.scatter")
+
+with detail_tab:
+    if not selected:
+        st.info("Select a run above to see its summary and charts.", icon=":material/info:")
+    else:
+        if st.session_state.get("r.detail") not in selected:
+            st.session_state.pop("r.detail", None)
+        run_id = st.selectbox("Run", selected, key="r.detail", format_func=lambda i: labels.get(i, f"#{i}"))
+        run = by_id[run_id]
+        icon = ui.STATUS_ICONS.get(run.status, "")
+        st.markdown(f"#### {icon} {data.run_label(run)} · {run.status}")
+        if run.error:
+            (st.warning if run.status == "cancelled" else st.error)(run.error)
+        if run.summary is None:
+            st.info("This run has no summary (nothing was measured).")
+        else:
+            ui.show_summary(run.summary, f"r.detail-{run_id}")
+        live = data.load_live(store, run_id, window=data.DETAIL_WINDOW)
+        figs = data.live_figures(live, run.summary)
+        left, right = st.columns(2)
+        with left:
+            ui.chart(figs["latency"], "r.detail-latency")
+            ui.chart(figs["ttft"], "r.detail-ttft")
+            ui.chart(figs["in_flight"], "r.detail-inflight")
+        with right:
+            ui.chart(figs["throughput"], "r.detail-throughput")
+            ui.chart(figs["tpot"], "r.detail-tpot")
+            ui.chart(figs["memory"], "r.detail-memory")
+        if "telemetry" in figs:
+            ui.chart(figs["telemetry"], "r.detail-telemetry")
+        with st.expander("Configuration and engine"):
+            st.json({"config": run.config, "engine": run.engine_info}, expanded=False)
+
+with export_tab:
+    ids = selected or view["run_id"].tolist()
+    st.caption(
+        "CSV columns carry their units (`ttft_ms`, `output_tokens`, ...). "
+        + ("Exporting the selected runs." if selected else "No run selected: the summary covers every listed run.")
+    )
+    e1, e2 = st.columns(2)
+    e1.download_button(
+        f"Summary CSV ({len(ids)} runs)",
+        data=store.summary_csv(ids),
+        file_name="moebench-summary.csv",
+        mime="text/csv",
+        icon=":material/download:",
+        key="r.btn.summary-csv",
+        on_click="ignore",
+        width="stretch",
+    )
+    if selected:
+        name = "-".join(str(i) for i in selected[:5]) + ("-more" if len(selected) > 5 else "")
+
+        def _requests_csv() -> bytes:
+            return store.requests_csv(list(selected))
+
+        e2.download_button(
+            f"Per-request CSV ({len(selected)} runs)",
+            data=_requests_csv,
+            file_name=f"moebench-requests-{name}.csv",
+            mime="text/csv",
+            icon=":material/download:",
+            key="r.btn.requests-csv",
+            on_click="ignore",
+            width="stretch",
+        )
+    else:
+        e2.caption("Select runs to export their per-request rows.")
+
+with delete_tab:
+    if not selected:
+        st.info("Select runs above to delete them.", icon=":material/info:")
+    else:
+        running = [i for i in selected if by_id[i].status == "running"]
+        if running:
+            st.warning(f"Running runs cannot be deleted: {', '.join(f'#{i}' for i in running)}.")
+        deletable = [i for i in selected if i not in running]
+        confirm = st.checkbox(f"Yes, delete {len(deletable)} run(s) and their samples for good", key="r.confirm-delete")
+        st.button(
+            "Delete",
+            type="primary",
+            icon=":material/delete:",
+            key="r.btn.delete",
+            disabled=not (confirm and deletable),
+            on_click=_delete,
+            args=(deletable,),
+        )

@@ -1,0 +1,402 @@
+"""Pure chart builders: pandas DataFrame in, plotly Figure out (no Streamlit here).
+
+One template (``moebench``) and one colour set give every chart the same look. Builders
+never read the store themselves: callers pass a bounded window of per-request rows or
+per-second series (see :mod:`dashboard.data`), and builders downsample what they draw
+to at most ``MAX_POINTS`` points, so a 100k-request run draws as fast as a small one.
+Every axis title carries its unit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.subplots import make_subplots
+
+PRIMARY = "#4F46E5"  # indigo, the theme's primary colour
+COLORS: tuple[str, ...] = (
+    "#4F46E5",  # indigo
+    "#0EA5E9",  # sky
+    "#10B981",  # emerald
+    "#F59E0B",  # amber
+    "#EF4444",  # red
+    "#8B5CF6",  # violet
+    "#EC4899",  # pink
+    "#14B8A6",  # teal
+)
+BOOK_COLOR = "#94A3B8"  # slate: the book's figures
+MEASURED_COLOR = PRIMARY  # this project's measurements
+P50_COLOR = "#059669"
+P99_COLOR = "#DC2626"
+MAX_POINTS = 2000  # the most markers a chart draws
+TEMPLATE_NAME = "moebench"
+
+
+def _register_template() -> None:
+    # Layout only: plotly_white's per-trace-type defaults would be deep-copied into every
+    # figure (about 20 ms each) and none of our traces needs them.
+    tpl = go.layout.Template(layout=pio.templates["plotly_white"].layout)
+    tpl.layout.colorway = list(COLORS)
+    tpl.layout.font = {"family": "Inter, 'Source Sans Pro', 'Segoe UI', sans-serif", "size": 13, "color": "#1F2937"}
+    tpl.layout.title = {"font": {"size": 15, "color": "#111827"}, "x": 0.0, "xanchor": "left"}
+    tpl.layout.margin = {"l": 56, "r": 16, "t": 48, "b": 48}
+    tpl.layout.hoverlabel = {"bgcolor": "white", "font": {"size": 12}}
+    tpl.layout.legend = {"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "right", "x": 1.0}
+    tpl.layout.xaxis = {"gridcolor": "#EEF0F6", "zeroline": False, "linecolor": "#D1D5DB"}
+    tpl.layout.yaxis = {"gridcolor": "#EEF0F6", "zeroline": False, "linecolor": "#D1D5DB", "rangemode": "tozero"}
+    tpl.layout.paper_bgcolor = "white"
+    tpl.layout.plot_bgcolor = "white"
+    pio.templates[TEMPLATE_NAME] = tpl
+
+
+_register_template()
+
+
+def _figure(title: str, height: int = 320) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(template=TEMPLATE_NAME, title=title, height=height)
+    return fig
+
+
+def empty_figure(title: str, message: str = "waiting for data", height: int = 320) -> go.Figure:
+    """A blank chart that says why it is blank (no made-up points)."""
+    fig = _figure(title, height)
+    fig.add_annotation(
+        text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font={"size": 14, "color": "#6B7280"}
+    )
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
+def downsample(df: pd.DataFrame, max_points: int = MAX_POINTS) -> pd.DataFrame:
+    """At most ``max_points`` rows, evenly spaced, always keeping the last row."""
+    n = len(df)
+    if n <= max_points:
+        return df
+    step = -(-n // max_points)  # ceil
+    idx = list(range(0, n, step))
+    if idx[-1] != n - 1:
+        idx[-1] = n - 1
+    return df.iloc[idx]
+
+
+def _has(df: pd.DataFrame | None, *columns: str) -> bool:
+    return (
+        df is not None
+        and not df.empty
+        and all(c in df.columns for c in columns)
+        and df[list(columns)].notna().any().all()
+    )
+
+
+# --- per-request charts ------------------------------------------------------------------
+
+
+def latency_over_time(samples: pd.DataFrame, title: str = "Per-request latency over time") -> go.Figure:
+    """E2E and TTFT of each finished request (ms) against its finish time (s since run start)."""
+    if not _has(samples, "end_s", "e2e_ms"):
+        return empty_figure(title, "no finished request yet")
+    ok = samples[samples["error"].fillna("") == ""] if "error" in samples.columns else samples
+    failed = samples[samples["error"].fillna("") != ""] if "error" in samples.columns else samples.iloc[0:0]
+    ok = downsample(ok)
+    fig = _figure(title)
+    fig.add_trace(
+        go.Scatter(
+            x=ok["end_s"],
+            y=ok["e2e_ms"],
+            mode="markers",
+            name="E2E",
+            marker={"size": 6, "color": COLORS[0], "opacity": 0.75},
+            hovertemplate="finished %{x:.2f} s<br>E2E %{y:.1f} ms<extra></extra>",
+        )
+    )
+    if "ttft_ms" in ok.columns and ok["ttft_ms"].notna().any():
+        fig.add_trace(
+            go.Scatter(
+                x=ok["end_s"], y=ok["ttft_ms"], mode="markers", name="TTFT",
+                marker={"size": 5, "color": COLORS[1], "opacity": 0.75},
+                hovertemplate="finished %{x:.2f} s<br>TTFT %{y:.1f} ms<extra></extra>",
+            )
+        )  # fmt: skip
+    if not failed.empty:
+        failed = downsample(failed)
+        fig.add_trace(
+            go.Scatter(
+                x=failed["end_s"], y=failed["e2e_ms"], mode="markers", name="failed",
+                marker={"size": 7, "color": COLORS[4], "symbol": "x"},
+                hovertemplate="failed at %{x:.2f} s<extra></extra>",
+            )
+        )  # fmt: skip
+    fig.update_xaxes(title="time since run start (s)")
+    fig.update_yaxes(title="latency (ms)")
+    return fig
+
+
+def distribution(
+    samples: pd.DataFrame,
+    column: str,
+    title: str,
+    unit: str = "ms",
+    p50: float | None = None,
+    p99: float | None = None,
+    color: str = PRIMARY,
+) -> go.Figure:
+    """Histogram of one per-request column, with p50 and p99 marked.
+
+    ``p50``/``p99`` default to the percentiles of the rows given; pass the run summary's
+    to mark the whole run's percentiles on a window of it.
+    """
+    if not _has(samples, column):
+        return empty_figure(title, f"no {column.removesuffix('_ms').upper()} value yet")
+    values = samples[column].dropna()
+    if "error" in samples.columns:
+        values = samples.loc[samples["error"].fillna("") == "", column].dropna()
+    if values.empty:
+        return empty_figure(title, "no successful request yet")
+    p50 = float(values.quantile(0.5)) if p50 is None else p50
+    p99 = float(values.quantile(0.99)) if p99 is None else p99
+    fig = _figure(title)
+    fig.add_trace(
+        go.Histogram(
+            x=values, nbinsx=40, marker={"color": color, "line": {"color": "white", "width": 1}}, opacity=0.85,
+            name=title, showlegend=False, hovertemplate=f"%{{x}} {unit}<br>%{{y}} requests<extra></extra>",
+        )
+    )  # fmt: skip
+    marks = ((p50, "p50", P50_COLOR, "left"), (p99, "p99", P99_COLOR, "right"))
+    fig.update_layout(
+        shapes=[
+            {"type": "line", "x0": v, "x1": v, "y0": 0, "y1": 1, "xref": "x", "yref": "paper",
+             "line": {"color": c, "width": 2, "dash": "dash"}}
+            for v, _, c, _ in marks
+        ],
+        annotations=[
+            {"x": v, "y": 1.0, "xref": "x", "yref": "paper", "text": f"{label} {v:.1f} {unit}", "showarrow": False,
+             "yanchor": "bottom", "xanchor": anchor, "font": {"color": c, "size": 12}}
+            for v, label, c, anchor in marks
+        ],
+    )  # fmt: skip
+    fig.update_xaxes(title=f"{column.removesuffix('_ms').upper()} ({unit})")
+    fig.update_yaxes(title="requests")
+    fig.update_layout(bargap=0.02)
+    return fig
+
+
+# --- per-second series ---------------------------------------------------------------------
+
+
+def series(ts: pd.DataFrame, name: str) -> pd.DataFrame:
+    """One series (``t_s``, ``value``) out of the long time-series frame, in time order."""
+    if ts is None or ts.empty:
+        return pd.DataFrame({"t_s": [], "value": []})
+    out = ts.loc[ts["name"] == name, ["t_s", "value"]].dropna().sort_values("t_s")
+    return out.reset_index(drop=True)
+
+
+DASHES: tuple[str, ...] = ("solid", "dot", "dash", "dashdot")
+
+
+def line_chart(
+    ts: pd.DataFrame,
+    names: Sequence[tuple[str, str]],
+    title: str,
+    y_title: str,
+    fill: bool = False,
+    shape: str = "linear",
+) -> go.Figure:
+    """Lines for ``names`` ((series name, legend label), ...) against seconds since run start.
+
+    Each line has its own colour and dash, so series that coincide (allocated = reserved
+    = peak on CPU, where all three are the process RSS) stay distinguishable."""
+    parts = [(label, series(ts, name)) for name, label in names]
+    parts = [(label, s) for label, s in parts if not s.empty]
+    if not parts:
+        return empty_figure(title, "no sample yet (series are sampled about once a second)")
+    fig = _figure(title)
+    for i, (label, s) in enumerate(parts):
+        s = downsample(s)
+        fig.add_trace(
+            go.Scatter(
+                x=s["t_s"], y=s["value"], name=label, mode="lines+markers" if len(s) < 60 else "lines",
+                line={"color": COLORS[i % len(COLORS)], "width": 2, "shape": shape, "dash": DASHES[i % len(DASHES)]},
+                marker={"size": 5},
+                fill="tozeroy" if fill and i == 0 else None, fillcolor="rgba(79,70,229,0.08)",
+                hovertemplate=f"%{{x:.1f}} s<br>{label}: %{{y:.3g}}<extra></extra>",
+            )
+        )  # fmt: skip
+    fig.update_xaxes(title="time since run start (s)", rangemode="tozero")
+    fig.update_yaxes(title=y_title)
+    if len(parts) == 1:
+        fig.update_layout(showlegend=False)
+    return fig
+
+
+def throughput_over_time(ts: pd.DataFrame, series_name: str = "output_tok_s") -> go.Figure:
+    return line_chart(ts, [(series_name, "output tokens/s")], "Output tokens per second", "tokens/s", fill=True)
+
+
+def in_flight_over_time(ts: pd.DataFrame, series_name: str = "in_flight") -> go.Figure:
+    return line_chart(ts, [(series_name, "in flight")], "Requests in flight", "requests", shape="hv")
+
+
+def memory_over_time(ts: pd.DataFrame, names: Sequence[tuple[str, str]]) -> go.Figure:
+    return line_chart(ts, names, "Memory over time", "memory (GiB)")
+
+
+# --- comparing runs -------------------------------------------------------------------------
+
+COMPARE_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("output_throughput_tok_s", "Output throughput", "tokens/s"),
+    ("request_throughput_rps", "Request throughput", "req/s"),
+    ("ttft_ms_p50", "TTFT p50", "ms"),
+    ("ttft_ms_p99", "TTFT p99", "ms"),
+    ("tpot_ms_p50", "TPOT p50", "ms"),
+    ("e2e_ms_p99", "E2E p99", "ms"),
+    ("peak_memory_gib", "Peak memory", "GiB"),
+)
+
+
+def compare_bars(runs: pd.DataFrame, metrics: Sequence[tuple[str, str, str]] = COMPARE_METRICS) -> go.Figure:
+    """Small multiples: one bar panel per metric, one bar per run (``label`` column names the runs).
+
+    A run without a value for a metric gets no bar (never a zero standing in for "unknown").
+    """
+    title = "Selected runs side by side"
+    if runs is None or runs.empty:
+        return empty_figure(title, "select runs to compare")
+    metrics = [m for m in metrics if m[0] in runs.columns and runs[m[0]].notna().any()]
+    if not metrics:
+        return empty_figure(title, "the selected runs have no measured summary")
+    cols = min(3, len(metrics))
+    rows = -(-len(metrics) // cols)
+    fig = make_subplots(
+        rows=rows, cols=cols, subplot_titles=[f"{label} ({unit})" for _, label, unit in metrics],
+        vertical_spacing=0.16 if rows > 1 else 0.1, horizontal_spacing=0.08,
+    )  # fmt: skip
+    labels = runs["label"].astype(str).tolist()
+    colours = {lab: COLORS[i % len(COLORS)] for i, lab in enumerate(labels)}
+    for i, (col, label, unit) in enumerate(metrics):
+        r, c = i // cols + 1, i % cols + 1
+        values = runs[col]
+        fig.add_trace(
+            go.Bar(
+                x=labels, y=values, marker={"color": [colours[lab] for lab in labels]}, name=label, showlegend=False,
+                text=[_short(v) for v in values], textposition="outside", cliponaxis=False,
+                hovertemplate=f"%{{x}}<br>{label}: %{{y:.4g}} {unit}<extra></extra>",
+            ),
+            row=r, col=c,
+        )  # fmt: skip
+        fig.update_yaxes(title_text=unit, row=r, col=c, rangemode="tozero")
+        fig.update_xaxes(showticklabels=len(labels) <= 6, row=r, col=c)
+    fig.update_layout(template=TEMPLATE_NAME, title=title, height=300 * rows + 80, showlegend=False, margin={"t": 90})
+    return fig
+
+
+def _short(v: float | None) -> str:
+    if v is None or pd.isna(v):
+        return ""
+    v = float(v)
+    if abs(v) >= 100:
+        return f"{v:,.0f}"
+    if abs(v) >= 10:
+        return f"{v:.1f}"
+    return f"{v:.3g}"
+
+
+def latency_throughput_scatter(
+    runs: pd.DataFrame,
+    x: str = "output_throughput_tok_s",
+    y: str = "e2e_ms_p99",
+    highlight: Sequence[int] = (),
+    x_title: str = "output throughput (tokens/s)",
+    y_title: str = "E2E p99 latency (ms)",
+) -> go.Figure:
+    """Every run with a summary as a point; ``highlight`` (run ids) drawn larger and labelled."""
+    title = "Latency vs throughput"
+    if not _has(runs, x, y):
+        return empty_figure(title, "no run with a measured summary")
+    data = runs.dropna(subset=[x, y])
+    data = downsample(data)
+    chosen = data[data["run_id"].isin(list(highlight))]
+    others = data[~data["run_id"].isin(list(highlight))]
+    fig = _figure(title, 380)
+    hover = "%{text}<br>%{x:.4g} tokens/s<br>%{y:.4g} ms<extra></extra>"
+    if not others.empty:
+        fig.add_trace(
+            go.Scatter(
+                x=others[x], y=others[y], mode="markers", name="other runs", text=others["label"],
+                marker={"size": 9, "color": "#C7D2FE", "line": {"color": PRIMARY, "width": 1}}, hovertemplate=hover,
+            )
+        )  # fmt: skip
+    if not chosen.empty:
+        fig.add_trace(
+            go.Scatter(
+                x=chosen[x], y=chosen[y], mode="markers+text", name="selected", text=chosen["label"],
+                textposition="top center", hovertemplate=hover,
+                marker={"size": 14, "color": PRIMARY, "line": {"color": "white", "width": 2}},
+            )
+        )  # fmt: skip
+    # Head-room so the labels of the largest points stay inside the plot.
+    fig.update_xaxes(title=x_title, range=[0, float(data[x].max()) * 1.2 or 1.0])
+    fig.update_yaxes(title=y_title, range=[0, float(data[y].max()) * 1.2 or 1.0])
+    return fig
+
+
+def book_vs_measured_gains(rows: pd.DataFrame, title: str = "Improvement factor: book vs measured") -> go.Figure:
+    """Grouped bars of a gain factor (x) per metric, from the book and from measured runs.
+
+    ``rows``: ``metric``, ``book``, ``measured`` (None when not measured: no bar is drawn),
+    optional ``book_text``/``measured_text`` labels.
+    """
+    if rows is None or rows.empty:
+        return empty_figure(title, "nothing to compare")
+    fig = _figure(title, 340)
+    fig.add_trace(
+        go.Bar(
+            x=rows["metric"], y=rows["book"], name="book", marker={"color": BOOK_COLOR},
+            text=rows.get("book_text"), textposition="outside", cliponaxis=False,
+        )
+    )  # fmt: skip
+    if rows["measured"].notna().any():
+        fig.add_trace(
+            go.Bar(
+                x=rows["metric"], y=rows["measured"], name="measured", marker={"color": MEASURED_COLOR},
+                text=rows.get("measured_text"), textposition="outside", cliponaxis=False,
+            )
+        )  # fmt: skip
+    else:
+        fig.add_annotation(
+            text="no measured pair yet", showarrow=False, x=1.0, y=1.0, xref="paper", yref="paper",
+            xanchor="right", yanchor="top", font={"color": "#6B7280"},
+        )  # fmt: skip
+    fig.add_hline(y=1.0, line={"color": "#9CA3AF", "dash": "dot"})
+    fig.update_layout(barmode="group", bargap=0.35, showlegend=True)
+    fig.update_yaxes(title="improvement (x)")
+    return fig
+
+
+def relative_bars(rows: pd.DataFrame, title: str) -> go.Figure:
+    """Grouped bars of % values per metric (``metric`` column) for each other column (a platform)."""
+    columns = [c for c in rows.columns if c != "metric"]
+    if rows.empty or not columns:
+        return empty_figure(title, "nothing to compare")
+    fig = _figure(title, 340)
+    for i, col in enumerate(columns):
+        vals = rows[col]
+        fig.add_trace(
+            go.Bar(
+                x=rows["metric"], y=vals, name=col, marker={"color": COLORS[i % len(COLORS)]},
+                text=[f"{v:.0f}%" if pd.notna(v) else "" for v in vals], textposition="outside", cliponaxis=False,
+            )
+        )  # fmt: skip
+    fig.add_hline(y=100, line={"color": "#9CA3AF", "dash": "dot"})
+    fig.update_layout(
+        barmode="group",
+        bargap=0.3,
+        legend={"orientation": "h", "y": -0.18, "x": 0.5, "xanchor": "center", "yanchor": "top"},
+    )
+    fig.update_yaxes(title="% of the reference platform")
+    return fig

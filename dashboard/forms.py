@@ -1,0 +1,132 @@
+"""Engine option fields as form specs, read from an engine's pydantic options model.
+
+The Engine page draws one widget per :class:`FieldSpec`, so an engine kind registered
+later (vLLM with ``tensor_parallel_size``, ``max_num_batched_tokens``, ``quantization``,
+``enable_prefix_caching``, ...) shows its own options without any page change. No
+Streamlit here: this module only describes the fields and parses the widgets' values.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+import typing
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Literal
+
+import annotated_types
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from engines.base import EngineOptions
+from engines.errors import ConfigError
+
+# Fields every engine has; the Engine page draws them itself (model, accelerator, dtype, ...).
+COMMON_FIELDS: frozenset[str] = frozenset(EngineOptions.model_fields)
+
+Widget = Literal["checkbox", "int", "float", "select", "text", "json"]
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """How to draw and parse one option field."""
+
+    name: str
+    label: str
+    widget: Widget
+    default: Any
+    optional: bool = False  # None is allowed (an empty text box means "engine default")
+    choices: tuple[Any, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    help: str = ""
+
+
+def _strip_optional(annotation: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(annotation))
+        if len(args) == 1:
+            return args[0], optional
+        return annotation, optional
+    return annotation, False
+
+
+def _bounds(info: FieldInfo) -> tuple[float | None, float | None]:
+    lo = hi = None
+    for m in info.metadata:
+        if isinstance(m, annotated_types.Ge):
+            lo = m.ge
+        elif isinstance(m, annotated_types.Gt):
+            lo = m.gt
+        elif isinstance(m, annotated_types.Le):
+            hi = m.le
+        elif isinstance(m, annotated_types.Lt):
+            hi = m.lt
+    return lo, hi
+
+
+def field_spec(name: str, info: FieldInfo) -> FieldSpec:
+    """The widget for one pydantic field (unknown types fall back to a JSON text box)."""
+    annotation, optional = _strip_optional(info.annotation)
+    default = None if info.is_required() else info.get_default(call_default_factory=True)
+    label = info.title or name.replace("_", " ")
+    help_text = info.description or ""
+    lo, hi = _bounds(info)
+    common: dict[str, Any] = {"name": name, "label": label, "default": default, "optional": optional, "help": help_text}
+    if typing.get_origin(annotation) is Literal:
+        return FieldSpec(widget="select", choices=tuple(typing.get_args(annotation)), **common)
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return FieldSpec(widget="select", choices=tuple(e.value for e in annotation), **common)
+    if annotation is bool:
+        if optional:  # three states: engine default / on / off
+            return FieldSpec(widget="select", choices=(None, True, False), **common)
+        return FieldSpec(widget="checkbox", **common)
+    if annotation is int:
+        return FieldSpec(widget="int", minimum=lo, maximum=hi, **common)
+    if annotation is float:
+        return FieldSpec(widget="float", minimum=lo, maximum=hi, **common)
+    if annotation is str:
+        return FieldSpec(widget="text", **common)
+    return FieldSpec(widget="json", **common)
+
+
+def option_fields(options_model: type[BaseModel]) -> list[FieldSpec]:
+    """The engine-specific fields of an options model (those not common to every engine)."""
+    return [field_spec(n, info) for n, info in options_model.model_fields.items() if n not in COMMON_FIELDS]
+
+
+def parse_value(spec: FieldSpec, raw: Any) -> Any:
+    """A widget's raw value -> the field value; an empty optional text box -> None.
+
+    Raises :class:`ConfigError` naming the field for unparsable input (pydantic
+    validates ranges later, when the options are built).
+    """
+    if spec.widget in ("text", "json") and isinstance(raw, str):
+        text = raw.strip()
+        if not text:
+            if spec.optional or spec.default is None:
+                return None
+            return spec.default if spec.widget == "json" else ""
+        if spec.widget == "json":
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{spec.name}: not valid JSON ({exc.msg})") from exc
+        return text
+    if spec.widget == "int" and raw is not None:
+        return int(raw)
+    if spec.widget == "float" and raw is not None:
+        return float(raw)
+    return raw
+
+
+def widget_default(spec: FieldSpec) -> Any:
+    """The value a widget starts with (text boxes show JSON or an empty string for None)."""
+    if spec.widget == "json":
+        return "" if spec.default is None else json.dumps(spec.default)
+    if spec.widget == "text":
+        return "" if spec.default is None else str(spec.default)
+    return spec.default

@@ -1,0 +1,456 @@
+"""Streamlit building blocks shared by the pages: sidebar, run form, live panel, summaries.
+
+Everything here only reads snapshots (``EngineSlot.state()``, ``Job.snapshot()``) and the
+store, and calls the services' methods; the long-lived objects themselves live in
+:mod:`dashboard.services`. ``session_state`` holds only UI choices (widget values).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from bench.metrics import METRIC_DEFINITIONS, RunSummary
+from bench.runner import SERIES_OUTPUT_TOK_S, Job, JobSnapshot, RunConfig
+from bench.store import RunRow
+from bench.workloads import parse_jsonl
+from dashboard import data, services
+from engines.errors import MoEBenchError, WorkloadError
+from engines.settings import get_settings
+
+PAGE_ENGINE = "app_pages/engine.py"
+PAGE_LATENCY = "app_pages/latency.py"
+PAGE_CONCURRENCY = "app_pages/concurrency.py"
+PAGE_RESULTS = "app_pages/results.py"
+PAGE_COMPARE = "app_pages/compare.py"
+MODE_PAGES = {"latency": PAGE_LATENCY, "concurrency": PAGE_CONCURRENCY}
+
+PLOTLY_CONFIG: dict[str, Any] = {"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d", "select2d"]}
+
+# Widget values kept when the user moves to another page (Streamlit drops the state of
+# widgets that a run does not draw; app.py re-assigns these keys on every run).
+SAMPLING_DEFAULTS: dict[str, Any] = {"s.temperature": 0.0, "s.top_p": 1.0, "s.max_tokens": 16}
+RUN_DEFAULTS: dict[str, dict[str, Any]] = {
+    "latency": {"requests": 10, "concurrency": 1, "warmup": 1},
+    "concurrency": {"requests": 32, "concurrency": 4, "warmup": 0},
+}
+STATUS_ICONS = {
+    "completed": ":material/check_circle:",
+    "running": ":material/progress_activity:",
+    "loading": ":material/hourglass_top:",
+    "pending": ":material/hourglass_top:",
+    "failed": ":material/error:",
+    "cancelled": ":material/cancel:",
+    "interrupted": ":material/warning:",
+}
+
+
+def init_state() -> None:
+    """Defaults for the persistent UI choices, and keep them across page switches."""
+    defaults: dict[str, Any] = dict(SAMPLING_DEFAULTS)
+    for mode, values in RUN_DEFAULTS.items():
+        defaults.update(
+            {
+                f"{mode}.source": "random",
+                f"{mode}.input_len": 32,
+                f"{mode}.requests": values["requests"],
+                f"{mode}.concurrency": values["concurrency"],
+                f"{mode}.warmup": values["warmup"],
+                f"{mode}.ignore_eos": True,
+                f"{mode}.seed": 0,
+                f"{mode}.name": "",
+            }
+        )
+    for key, value in defaults.items():
+        if key not in st.session_state:
+            st.session_state[key] = value
+    for key in list(st.session_state.keys()):
+        if isinstance(key, str) and key.split(".", 1)[0] in {"s", "e", "latency", "concurrency", "r", "c"}:
+            if key.endswith(".upload") or ".btn." in key:
+                continue  # buttons and uploads cannot be set through session_state
+            st.session_state[key] = st.session_state[key]
+
+
+def show_error(exc: BaseException) -> None:
+    """A project error as one readable line (never a traceback)."""
+    st.error(str(exc) if isinstance(exc, MoEBenchError) else f"{type(exc).__name__}: {exc}", icon=":material/error:")
+
+
+def chart(fig: Any, key: str) -> None:
+    st.plotly_chart(fig, key=key, theme=None, config=PLOTLY_CONFIG, width="stretch")
+
+
+# --- sidebar ---------------------------------------------------------------------------------
+
+
+def sidebar() -> None:
+    """Loaded engine, memory and the run in progress; refreshes itself only while something moves."""
+    slot = services.get_engine_slot()
+    manager = services.get_job_manager()
+    moving = slot.state().busy or manager.active() is not None
+
+    @st.fragment(run_every=1.0 if moving else None)
+    def _status() -> None:
+        state = slot.state()
+        job = manager.active()
+        if moving and not state.busy and job is None:
+            st.rerun()  # something finished: redraw the whole page once, then stop refreshing
+        _sidebar_engine(state, slot)
+        _sidebar_run(job)
+
+    _status()
+
+
+def _sidebar_engine(state: services.EngineState, slot: services.EngineSlot) -> None:
+    st.markdown("##### Engine")
+    opts = state.options or {}
+    if state.status == "ready":
+        info = state.info
+        st.markdown(
+            f":green-badge[:material/check: ready] :gray-badge[{opts.get('kind', '?')}]\n\n"
+            f"**{info.get('model', opts.get('model', '?'))}**  \n"
+            f"{opts.get('accelerator', '?')} · {info.get('device', '')} · {info.get('dtype', opts.get('dtype', ''))}"
+        )
+        mem = slot.memory()
+        if mem is not None:
+            g = mem.gib()
+            st.caption(
+                f"Memory ({mem.source}): {g['allocated_gib']:.2f} GiB allocated · "
+                f"{g['reserved_gib']:.2f} GiB reserved · {g['peak_gib']:.2f} GiB peak"
+            )
+        else:
+            st.caption("Memory: not available from this engine")
+    elif state.status == "loading":
+        st.markdown(f":orange-badge[:material/hourglass_top: loading] **{opts.get('model', '')}**")
+        st.progress(state.fraction, text=state.message)
+    elif state.status == "stopping":
+        st.markdown(":orange-badge[unloading]")
+    elif state.status == "failed":
+        st.markdown(":red-badge[:material/error: load failed]")
+        st.caption(state.error or "")
+    else:
+        st.markdown(":gray-badge[no model loaded]")
+        st.page_link(PAGE_ENGINE, label="Load a model", icon=":material/memory:")
+
+
+def _sidebar_run(job: Job | None) -> None:
+    st.markdown("##### Run")
+    if job is None:
+        st.caption("No run in progress.")
+        return
+    snap = job.snapshot()
+    st.markdown(f":blue-badge[{snap.status}] **{snap.mode}** run #{snap.run_id}")
+    st.progress(snap.fraction, text=f"{snap.done}/{snap.total} requests · {data.fmt_duration(snap.elapsed_s)}")
+    st.page_link(MODE_PAGES.get(snap.mode, PAGE_RESULTS), label="Show live", icon=":material/monitoring:")
+
+
+# --- run pages -------------------------------------------------------------------------------
+
+
+def _save_upload(name: str, payload: bytes) -> Path:
+    folder = get_settings().data_dir / "uploads"
+    folder.mkdir(parents=True, exist_ok=True)
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name)[:80] or "prompts.jsonl"
+    path = folder / f"{hashlib.sha256(payload).hexdigest()[:12]}-{safe}"
+    if not path.exists():
+        path.write_bytes(payload)
+    return path
+
+
+def workload_form(mode: str) -> dict[str, Any] | None:
+    """The workload and run-size widgets; returns RunConfig fields, or None when an upload is invalid."""
+    k = mode + "."
+    c1, c2, c3 = st.columns(3)
+    source = c1.radio(
+        "Prompts",
+        ["random", "builtin", "jsonl"],
+        key=k + "source",
+        format_func={"random": "Random, exact length", "builtin": "Built-in set", "jsonl": "Upload JSONL"}.get,
+        help="Random prompts have exactly the input length in tokens; outputs are exactly the output length "
+        "when 'ignore EOS' is on.",
+    )
+    c2.number_input(
+        "Input length (tokens)",
+        min_value=1,
+        max_value=131072,
+        step=16,
+        key=k + "input_len",
+        disabled=source != "random",
+        help="Used by random prompts only.",
+    )
+    c2.number_input(
+        "Output length (tokens)",
+        min_value=1,
+        max_value=32768,
+        step=8,
+        key="s.max_tokens",
+        help="max_tokens per request",
+    )
+    c3.number_input("Requests", min_value=1, max_value=1_000_000, step=1, key=k + "requests", help="measured requests")
+    if mode == "concurrency":
+        c3.number_input("Concurrency", min_value=1, max_value=4096, step=1, key=k + "concurrency", help="max in flight")
+    else:
+        c3.number_input(
+            "Warm-up requests", min_value=0, max_value=1000, step=1, key=k + "warmup", help="sent first, not recorded"
+        )
+    path: str | None = None
+    if source == "jsonl":
+        upload = st.file_uploader(
+            "Prompt file (JSONL: one object per line with 'prompt' and optional 'output_len')",
+            type=["jsonl", "json", "txt"],
+            key=k + "upload",
+        )
+        if upload is None:
+            st.info("Upload a JSONL prompt file to start a run with it.", icon=":material/upload_file:")
+            return None
+        payload = upload.getvalue()
+        try:
+            items = parse_jsonl(payload, origin=upload.name)
+        except WorkloadError as exc:
+            show_error(exc)
+            return None
+        saved = _save_upload(upload.name, payload)
+        st.caption(f"{len(items)} prompts, saved as `{saved}`")
+        path = str(saved)
+    with st.expander("Sampling and run options"):
+        s1, s2, s3, s4 = st.columns(4)
+        s1.number_input("Temperature", min_value=0.0, max_value=5.0, step=0.1, key="s.temperature")
+        s2.number_input("top_p", min_value=0.01, max_value=1.0, step=0.05, key="s.top_p")
+        s3.number_input("Seed", min_value=0, max_value=2**31 - 1, step=1, key=k + "seed")
+        s4.checkbox("Ignore EOS (exact output length)", key=k + "ignore_eos")
+        st.text_input("Run name (optional)", key=k + "name", max_chars=80)
+    ss = st.session_state
+    return {
+        "mode": mode,
+        "workload": {
+            "source": source,
+            "input_len": int(ss[k + "input_len"]),
+            "output_len": int(ss["s.max_tokens"]),
+            "path": path,
+            "seed": int(ss[k + "seed"]),
+        },
+        "requests": int(ss[k + "requests"]),
+        "concurrency": int(ss[k + "concurrency"]) if mode == "concurrency" else 1,
+        "warmup": int(ss[k + "warmup"]) if mode == "latency" else 0,
+        "temperature": float(ss["s.temperature"]),
+        "top_p": float(ss["s.top_p"]),
+        "ignore_eos": bool(ss[k + "ignore_eos"]),
+        "name": str(ss[k + "name"]).strip(),
+    }
+
+
+def run_page(mode: str) -> None:
+    """The body of the Latency and Concurrency pages: workload form, Start, live panel, summary."""
+    slot = services.get_engine_slot()
+    manager = services.get_job_manager()
+    state = slot.state()
+    active = manager.active()
+
+    with st.container(border=True):
+        fields = workload_form(mode)
+        b1, b2 = st.columns([1, 3], vertical_alignment="center")
+        blocked = None
+        if not state.ready:
+            blocked = "Load a model on the Engine & Model page first."
+        elif active is not None:
+            blocked = f"A {active.config.mode} run is in progress; stop it or wait for it to finish."
+        start = b1.button(
+            "Start run",
+            type="primary",
+            icon=":material/play_arrow:",
+            key=f"{mode}.btn.start",
+            disabled=blocked is not None or fields is None,
+            width="stretch",
+        )
+        if blocked:
+            b2.caption(blocked)
+            if not state.ready:
+                b2.page_link(PAGE_ENGINE, label="Engine & Model", icon=":material/memory:")
+        elif state.ready:
+            o = state.options or {}
+            b2.caption(
+                f"Runs on the loaded engine: {o.get('kind')} · {state.info.get('model')} · {o.get('accelerator')}"
+            )
+    if start and fields is not None and blocked is None:
+        try:
+            config = RunConfig.build(engine=dict(state.options or {}), **fields)
+            engine = slot.engine()
+            if engine is None:
+                raise WorkloadError("the engine is no longer loaded; load it again")
+            manager.submit(config, engine=engine)
+        except MoEBenchError as exc:
+            show_error(exc)
+    live_panel(mode)
+
+
+def _latest_run(mode: str) -> RunRow | None:
+    runs = [r for r in services.get_store().list_runs(limit=50) if r.mode == mode]
+    return runs[0] if runs else None
+
+
+def live_panel(mode: str) -> None:
+    """Progress, live charts and, when done, the summary of this mode's latest run.
+
+    Refreshes about once a second while the run is active (and only then).
+    """
+    manager = services.get_job_manager()
+    store = services.get_store()
+    job = manager.latest(mode)
+    running = job is not None and job.snapshot().active
+
+    @st.fragment(run_every=1.0 if running else None)
+    def _panel() -> None:
+        snap = job.snapshot() if job is not None else None
+        if running and snap is not None and not snap.active:
+            st.rerun()  # finished: one full redraw (buttons, sidebar), then no more refreshes
+        if snap is not None:
+            run_id, status, summary = snap.run_id, snap.status, snap.summary
+        else:
+            last = _latest_run(mode)
+            if last is None:
+                st.info(f"No {mode} run yet. Set the workload above and press Start.", icon=":material/info:")
+                return
+            run_id, status, summary = last.id, last.status, last.summary
+            st.caption(f"Showing the latest stored {mode} run (started {data.runs_frame([last])['created'][0]}).")
+        assert run_id is not None
+        _progress(snap, run_id, status, mode)
+        live = data.load_live(store, run_id)
+        _headline(summary, live, running)
+        figs = data.live_figures(live, summary)
+        left, right = st.columns(2)
+        with left:
+            chart(figs["latency"], f"{mode}-live-latency")
+            chart(figs["ttft"], f"{mode}-live-ttft")
+            chart(figs["in_flight"], f"{mode}-live-inflight")
+        with right:
+            chart(figs["throughput"], f"{mode}-live-throughput")
+            chart(figs["tpot"], f"{mode}-live-tpot")
+            chart(figs["memory"], f"{mode}-live-memory")
+        if "telemetry" in figs:
+            chart(figs["telemetry"], f"{mode}-live-telemetry")
+        if not running and summary is not None:
+            st.subheader("Summary")
+            show_summary(summary, mode)
+            book_terms(mode, summary)
+
+    _panel()
+
+
+def _progress(snap: JobSnapshot | None, run_id: int, status: str, mode: str) -> None:
+    icon = STATUS_ICONS.get(status, "")
+    if snap is None:
+        st.markdown(f"#### {icon} Run #{run_id} · {status}")
+        return
+    c1, c2 = st.columns([4, 1], vertical_alignment="bottom")
+    with c1:
+        st.markdown(f"#### {icon} Run #{run_id} · {status}")
+        text = (
+            f"{snap.done:,}/{snap.total:,} requests · {snap.in_flight} in flight · {snap.failed} failed · "
+            f"{data.fmt_duration(snap.elapsed_s)}"
+        )
+        if snap.active and snap.phase not in ("running", status):
+            text = f"{snap.phase} · {text}"
+        st.progress(min(1.0, snap.fraction), text=text)
+    with c2:
+        if snap.active:
+            st.button(
+                "Stop",
+                icon=":material/stop:",
+                key=f"{mode}.btn.stop",
+                on_click=_cancel,
+                args=(snap.job_id,),
+                width="stretch",
+                disabled=services.get_job_manager().get(snap.job_id) is None,
+            )
+    if snap.error:
+        st.error(snap.error, icon=":material/error:")
+
+
+def _cancel(job_id: str) -> None:
+    job = services.get_job_manager().get(job_id)
+    if job is not None:
+        job.cancel()
+
+
+def _headline(summary: RunSummary | None, live: data.LiveData, running: bool) -> None:
+    cols = st.columns(5)
+    tok_s = data.last_value(live.timeseries, SERIES_OUTPUT_TOK_S) if running else None
+    if running:
+        cols[0].metric("Output tokens/s (last second)", data.fmt_num(tok_s), help="Sampled once a second.")
+    else:
+        cols[0].metric(
+            "Output throughput",
+            data.fmt_unit(summary.output_throughput_tok_s if summary else None, "tok/s"),
+            help=METRIC_DEFINITIONS["output_throughput_tok_s"],
+        )
+    ok = summary is not None and summary.completed > 0
+    cols[1].metric(
+        "TTFT p50", data.fmt_unit(summary.ttft_ms.p50 if ok else None, "ms"), help=METRIC_DEFINITIONS["ttft_ms"]
+    )
+    cols[2].metric(
+        "TPOT p50", data.fmt_unit(summary.tpot_ms.p50 if ok else None, "ms"), help=METRIC_DEFINITIONS["tpot_ms"]
+    )
+    cols[3].metric(
+        "E2E p99", data.fmt_unit(summary.e2e_ms.p99 if ok else None, "ms"), help=METRIC_DEFINITIONS["e2e_ms"]
+    )
+    peak = summary.peak_memory_gib if summary is not None else None
+    if peak is None:
+        peak = data.last_value(live.timeseries, "mem_peak_gib")
+    cols[4].metric("Peak memory", data.fmt_unit(peak, "GiB"), help=METRIC_DEFINITIONS["peak_memory_gib"])
+
+
+def show_summary(summary: RunSummary, key: str) -> None:
+    """The run summary: latency statistics (ms) and throughput figures, with their definitions."""
+    left, right = st.columns([3, 2])
+    num = st.column_config.NumberColumn
+    latency = data.latency_table(summary)
+    with left:
+        st.dataframe(
+            latency,
+            hide_index=True,
+            key=f"{key}-latency-table",
+            column_order=[c for c in latency.columns if c != "definition"],
+            column_config={
+                "metric": st.column_config.TextColumn("metric", help="See 'What the metrics mean' below."),
+                "count": num("count", help="Requests in the statistic (gaps between tokens, for ITL)."),
+                **{c: num(c, format="%.2f") for c in ("mean (ms)", "p50 (ms)", "p90 (ms)", "p95 (ms)", "p99 (ms)")},
+            },
+        )
+    totals = data.throughput_table(summary)
+    with right:
+        st.dataframe(
+            totals,
+            hide_index=True,
+            key=f"{key}-throughput-table",
+            column_order=["figure", "value", "unit"],
+        )
+    with st.expander("What the metrics mean", icon=":material/help:"):
+        st.markdown(
+            "\n".join(f"- **{name}**: {text}" for name, text in METRIC_DEFINITIONS.items())
+            + "\n- Only successful requests enter the latency statistics and token counts."
+        )
+
+
+def book_terms(mode: str, summary: RunSummary) -> None:
+    """The seed's own result dictionaries (8.1.1 ``benchmark_latency``, 8.4.1 ``ConcurrencyTester.run``)."""
+    if summary.completed == 0:
+        return
+    avg_s = (summary.e2e_ms.mean or 0.0) / 1000.0
+    if mode == "latency":
+        text = (
+            f'avg_latency: "{avg_s:.4f} s", throughput: "{summary.request_throughput_rps:.2f} req/s", '
+            f'total_time: "{summary.duration_s:.2f} s"'
+        )
+        note = "seed 8.1.1 `benchmark_latency` output (measured, warm-up excluded)"
+    else:
+        text = (
+            f'avg_latency: "{avg_s:.4f} s", throughput: "{summary.output_throughput_tok_s:.2f} tokens/s", '
+            f"total_requests: {summary.completed}, max_concurrent: {summary.max_concurrency}"
+        )
+        note = "seed 8.4.1 `ConcurrencyTester.run` output (measured; throughput over wall-clock time)"
+    st.caption(f"In the book's terms — {note}:")
+    st.code("{" + text + "}", language="python")

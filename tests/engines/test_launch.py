@@ -1,0 +1,193 @@
+"""engines.launch with real subprocesses: health wait, logs, tree kill, parent-death cleanup."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from engines.errors import EngineUnavailable
+from engines.launch import ManagedProcess, free_port, live_processes
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A server that forks two grandchildren (sleepers) and then serves HTTP.
+TREE_SERVER = textwrap.dedent(
+    """
+    import http.server, subprocess, sys
+    kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(2)]
+    print("children", *[k.pid for k in kids], flush=True)
+    handler = http.server.SimpleHTTPRequestHandler
+    http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), handler).serve_forever()
+    """
+)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_gone(pids: list[int], timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(_gone(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _tree(pid: int) -> list[int]:
+    try:
+        root = psutil.Process(pid)
+        return [pid, *(c.pid for c in root.children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_free_port_is_bindable() -> None:
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_argv_must_be_a_list() -> None:
+    with pytest.raises(ValueError, match="argv"):
+        ManagedProcess("python -m http.server")  # type: ignore[arg-type]
+
+
+def test_http_server_health_wait_log_and_stop(tmp_path: Path) -> None:
+    port = free_port()
+    proc = ManagedProcess(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], name="http", cwd=tmp_path
+    ).start()
+    try:
+        took = proc.wait_http(f"http://127.0.0.1:{port}/", timeout=30)
+        assert took < 30
+        assert proc.running() and proc.exit_reason() is None
+        assert proc in live_processes()
+        assert proc.log_path.exists()
+        assert "http.server" in proc.log_path.read_text()  # the command line heads the log
+    finally:
+        proc.stop()
+    assert not proc.running()
+    assert proc not in live_processes()
+    assert _wait_gone([proc.pid or 0])
+    proc.stop()  # idempotent
+
+
+def test_stop_kills_the_whole_tree() -> None:
+    port = free_port()
+    proc = ManagedProcess([sys.executable, "-c", TREE_SERVER, str(port)], name="tree").start()
+    try:
+        proc.wait_http(f"http://127.0.0.1:{port}/", timeout=30)
+        pids = _tree(proc.pid or 0)
+        assert len(pids) >= 4  # server, watchdog, two sleepers
+    finally:
+        proc.stop(timeout=5)
+    assert _wait_gone(pids), [p for p in pids if not _gone(p)]
+
+
+def test_exit_before_ready_shows_the_last_log_lines() -> None:
+    code = "import sys; print('loading weights'); print('boom: no such model', file=sys.stderr); sys.exit(3)"
+    proc = ManagedProcess([sys.executable, "-c", code], name="bad").start()
+    with pytest.raises(EngineUnavailable) as info:
+        proc.wait_http(f"http://127.0.0.1:{free_port()}/health", timeout=30)
+    msg = str(info.value)
+    assert "bad exited with code 3" in msg and "boom: no such model" in msg
+    assert "\n" not in msg
+    proc.stop()
+
+
+def test_health_timeout_stops_the_process() -> None:
+    proc = ManagedProcess([sys.executable, "-c", "import time; time.sleep(600)"], name="mute").start()
+    with pytest.raises(EngineUnavailable, match=r"not healthy .* after 1 s"):
+        proc.wait_http(f"http://127.0.0.1:{free_port()}/health", timeout=1.0, interval=0.2)
+    assert _wait_gone([proc.pid or 0])
+
+
+def test_killed_by_signal_reason() -> None:
+    proc = ManagedProcess([sys.executable, "-c", "import time; time.sleep(600)"], name="victim").start()
+    time.sleep(0.3)
+    os.kill(proc.pid or 0, signal.SIGKILL)
+    proc.proc.wait(10)  # type: ignore[union-attr]
+    assert proc.exit_reason() == "victim was killed by SIGKILL (exit code -9)"
+    proc.stop()
+
+
+# The parent starts the server from a thread that then ends (PR_SET_PDEATHSIG would fire
+# here), prints the server pid, then waits to be killed or exits on its own.
+PARENT = textwrap.dedent(
+    """
+    import sys, threading, time
+    sys.path.insert(0, {root!r})
+    from engines.launch import ManagedProcess
+    holder = []
+    def start():
+        holder.append(ManagedProcess([sys.executable, "-c", {tree!r}, sys.argv[1]], name="orphan").start())
+    t = threading.Thread(target=start); t.start(); t.join()
+    print(holder[0].pid, flush=True)
+    if sys.argv[2] == "wait":
+        time.sleep(600)
+    time.sleep(2)
+    """
+)
+
+
+def _run_parent(mode: str, tmp_path: Path) -> tuple[subprocess.Popen[str], list[int]]:
+    port = free_port()
+    env = dict(os.environ, MOEBENCH_DATA_DIR=str(tmp_path))
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT.format(root=str(ROOT), tree=TREE_SERVER), str(port), mode],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert parent.stdout is not None
+    server_pid = int(parent.stdout.readline())
+    deadline = time.monotonic() + 20
+    pids: list[int] = []
+    while time.monotonic() < deadline:  # wait for the two grandchildren
+        pids = _tree(server_pid)
+        if len(pids) >= 4:
+            break
+        time.sleep(0.1)
+    return parent, pids
+
+
+def test_server_dies_when_the_parent_is_killed(tmp_path: Path) -> None:
+    parent, pids = _run_parent("wait", tmp_path)
+    try:
+        assert len(pids) >= 4
+        time.sleep(1.0)
+        assert not _gone(pids[0]), "the server must outlive the thread that started it"
+        parent.kill()
+        parent.wait(10)
+        assert _wait_gone(pids, timeout=20), [p for p in pids if not _gone(p)]
+    finally:
+        parent.kill()
+        for pid in pids:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_server_stopped_at_interpreter_exit(tmp_path: Path) -> None:
+    parent, pids = _run_parent("exit", tmp_path)
+    try:
+        assert len(pids) >= 4
+        assert parent.wait(30) == 0
+        assert _wait_gone(pids, timeout=20)
+    finally:
+        for pid in pids:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,195 @@
+"""The vllm engine with a real vLLM CPU server and the tiny DeepSeek-V3 (slow: ~1 min per server).
+
+One server is started per module for the measuring tests; the crash test starts its own.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from bench.runner import RunConfig, start_run
+from bench.store import Store
+from engines.base import GenerationRequest, SamplingParams, create_engine, timed_stream
+from engines.errors import EngineUnavailable
+
+pytestmark = pytest.mark.slow
+
+
+def _skip_without_vllm() -> None:
+    from engines.vllm import VLLMEngine
+
+    avail = VLLMEngine.availability()
+    if not avail.ok:
+        pytest.skip(avail.reason)
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _wait_dead(procs: list[psutil.Process], timeout: float = 30.0) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _alive(procs):
+        time.sleep(0.2)
+    return _alive(procs)
+
+
+OPTIONS: dict[str, Any] = {
+    "kind": "vllm",
+    "model": "tiny-deepseek-v3",
+    "accelerator": "cpu",
+    "cpu_kvcache_space_gib": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(tiny_model: Path) -> Iterator[Any]:
+    _skip_without_vllm()
+    engine = create_engine(OPTIONS)
+    messages: list[str] = []
+    engine.start(lambda msg, frac: messages.append(msg))
+    assert messages[-1] == "ready"
+    procs = _tree(engine.server.pid)
+    yield engine
+    engine.stop()
+    assert not _wait_dead(procs), "vLLM processes left behind"
+
+
+def _config(**kw: Any) -> RunConfig:
+    data: dict[str, Any] = {
+        "engine": OPTIONS,
+        "mode": "concurrency",
+        "requests": 32,
+        "concurrency": 8,
+        "workload": {"source": "random", "input_len": 32, "output_len": 16, "seed": 0},
+        "sample_interval_s": 0.25,
+    }
+    data.update(kw)
+    return RunConfig.build(**data)
+
+
+def test_describe(vllm_engine: Any) -> None:
+    info = vllm_engine.describe()
+    assert info["engine"] == "vllm" and info["vllm_version"] == "0.32.0"
+    assert info["port"] and f"--port {info['port']}" in " ".join(info["server_argv"])
+    assert "vllm.entrypoints.openai.api_server" in info["server_argv"]
+    assert Path(info["log_path"]).exists()
+    assert int(info["kv_cache"]["num_gpu_blocks"]) > 0
+    assert vllm_engine.health() is None
+
+
+def test_concurrency_run_exact_lengths_metrics_and_series(vllm_engine: Any, store: Store) -> None:
+    job = start_run(_config(), store, engine=vllm_engine)
+    snap = job.wait(300)
+    assert snap.status == "completed", snap.error
+    s = snap.summary
+    assert s is not None and s.completed == 32 and s.failed == 0
+    assert s.output_tokens == 32 * 16 and s.prompt_tokens == 32 * 32
+    for stat in (s.ttft_ms, s.tpot_ms, s.itl_ms, s.e2e_ms):
+        assert stat.count > 0 and stat.p50 is not None and stat.p99 is not None and stat.p50 > 0
+    assert s.output_throughput_tok_s > 0
+    # The server's usage agrees with the client's counts: output (token ids) and prompt (tokenizer).
+    records = store.records(job.run_id)
+    assert len(records) == 32
+    for r in records:
+        assert r.output_tokens == r.usage_output_tokens == 16
+        assert r.prompt_tokens == 32  # the server's usage count of the client-built 32-token prompt
+        assert len(r.chunk_times_s) == 16
+    assert s.usage_mismatches == 0
+    names = {name for _, name, _ in store.timeseries(job.run_id)}
+    for series in (
+        "server_kv_cache_usage_pct",
+        "server_requests_running",
+        "server_requests_waiting",
+        "server_preemptions",
+        "server_generation_tok_s",
+        "server_prompt_tok_s",
+    ):
+        assert series in names, names
+    run = store.get_run(job.run_id)
+    assert run is not None and run.engine_info["engine"] == "vllm"
+
+
+def test_openai_engine_counts_agree_with_usage(vllm_engine: Any) -> None:
+    """The generic openai engine on the same server, counting tokens with the client tokenizer."""
+    engine = create_engine({"kind": "openai", "model": "tiny-deepseek-v3", "base_url": vllm_engine.base_url})
+    engine.start()
+    try:
+        assert not engine.opts.server_token_counts
+        res = timed_stream(engine, GenerationRequest("c0", "hello world", SamplingParams(max_tokens=16)))
+        assert res.error is None and res.usage_output_tokens == 16
+        assert res.prompt_tokens == len(engine.tokenizer().encode("hello world", add_special_tokens=False))
+        assert res.output_tokens == 16
+    finally:
+        engine.stop()
+
+
+def test_connect_to_running_server_and_bad_names(vllm_engine: Any) -> None:
+    engine = create_engine({**OPTIONS, "base_url": vllm_engine.base_url})
+    engine.start()
+    try:
+        res = timed_stream(engine, GenerationRequest("x", "hi", SamplingParams(max_tokens=4)))
+        assert res.error is None and res.output_tokens == 4
+        assert engine.telemetry()["server_requests_running"] >= 0
+        assert engine.health() is None and engine.describe()["managed"] is False
+    finally:
+        engine.stop()
+    wrong = create_engine({**OPTIONS, "base_url": vllm_engine.base_url, "served_model_name": "deepseek-v9"})
+    with pytest.raises(EngineUnavailable) as info:
+        wrong.start()
+    assert str(info.value) == (
+        f"model 'deepseek-v9' is not served at {vllm_engine.base_url}; it serves: tiny-deepseek-v3"
+    )
+    bad = create_engine({**OPTIONS, "base_url": "http://127.0.0.1:9/v1"})
+    with pytest.raises(EngineUnavailable, match=r"^cannot reach the OpenAI-compatible server at http://127.0.0.1:9/v1"):
+        bad.start()
+
+
+def test_server_killed_mid_run(tiny_model: Path, store: Store) -> None:
+    _skip_without_vllm()
+    engine = create_engine(OPTIONS)
+    engine.start()
+    procs = _tree(engine.server.pid)
+    assert any("EngineCore" in p.name() for p in procs), [p.name() for p in procs]
+    try:
+        cfg = _config(requests=400, concurrency=2, workload={"source": "random", "input_len": 32, "output_len": 64})
+        job = start_run(cfg, store, engine=engine)
+        deadline = time.monotonic() + 120
+        while job.snapshot().done < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert job.snapshot().done >= 4
+        os.kill(engine.server.pid, signal.SIGKILL)
+        snap = job.wait(120)
+        assert snap.status == "failed"
+        assert snap.error is not None and "killed by SIGKILL" in snap.error and "\n" not in snap.error
+        run = store.get_run(job.run_id)
+        assert run is not None and run.status == "failed"
+        records = store.records(job.run_id)
+        assert sum(1 for r in records if r.ok) >= 4  # the finished samples are kept
+        assert len(records) < 400
+    finally:
+        engine.stop()
+    assert not _wait_dead(procs), [p.pid for p in _alive(procs)]

