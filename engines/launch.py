@@ -336,6 +336,18 @@ class ManagedProcess:
         return f"ManagedProcess({self.name!r}, pid={self.pid}, log={str(self.log_path)!r})"
 
 
+def creeping_progress(report: ProgressFn, lo: float, hi: float, expected_s: float = 60.0) -> ProgressFn:
+    """Map a server's start-up messages into ``lo..hi``: servers report no fraction, so the
+    bar creeps towards ``hi`` over about ``expected_s`` seconds."""
+    t0 = time.monotonic()
+
+    def inner(msg: str, frac: float) -> None:
+        elapsed = time.monotonic() - t0
+        report(msg, lo + (hi - lo) * min(0.95, elapsed / expected_s))
+
+    return inner
+
+
 def live_processes() -> list[ManagedProcess]:
     """Processes started here and not yet stopped."""
     with _LIVE_LOCK:

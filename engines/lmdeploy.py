@@ -27,7 +27,7 @@ from pydantic import Field, model_validator
 from engines.accelerators import Availability, get_accelerator
 from engines.base import ProgressFn, register_engine
 from engines.errors import ConfigError, EngineUnavailable
-from engines.launch import ManagedProcess, free_port
+from engines.launch import ManagedProcess, creeping_progress, free_port
 from engines.openai_http import OpenAIEngine, OpenAIOptions
 from engines.settings import get_settings
 
@@ -175,7 +175,7 @@ class LMDeployEngine(OpenAIEngine):
         self._url = f"http://{settings.host}:{port}/v1"
         try:
             timeout = self.lopts.start_timeout_s or settings.server_start_timeout_s
-            self.server.wait_http(f"{self._url}/models", timeout, progress=progress)
+            self.server.wait_http(f"{self._url}/models", timeout, progress=creeping_progress(report, 0.2, 0.9))
             self._client = self._make_client()
             self._check_server()
         except BaseException:

@@ -34,7 +34,7 @@ from pydantic import Field
 from engines.accelerators import Availability
 from engines.base import GenerationRequest, ProgressFn, StreamChunk, register_engine
 from engines.errors import EngineUnavailable, RequestFailed
-from engines.launch import ManagedProcess, free_port
+from engines.launch import ManagedProcess, creeping_progress, free_port
 from engines.openai_http import OpenAIEngine, OpenAIOptions, SSEError, _error_message, _one_line, iter_sse_data
 from engines.prometheus import parse_prometheus
 from engines.settings import PROJECT_ROOT, get_settings
@@ -285,7 +285,7 @@ class TritonEngine(OpenAIEngine):
         try:
             timeout = self.topts.start_timeout_s or settings.server_start_timeout_s
             self.server.wait_http(
-                f"{self._url}/v2/models/{self.served_name}/ready", timeout, progress=_scaled(report, 0.2, 0.9)
+                f"{self._url}/v2/models/{self.served_name}/ready", timeout, progress=creeping_progress(report, 0.2, 0.9)
             )
             self._client = self._make_client()
             self._check_server()
@@ -456,10 +456,3 @@ def _model_load_error(server: ManagedProcess) -> str | None:
         if "failed to load" in line and "'" in line:
             return _one_line(line.split("]", 1)[-1].strip().strip('"'), 400)
     return None
-
-
-def _scaled(report: ProgressFn, lo: float, hi: float) -> ProgressFn:
-    def inner(msg: str, frac: float) -> None:
-        report(msg, lo + (hi - lo) * frac)
-
-    return inner

@@ -36,8 +36,9 @@ from pydantic import Field
 from engines.accelerators import Availability
 from engines.base import ProgressFn, register_engine
 from engines.errors import EngineUnavailable
-from engines.launch import ManagedProcess, free_port
+from engines.launch import ManagedProcess, creeping_progress, free_port
 from engines.openai_http import OpenAIEngine, OpenAIOptions
+from engines.prometheus import parse_prometheus
 from engines.settings import PROJECT_ROOT, get_settings
 
 VLLM_VERSION = "0.32.0"
@@ -201,29 +202,6 @@ def server_argv(python: str, model_dir: str, name: str, host: str, port: int, op
     return argv
 
 
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Sum each metric's samples over their labels: ``{name: value}`` (comments skipped)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_part, _, rest = line.rpartition("}") if "}" in line else ("", "", line)
-        if name_part:
-            name = name_part.split("{", 1)[0]
-            fields = rest.split()
-        else:
-            parts = line.split()
-            name, fields = parts[0], parts[1:]
-        if not fields:
-            continue
-        try:
-            value = float(fields[0])
-        except ValueError:
-            continue
-        out[name] = out.get(name, 0.0) + value
-    return out
-
-
 def prometheus_labels(text: str, metric: str) -> dict[str, str]:
     """The labels of the first sample of ``metric`` (e.g. ``vllm:cache_config_info``)."""
     for line in text.splitlines():
@@ -337,7 +315,7 @@ class VLLMEngine(OpenAIEngine):
         self._url = f"http://{host}:{self.port}/v1"
         try:
             timeout = self.vopts.start_timeout_s or settings.server_start_timeout_s
-            self.server.wait_http(f"{self.server_root}/health", timeout, progress=_scaled(report, 0.2, 0.9))
+            self.server.wait_http(f"{self.server_root}/health", timeout, progress=creeping_progress(report, 0.2, 0.9))
             self._client = self._make_client()
             self._check_server()
             self._read_cache_info()
@@ -451,17 +429,6 @@ class VLLMEngine(OpenAIEngine):
             body["stream_options"].pop("continuous_usage_stats", None)
             body["return_token_ids"] = True
         return body
-
-
-def _scaled(report: ProgressFn, lo: float, hi: float) -> ProgressFn:
-    t0 = time.monotonic()
-
-    def inner(msg: str, frac: float) -> None:
-        # The server gives no progress fraction: creep towards ``hi`` over about a minute.
-        elapsed = time.monotonic() - t0
-        report(msg, lo + (hi - lo) * min(0.95, elapsed / 60.0))
-
-    return inner
 
 
 # --- offline mode: LLM.generate in a worker process -----------------------------------------

@@ -61,7 +61,7 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         try:
             self._generate(request, sender)
-        except Exception as exc:  # every failure goes back to the client as this request's error
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the client as this request's error
             error = pb_utils.TritonError(f"{type(exc).__name__}: {exc}")
             sender.send(pb_utils.InferenceResponse(error=error), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
@@ -125,7 +125,7 @@ class TritonPythonModel:
             try:
                 with torch.inference_mode():
                     self.model.generate(**kwargs)
-            except Exception as exc:  # handed to the sending thread
+            except Exception as exc:  # noqa: BLE001 - handed to the sending thread
                 errors.append(exc)
                 out_q.put(end)
 
@@ -138,7 +138,7 @@ class TritonPythonModel:
                 break
             generated.extend(item)
             text = self.tokenizer.decode(generated, skip_special_tokens=True)
-            delta = "" if text.endswith("\ufffd") else text[len(emitted):]
+            delta = "" if text.endswith("\ufffd") else text[len(emitted) :]
             emitted += delta
             if stream:
                 sender.send(self._response(delta, len(item)))

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def cli(*args: str, db: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "bench", "--db", str(db), *args],
+        [sys.executable, "-m", "bench", *args, "--db", str(db)],  # --db after the command, as the README shows
         cwd=ROOT,
         env=os.environ.copy(),
         capture_output=True,
@@ -111,3 +111,20 @@ def test_engines_and_accelerators_list_reasons(tmp_path: Path) -> None:
     assert p.returncode == 0 and "cpu   available" in p.stdout and "npu   unavailable" in p.stdout
     p = cli("engines", db=tmp_path / "db.sqlite")
     assert p.returncode == 0 and "native" in p.stdout
+
+
+def test_engine_options_from_flags() -> None:
+    from bench.cli import _engine_opts, build_parser
+
+    args = build_parser().parse_args(
+        ["run", "--engine", "vllm", "--base-url", "http://127.0.0.1:8000/v1", "--engine-opt", "max_num_seqs=64",
+         "--engine-opt", "enable_prefix_caching=true", "--engine-opt", "quantization=fp8"]
+    )  # fmt: skip
+    opts = _engine_opts(args)
+    assert opts["base_url"] == "http://127.0.0.1:8000/v1" and opts["kind"] == "vllm"
+    assert opts["max_num_seqs"] == 64 and opts["enable_prefix_caching"] is True and opts["quantization"] == "fp8"
+
+
+def test_unknown_engine_option_is_a_one_line_reason(tmp_path: Path) -> None:
+    p = cli("run", "--engine-opt", "no_such_option=1", db=tmp_path / "db.sqlite")
+    assert p.returncode == 2 and "no_such_option: Extra inputs are not permitted" in p.stderr

@@ -168,6 +168,27 @@ def test_connect_to_running_server_and_bad_names(vllm_engine: Any) -> None:
         bad.start()
 
 
+def test_lmdeploy_protocol_path_against_a_real_openai_server(vllm_engine: Any, store: Store) -> None:
+    """LMDeploy's engine in connect mode speaks the same OpenAI protocol an api_server does:
+    here it drives a whole run against the real vLLM server (LMDeploy itself has no CPU backend)."""
+    engine = create_engine({"kind": "lmdeploy", "model": "tiny-deepseek-v3", "base_url": vllm_engine.base_url})
+    engine.start()
+    try:
+        cfg = RunConfig.build(
+            engine={"kind": "lmdeploy", "model": "tiny-deepseek-v3", "base_url": vllm_engine.base_url},
+            workload={"source": "random", "input_len": 16, "output_len": 8},
+            requests=6,
+            concurrency=3,
+        )
+        snap = start_run(cfg, store, engine=engine).wait(120)
+        assert snap.status == "completed", snap.error
+        recs = store.records(snap.run_id)
+        assert len(recs) == 6 and all(r.output_tokens == 8 and r.ttft_ms for r in recs)
+        assert store.get_run(snap.run_id).engine_info["engine"] == "lmdeploy"
+    finally:
+        engine.stop()
+
+
 def test_server_killed_mid_run(tiny_model: Path, store: Store) -> None:
     _skip_without_vllm()
     engine = create_engine(OPTIONS)

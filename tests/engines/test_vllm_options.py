@@ -9,12 +9,12 @@ import pytest
 
 from engines.base import create_engine, known_kinds, parse_options
 from engines.errors import ConfigError, EngineUnavailable
+from engines.prometheus import parse_prometheus
 from engines.vllm import (
     COUNTERS,
     GAUGES,
     VLLMOptions,
     availability_for,
-    parse_prometheus,
     probe_vllm,
     prometheus_labels,
     server_argv,
