@@ -19,7 +19,6 @@ import importlib.util
 import os
 import subprocess
 import sys
-import time
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -27,8 +26,8 @@ from pydantic import Field, model_validator
 from engines.accelerators import Availability, get_accelerator
 from engines.base import ProgressFn, register_engine
 from engines.errors import ConfigError, EngineUnavailable
-from engines.launch import ManagedProcess, creeping_progress, free_port
-from engines.openai_http import OpenAIEngine, OpenAIOptions
+from engines.launch import free_port
+from engines.openai_http import OpenAIOptions, ServerEngine
 from engines.settings import get_settings
 
 # MoE Bench accelerator -> LMDeploy --device
@@ -120,25 +119,22 @@ def server_argv(python: str, model_dir: str, name: str, host: str, port: int, o:
 
 
 @register_engine
-class LMDeployEngine(OpenAIEngine):
+class LMDeployEngine(ServerEngine):
     """LMDeploy's api_server (managed or connect); see the module docstring."""
 
     kind = "lmdeploy"
     label = "LMDeploy (api_server)"
     options_model = LMDeployOptions
 
+    server_label = "lmdeploy"
+
     def __init__(self, options: Any) -> None:
         super().__init__(options)
         self.lopts: LMDeployOptions = options
-        self._url: str | None = options.base_url
-        self.server: ManagedProcess | None = None
-        self.argv: list[str] = []
         self.model_name = options.served_model_name or options.model
-        self.load_seconds = 0.0
 
-    @property
-    def base_url(self) -> str:
-        return self._url or ""
+    def health_url(self) -> str:
+        return f"{self.base_url}/models"
 
     @property
     def served_name(self) -> str:
@@ -167,41 +163,16 @@ class LMDeployEngine(OpenAIEngine):
             self.model_name = name if self.lopts.model.lower() in PRESETS else self.lopts.model
         settings = get_settings()
         port = free_port(settings.host)
-        self.argv = server_argv(lmdeploy_python(), str(path), self.model_name, settings.host, port, self.lopts)
+        argv = server_argv(lmdeploy_python(), str(path), self.model_name, settings.host, port, self.lopts)
         self._load_tokenizer(report)
         report(f"starting LMDeploy on port {port}", 0.15)
-        t0 = time.perf_counter()
-        self.server = ManagedProcess(self.argv, name="lmdeploy").start()
-        self._url = f"http://{settings.host}:{port}/v1"
-        try:
-            timeout = self.lopts.start_timeout_s or settings.server_start_timeout_s
-            self.server.wait_http(f"{self._url}/models", timeout, progress=creeping_progress(report, 0.2, 0.9))
-            self._client = self._make_client()
-            self._check_server()
-        except BaseException:
-            self.server.stop()
-            raise
-        self.load_seconds = time.perf_counter() - t0
+        self.launch(argv, f"http://{settings.host}:{port}/v1", report, timeout=self.lopts.start_timeout_s)
         self.started = True
         report("ready", 1.0)
 
-    def stop(self) -> None:
-        super().stop()
-        if self.server is not None:
-            self.server.stop()
-
-    def health(self) -> str | None:
-        if self.server is not None:
-            reason = self.server.exit_reason()
-            if reason is not None:
-                tail = self.server.tail_one_line(3)
-                return f"LMDeploy server {reason.removeprefix('lmdeploy ')}; last log lines: {tail}"
-        return None
-
     def describe(self) -> dict[str, Any]:
         info = super().describe()
-        info.update(engine="lmdeploy", backend=self.lopts.backend, managed=self.server is not None,
-                    server_argv=self.argv, load_seconds=round(self.load_seconds, 3))  # fmt: skip
+        info.update(engine="lmdeploy", backend=self.lopts.backend)
         return info
 
 

@@ -22,18 +22,21 @@ so it never reaches the database or an export.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
 from engines.accelerators import Availability
 from engines.base import Engine, EngineOptions, GenerationRequest, ProgressFn, StreamChunk, register_engine
 from engines.errors import EngineUnavailable, ModelLoadError, RequestFailed
+from engines.launch import ManagedProcess, creeping_progress
 from engines.settings import get_settings
 
 API_KEY_ENV_VARS: tuple[str, ...] = ("MOEBENCH_OPENAI_API_KEY", "OPENAI_API_KEY")
@@ -109,6 +112,21 @@ def iter_sse_data(lines: Iterator[str]) -> Iterator[str]:
             data.append(value)
     if data:
         yield "\n".join(data)
+
+
+@contextlib.contextmanager
+def http_errors(url: str, who: str = "the server") -> Iterator[None]:
+    """Turn httpx's errors while talking to ``url`` into one-line :class:`RequestFailed`."""
+    import httpx
+
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise RequestFailed(f"timed out waiting for {url} ({type(exc).__name__})") from exc
+    except httpx.RemoteProtocolError as exc:
+        raise RequestFailed(f"connection dropped by {who}: {_one_line(str(exc), 200)}") from exc
+    except httpx.HTTPError as exc:
+        raise RequestFailed(f"{type(exc).__name__} from {url}: {_one_line(str(exc), 200)}") from exc
 
 
 def _error_message(body: bytes) -> str:
@@ -346,22 +364,13 @@ class OpenAIEngine(Engine):
     def stream(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[StreamChunk]:
         if self._client is None:
             raise EngineUnavailable(f"the {self.kind} engine is not started")
-        import httpx
-
         path = "/chat/completions" if self.opts.endpoint == "chat" else "/completions"
         url = self.base_url + path
         body = self.request_body(request)
-        try:
-            with self._client.stream("POST", url, json=body) as resp:
-                if resp.status_code >= 400:
-                    raise RequestFailed(f"HTTP {resp.status_code} from {url}: {_error_message(resp.read())}")
-                yield from self._events(resp, cancel)
-        except httpx.TimeoutException as exc:
-            raise RequestFailed(f"timed out waiting for {url} ({type(exc).__name__})") from exc
-        except httpx.RemoteProtocolError as exc:
-            raise RequestFailed(f"connection dropped by the server: {_one_line(str(exc), 200)}") from exc
-        except httpx.HTTPError as exc:
-            raise RequestFailed(f"{type(exc).__name__} from {url}: {_one_line(str(exc), 200)}") from exc
+        with http_errors(url), self._client.stream("POST", url, json=body) as resp:
+            if resp.status_code >= 400:
+                raise RequestFailed(f"HTTP {resp.status_code} from {url}: {_error_message(resp.read())}")
+            yield from self._events(resp, cancel)
 
     def _events(self, resp: Any, cancel: threading.Event | None) -> Iterator[StreamChunk]:
         seen_done = False
@@ -430,3 +439,111 @@ class OpenAIEngine(Engine):
             reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
             return str(content), str(reasoning)
         return str(choice.get("text") or ""), ""
+
+
+class ServerEngine(OpenAIEngine):
+    """An HTTP engine that reaches a running server at ``base_url`` or launches its own.
+
+    Shared by the vllm, triton and lmdeploy engines: the launch (argv list, free port,
+    ready wait with the log's last lines on failure, the whole tree stopped on any error),
+    a long-lived probe client for metrics and health (``httpx.get`` would build a client and
+    an SSL context per call, holding the GIL while requests stream), and the health rule
+    (the process exited, or the ready URL has not answered for 15 s).
+    """
+
+    server_label: ClassVar[str] = "server"
+
+    def __init__(self, options: EngineOptions) -> None:
+        super().__init__(options)
+        self._url: str | None = getattr(options, "base_url", None)
+        self.server: ManagedProcess | None = None
+        self.argv: list[str] = []
+        self.load_seconds = 0.0
+        self._probe: Any = None
+        self._probe_lock = threading.Lock()
+        self._health_fail_since: float | None = None
+
+    @property
+    def base_url(self) -> str:
+        return self._url or ""
+
+    def health_url(self) -> str:
+        """The URL that answers 200 while the server can serve."""
+        raise NotImplementedError
+
+    def launch(
+        self,
+        argv: list[str],
+        url: str,
+        report: ProgressFn,
+        *,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """Start ``argv``, wait until :meth:`health_url` answers, then connect and check."""
+        t0 = time.perf_counter()
+        self.argv = argv
+        self.server = ManagedProcess(argv, name=self.server_label, env=env).start()
+        self._url = url
+        try:
+            wait = timeout or get_settings().server_start_timeout_s
+            self.server.wait_http(self.health_url(), wait, progress=creeping_progress(report, 0.2, 0.9))
+            self._client = self._make_client()
+            self._check_server()
+        except BaseException:
+            self.server.stop()
+            raise
+        self.load_seconds = time.perf_counter() - t0
+
+    def probe_client(self) -> Any:
+        import httpx
+
+        with self._probe_lock:
+            if self._probe is None:
+                self._probe = httpx.Client(timeout=5.0, limits=httpx.Limits(max_connections=4))
+            return self._probe
+
+    def stop(self) -> None:
+        super().stop()
+        with self._probe_lock:
+            if self._probe is not None:
+                self._probe.close()
+                self._probe = None
+        if self.server is not None:
+            self.server.stop()
+
+    def health(self) -> str | None:
+        """None while the server runs and answers; else why not (one line)."""
+        if self.server is not None:
+            reason = self.server.exit_reason()
+            if reason is not None:
+                what = reason.removeprefix(f"{self.server.name} ")
+                return f"{self.label} {what}; last log lines: {self.server.tail_one_line(3)}"
+        if not self.base_url:
+            return None
+        import httpx
+
+        try:
+            ok = self.probe_client().get(self.health_url(), timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        if ok:
+            self._health_fail_since = None
+            return None
+        # A busy server may miss one probe: report only after 15 s without an answer.
+        now = time.monotonic()
+        if self._health_fail_since is None:
+            self._health_fail_since = now
+        if now - self._health_fail_since > 15.0:
+            return f"{self.label} at {self.base_url} has not answered {self.health_url()} for 15 s"
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info.update(
+            managed=self.server is not None,
+            server_argv=self.argv,
+            log_path=str(self.server.log_path) if self.server is not None else None,
+            load_seconds=round(self.load_seconds, 3),
+        )
+        return info

@@ -34,8 +34,16 @@ from pydantic import Field
 from engines.accelerators import Availability
 from engines.base import GenerationRequest, ProgressFn, StreamChunk, register_engine
 from engines.errors import EngineUnavailable, RequestFailed
-from engines.launch import ManagedProcess, creeping_progress, free_port
-from engines.openai_http import OpenAIEngine, OpenAIOptions, SSEError, _error_message, _one_line, iter_sse_data
+from engines.launch import ManagedProcess, free_port
+from engines.openai_http import (
+    OpenAIOptions,
+    ServerEngine,
+    SSEError,
+    _error_message,
+    _one_line,
+    http_errors,
+    iter_sse_data,
+)
 from engines.prometheus import parse_prometheus
 from engines.settings import PROJECT_ROOT, get_settings
 
@@ -174,28 +182,24 @@ parameters {{ key: "dtype" value: {{ string_value: "{dtype}" }} }}
 
 
 @register_engine
-class TritonEngine(OpenAIEngine):
+class TritonEngine(ServerEngine):
     """Triton's generate extension (connect or managed); see the module docstring."""
 
     kind = "triton"
     label = "Triton Inference Server"
     options_model = TritonOptions
 
+    server_label = "tritonserver"
+
     def __init__(self, options: Any) -> None:
         super().__init__(options)
         self.topts: TritonOptions = options
-        self._url: str | None = options.base_url
-        self.server: ManagedProcess | None = None
-        self.argv: list[str] = []
         self.metrics_url: str | None = options.metrics_url
-        self.load_seconds = 0.0
         self._last: tuple[float, dict[str, float]] | None = None
         self._metrics_lock = threading.Lock()
-        self._health_fail_since: float | None = None
 
-    @property
-    def base_url(self) -> str:
-        return self._url or ""
+    def health_url(self) -> str:
+        return f"{self.base_url}/v2/models/{self.served_name}/ready"
 
     @property
     def served_name(self) -> str:
@@ -269,7 +273,7 @@ class TritonEngine(OpenAIEngine):
             env["LD_LIBRARY_PATH"] = ":".join(p for p in libs if p)
         host = settings.host
         http, grpc, metrics = free_port(host), free_port(host), free_port(host)
-        self.argv = [
+        argv = [
             layout["server"], "--model-repository", str(repo), *backend_args,
             "--http-address", host, "--http-port", str(http),
             "--grpc-address", host, "--grpc-port", str(grpc),
@@ -278,31 +282,16 @@ class TritonEngine(OpenAIEngine):
         ]  # fmt: skip
         self._load_tokenizer(report)
         report(f"starting tritonserver on port {http}", 0.15)
-        t0 = time.perf_counter()
-        self.server = ManagedProcess(self.argv, name="tritonserver", env=env).start()
-        self._url = f"http://{host}:{http}"
         self.metrics_url = f"http://{host}:{metrics}/metrics"
         try:
-            timeout = self.topts.start_timeout_s or settings.server_start_timeout_s
-            self.server.wait_http(
-                f"{self._url}/v2/models/{self.served_name}/ready", timeout, progress=creeping_progress(report, 0.2, 0.9)
-            )
-            self._client = self._make_client()
-            self._check_server()
-        except BaseException as exc:
-            reason = _model_load_error(self.server) if isinstance(exc, EngineUnavailable) else None
-            self.server.stop()
+            self.launch(argv, f"http://{host}:{http}", report, env=env, timeout=self.topts.start_timeout_s)
+        except EngineUnavailable as exc:
+            reason = _model_load_error(self.server) if self.server is not None else None
             if reason:
                 raise EngineUnavailable(f"Triton could not load the model: {reason}") from exc
             raise
-        self.load_seconds = time.perf_counter() - t0
         self.started = True
         report("ready", 1.0)
-
-    def stop(self) -> None:
-        super().stop()
-        if self.server is not None:
-            self.server.stop()
 
     def _check_server(self) -> None:
         import httpx
@@ -343,20 +332,12 @@ class TritonEngine(OpenAIEngine):
     def stream(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[StreamChunk]:
         if self._client is None:
             raise EngineUnavailable("the triton engine is not started")
-        import httpx
 
         url = f"{self.base_url}/v2/models/{self.served_name}/generate_stream"
-        try:
-            with self._client.stream("POST", url, json=self.request_body(request)) as resp:
-                if resp.status_code >= 400:
-                    raise RequestFailed(f"HTTP {resp.status_code} from {url}: {_error_message(resp.read())}")
-                yield from self._triton_events(resp, cancel)
-        except httpx.TimeoutException as exc:
-            raise RequestFailed(f"timed out waiting for {url} ({type(exc).__name__})") from exc
-        except httpx.RemoteProtocolError as exc:
-            raise RequestFailed(f"connection dropped by Triton: {_one_line(str(exc), 200)}") from exc
-        except httpx.HTTPError as exc:
-            raise RequestFailed(f"{type(exc).__name__} from {url}: {_one_line(str(exc), 200)}") from exc
+        with http_errors(url, "Triton"), self._client.stream("POST", url, json=self.request_body(request)) as resp:
+            if resp.status_code >= 400:
+                raise RequestFailed(f"HTTP {resp.status_code} from {url}: {_error_message(resp.read())}")
+            yield from self._triton_events(resp, cancel)
 
     def _triton_events(self, resp: Any, cancel: threading.Event | None) -> Iterator[StreamChunk]:
         o = self.topts
@@ -393,7 +374,7 @@ class TritonEngine(OpenAIEngine):
         if not self.metrics_url or self._client is None:
             return {}
         try:
-            text = self._client.get(self.metrics_url, timeout=2.0).text
+            text = self.probe_client().get(self.metrics_url, timeout=2.0).text
         except Exception:  # noqa: BLE001 - no metrics endpoint: a gap in the series
             return {}
         values = parse_prometheus(text)
@@ -412,29 +393,6 @@ class TritonEngine(OpenAIEngine):
                     out[name] = max(0.0, value - last[1][name]) / (now - last[0])
         return out
 
-    def health(self) -> str | None:
-        if self.server is not None:
-            reason = self.server.exit_reason()
-            if reason is not None:
-                tail = self.server.tail_one_line(3)
-                return f"Triton server {reason.removeprefix('tritonserver ')}; last log lines: {tail}"
-        if self._client is None:
-            return None
-        import httpx
-
-        try:
-            ok = self._client.get(f"{self.base_url}/v2/health/ready", timeout=5.0).status_code == 200
-        except httpx.HTTPError:
-            ok = False
-        if ok:
-            self._health_fail_since = None
-            return None
-        now = time.monotonic()
-        self._health_fail_since = self._health_fail_since or now
-        if now - self._health_fail_since > 15.0:
-            return f"Triton at {self.base_url} has not answered /v2/health/ready for 15 s"
-        return None
-
     def describe(self) -> dict[str, Any]:
         info = super().describe()
         info.update(
@@ -442,10 +400,6 @@ class TritonEngine(OpenAIEngine):
             base_url=self.base_url,
             triton_model=self.served_name,
             metrics_url=self.metrics_url,
-            managed=self.server is not None,
-            server_argv=self.argv,
-            server_log=str(self.server.log_path) if self.server is not None else None,
-            load_seconds=round(self.load_seconds, 3),
         )
         return info
 

@@ -36,8 +36,8 @@ from pydantic import Field
 from engines.accelerators import Availability
 from engines.base import ProgressFn, register_engine
 from engines.errors import EngineUnavailable
-from engines.launch import ManagedProcess, creeping_progress, free_port
-from engines.openai_http import OpenAIEngine, OpenAIOptions
+from engines.launch import ManagedProcess, free_port
+from engines.openai_http import OpenAIOptions, ServerEngine
 from engines.prometheus import parse_prometheus
 from engines.settings import PROJECT_ROOT, get_settings
 
@@ -231,35 +231,30 @@ def _split_labels(body: str) -> list[str]:
 
 
 @register_engine
-class VLLMEngine(OpenAIEngine):
+class VLLMEngine(ServerEngine):
     """vLLM's OpenAI server, launched here (or reached at ``base_url``); see the module docstring."""
 
     kind = "vllm"
     label = "vLLM (OpenAI server)"
     options_model = VLLMOptions
 
+    server_label = "vllm"
+
     def __init__(self, options: Any) -> None:
         super().__init__(options)
         self.vopts: VLLMOptions = options
-        self.server: ManagedProcess | None = None
         self.python = vllm_python()
         self.version: str | None = None
-        self.argv: list[str] = []
         self.port: int | None = None
         self.model_dir: str | None = None
         self.model_name: str = options.served_model_name or options.model
-        self._url: str | None = options.base_url
-        self.load_seconds = 0.0
         self.cache_info: dict[str, str] = {}
         self._last_counters: tuple[float, dict[str, float]] | None = None
         self._metrics_lock = threading.Lock()
-        self._health_fail_since: float | None = None
-        self._probe: Any = None
 
     # --- naming -----------------------------------------------------------------------
-    @property
-    def base_url(self) -> str:
-        return self._url or ""
+    def health_url(self) -> str:
+        return f"{self.server_root}/health"
 
     @property
     def server_root(self) -> str:
@@ -302,7 +297,7 @@ class VLLMEngine(OpenAIEngine):
         settings = get_settings()
         host = settings.host
         self.port = self.vopts.port or free_port(host)
-        self.argv = server_argv(self.python, self.model_dir, self.model_name, host, self.port, self.vopts)
+        argv = server_argv(self.python, self.model_dir, self.model_name, host, self.port, self.vopts)
         env = dict(os.environ)
         if self.vopts.accelerator == "cpu" and self.vopts.cpu_kvcache_space_gib is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.vopts.cpu_kvcache_space_gib:g}"
@@ -310,44 +305,14 @@ class VLLMEngine(OpenAIEngine):
         env.setdefault("DO_NOT_TRACK", "1")
         self._load_tokenizer(report)
         report(f"starting vLLM {self.version} on port {self.port}", 0.15)
-        t0 = time.perf_counter()
-        self.server = ManagedProcess(self.argv, name="vllm", env=env).start()
-        self._url = f"http://{host}:{self.port}/v1"
-        try:
-            timeout = self.vopts.start_timeout_s or settings.server_start_timeout_s
-            self.server.wait_http(f"{self.server_root}/health", timeout, progress=creeping_progress(report, 0.2, 0.9))
-            self._client = self._make_client()
-            self._check_server()
-            self._read_cache_info()
-        except BaseException:
-            self.server.stop()
-            raise
-        self.load_seconds = time.perf_counter() - t0
+        self.launch(argv, f"http://{host}:{self.port}/v1", report, env=env, timeout=self.vopts.start_timeout_s)
+        self._read_cache_info()
         self.started = True
         report("ready", 1.0)
 
-    def stop(self) -> None:
-        super().stop()
-        with self._metrics_lock:
-            if self._probe is not None:
-                self._probe.close()
-                self._probe = None
-        if self.server is not None:
-            self.server.stop()
-
     # --- telemetry and health ---------------------------------------------------------
-    def _probe_client(self) -> Any:
-        """A long-lived client for /metrics and /health: ``httpx.get`` would build a new client
-        (and SSL context) per call, holding the GIL for tens of ms while requests stream."""
-        import httpx
-
-        with self._metrics_lock:
-            if self._probe is None:
-                self._probe = httpx.Client(timeout=5.0, limits=httpx.Limits(max_connections=4))
-            return self._probe
-
     def _scrape(self, timeout: float = 2.0) -> str:
-        resp = self._probe_client().get(f"{self.server_root}/metrics", timeout=timeout)
+        resp = self.probe_client().get(f"{self.server_root}/metrics", timeout=timeout)
         resp.raise_for_status()
         return resp.text
 
@@ -379,31 +344,6 @@ class VLLMEngine(OpenAIEngine):
                 out[name] = max(0.0, value - last[1][name]) / (now - last[0])
         return out
 
-    def health(self) -> str | None:
-        """None while the server runs and answers ``/health``; else why not (one line)."""
-        if self.server is not None:
-            reason = self.server.exit_reason()
-            if reason is not None:
-                return f"vLLM server {reason.removeprefix('vllm ')}; last log lines: {self.server.tail_one_line(3)}"
-        if not self.base_url:
-            return None
-        import httpx
-
-        try:
-            ok = self._probe_client().get(f"{self.server_root}/health", timeout=5.0).status_code == 200
-        except httpx.HTTPError:
-            ok = False
-        if ok:
-            self._health_fail_since = None
-            return None
-        # A busy server may miss one probe: report only after 15 s without an answer.
-        now = time.monotonic()
-        if self._health_fail_since is None:
-            self._health_fail_since = now
-        if now - self._health_fail_since > 15.0:
-            return f"vLLM server at {self.server_root} has not answered /health for 15 s"
-        return None
-
     def describe(self) -> dict[str, Any]:
         info = super().describe()
         info.update(
@@ -412,11 +352,7 @@ class VLLMEngine(OpenAIEngine):
             model_path=self.model_dir,
             vllm_version=self.version,
             python=self.python if self.server is not None else None,
-            server_argv=self.argv,
             port=self.port,
-            managed=self.server is not None,
-            log_path=str(self.server.log_path) if self.server is not None else None,
-            load_seconds=round(self.load_seconds, 3),
             kv_cache=self.cache_info,
             cpu_kvcache_space_gib=self.vopts.cpu_kvcache_space_gib if self.vopts.accelerator == "cpu" else None,
         )

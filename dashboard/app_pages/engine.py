@@ -49,6 +49,8 @@ with form_col, st.container(border=True):
     kind_label, kind_avail = engine_by_kind[kind]
     if not kind_avail.ok:
         st.error(f"{kind_label} cannot be started here: {kind_avail.reason}", icon=":material/block:")
+    elif kind_avail.reason:  # usable, with a limit (e.g. connect-only: no local server can be launched)
+        st.info(f"{kind_label}: {kind_avail.reason}", icon=":material/info:")
 
     st.markdown("##### Model")
     src = st.radio(
@@ -260,6 +262,8 @@ with status_col:
             for name, label, avail in rows:
                 if avail.ok:
                     st.markdown(f":green[:material/check_circle:] {label} `{name}`")
+                    if avail.reason:
+                        st.caption(avail.reason)
                 else:
                     st.markdown(f":red[:material/block:] {label} `{name}` — unavailable")
                     st.caption(avail.reason)
