@@ -275,12 +275,11 @@ def _execute(job: Job, engine: Engine | None, owns_engine: bool) -> None:
             job._set(phase="analysing the profile")
             res = session.result
             if res is not None:
-                store.put_artifact(run_id, ARTIFACT_OPERATORS, res.operators)
-                store.put_artifact(
-                    run_id,
-                    ARTIFACT_BREAKDOWN,
-                    {"rows": res.breakdown, "basis": res.time_basis, "total_ms": res.total_ms},
-                )
+                if res.operators:
+                    store.put_artifact(run_id, ARTIFACT_OPERATORS, res.operators)
+                if res.breakdown:
+                    breakdown = {"rows": res.breakdown, "basis": res.time_basis, "total_ms": res.total_ms}
+                    store.put_artifact(run_id, ARTIFACT_BREAKDOWN, breakdown)
                 if res.trace_path:
                     store.put_artifact(run_id, ARTIFACT_TRACE, {"path": res.trace_path})
             _store_routing(store, run_id, engine)
@@ -349,6 +348,12 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
                 job._records.append(rec)
                 job._done += 1
                 job._failed += 0 if rec.ok else 1
+            if not rec.ok and not job.cancel_event.is_set():
+                # A failed request may mean the engine died: stop sending more if it did.
+                reason = engine.health()
+                if reason is not None:
+                    job._set(error=reason)
+                    job.cancel_event.set()
 
     def sampler() -> None:
         last_t, last_tokens = t0, 0
@@ -413,6 +418,13 @@ def _finish(job: Job, engine: Engine) -> None:
         max_concurrency=cfg.concurrency,
     )
     engine_error = job.snapshot().error
+    if engine_error is None and summary.failed:
+        # Requests failing fast (connection refused) can end a run before the sampler's next
+        # health poll: ask once more, so a dead server fails the run instead of "completing" it.
+        try:
+            engine_error = engine.health()
+        except Exception as exc:  # noqa: BLE001 - a broken health probe is itself the reason
+            engine_error = f"health check failed: {type(exc).__name__}: {exc}"
     if engine_error is not None:
         reason = f"engine failed during the run: {engine_error}"
         store.finish_run(run_id, "failed", summary=summary, error=reason)

@@ -166,6 +166,9 @@ class VLLMOptions(OpenAIOptions):
     cpu_kvcache_space_gib: float | None = Field(1.0, gt=0.0)  # VLLM_CPU_KVCACHE_SPACE on cpu
     enforce_eager: bool = True
     extra_args: list[str] = Field(default_factory=list)  # more server flags, as argv items
+    # Start the server with vLLM's torch profiler writing here, so profile runs can call
+    # /start_profile and /stop_profile (connect mode: the server's own profiler folder).
+    profiler_dir: str | None = None
     port: int | None = Field(None, ge=1, le=65535)  # default: a free port
     start_timeout_s: float | None = Field(None, gt=0)  # default: Settings.server_start_timeout_s
 
@@ -198,6 +201,9 @@ def server_argv(python: str, model_dir: str, name: str, host: str, port: int, op
         argv += ["--gpu-memory-utilization", str(opts.gpu_memory_utilization)]
     if opts.enforce_eager:
         argv.append("--enforce-eager")
+    if opts.profiler_dir:
+        config = {"profiler": "torch", "torch_profiler_dir": str(Path(opts.profiler_dir).resolve())}
+        argv += ["--profiler-config", json.dumps(config)]
     argv += [str(a) for a in opts.extra_args]
     return argv
 
@@ -358,6 +364,13 @@ class VLLMEngine(ServerEngine):
         )
         return info
 
+    def profiler(self, trace_path: Any, with_stack: bool = True) -> VLLMProfileSession:
+        """vLLM's own profiler through ``/start_profile`` and ``/stop_profile``; the trace it
+        writes under ``profiler_dir`` becomes the run's trace (no operator table here)."""
+        if not self.base_url:
+            raise EngineUnavailable("the vllm engine is not started; load it first")
+        return VLLMProfileSession(self.probe_client(), self.server_root, self.vopts.profiler_dir)
+
     def request_body(self, request: Any) -> dict[str, Any]:
         body = super().request_body(request)
         if self.vopts.server_token_counts:
@@ -365,6 +378,53 @@ class VLLMEngine(ServerEngine):
             body["stream_options"].pop("continuous_usage_stats", None)
             body["return_token_ids"] = True
         return body
+
+
+class VLLMProfileSession:
+    """Context manager around a workload: POST /start_profile, then /stop_profile, then the
+    newest trace file the server wrote (``result``: a ProfileResult with only the trace)."""
+
+    def __init__(self, client: Any, root: str, profiler_dir: str | None, wait_s: float = 60.0) -> None:
+        self.client, self.root, self.wait_s = client, root, wait_s
+        self.dir = Path(profiler_dir).resolve() if profiler_dir else None
+        self.result: Any = None
+        self._t0 = 0.0
+
+    def _post(self, path: str) -> None:
+        import httpx
+
+        try:
+            resp = self.client.post(f"{self.root}{path}", timeout=300.0)
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(f"{path} failed: {type(exc).__name__}: {exc}") from exc
+        if resp.status_code != 200:
+            raise EngineUnavailable(
+                f"this vLLM server answered HTTP {resp.status_code} to {path}: it was not started with a profiler "
+                "(set the vllm engine option profiler_dir)"
+            )
+
+    def __enter__(self) -> VLLMProfileSession:
+        self._t0 = time.time()
+        self._post("/start_profile")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from engines.profiling import ProfileResult
+
+        self._post("/stop_profile")
+        trace = None
+        deadline = time.monotonic() + self.wait_s
+        while self.dir is not None and trace is None and time.monotonic() < deadline:
+            fresh = [p for p in self.dir.rglob("*.json*") if p.is_file() and p.stat().st_mtime >= self._t0 - 1]
+            if fresh:
+                newest = max(fresh, key=lambda p: p.stat().st_mtime)
+                size = newest.stat().st_size
+                time.sleep(1.0)  # still being written?
+                if newest.stat().st_size == size and size > 0:
+                    trace = str(newest)
+                    break
+            time.sleep(0.5)
+        self.result = ProfileResult(operators=[], breakdown=[], trace_path=trace, time_basis="server", total_ms=0.0)
 
 
 # --- offline mode: LLM.generate in a worker process -----------------------------------------
