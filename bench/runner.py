@@ -387,7 +387,8 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
 
     threads = [threading.Thread(target=worker, name=f"run{run_id}-w{i}", daemon=True) for i in range(cfg.concurrency)]
     sampler_thread = threading.Thread(target=sampler, name=f"run{run_id}-sampler", daemon=True)
-    store.add_points(run_id, [(0.0, SERIES_IN_FLIGHT, 0.0), (0.0, SERIES_DONE, 0.0), *_memory_points(engine, 0.0)])
+    first = [(0.0, SERIES_IN_FLIGHT, 0.0), (0.0, SERIES_DONE, 0.0)]
+    store.add_points(run_id, [*first, *_memory_points(engine, 0.0), *_telemetry_points(engine, 0.0)])
     sampler_thread.start()
     for t in threads:
         t.start()
@@ -396,7 +397,8 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
     t_end = time.perf_counter()
     stop_sampler.set()
     sampler_thread.join()
-    store.add_points(run_id, [(t_end - t0, SERIES_IN_FLIGHT, 0.0), (t_end - t0, SERIES_DONE, float(job._done))])
+    last = [(t_end - t0, SERIES_IN_FLIGHT, 0.0), (t_end - t0, SERIES_DONE, float(job._done))]
+    store.add_points(run_id, [*last, *_telemetry_points(engine, t_end - t0)])
 
     if finish:
         _finish(job, engine)
