@@ -152,8 +152,11 @@ def build_requests(
     rng = random.Random(spec.seed)
     reqs: list[GenerationRequest] = []
     if spec.source == "random":
-        if tokenizer is None:
-            raise WorkloadError("random prompts need a tokenizer; give the engine a model or tokenizer path")
+        if tokenizer is None or not getattr(tokenizer, "supports_random_prompts", True):
+            raise WorkloadError(
+                "random prompts of an exact length need a local tokenizer; give the engine a model or tokenizer "
+                "folder, or use built-in or JSONL prompts"
+            )
         for i in range(count):
             text, ids = random_prompt(tokenizer, spec.input_len, rng)
             reqs.append(GenerationRequest(f"{prefix}{i}", text, sampling, tuple(ids), len(ids)))

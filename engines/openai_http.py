@@ -9,7 +9,8 @@ Token counts per chunk, best source first:
 1. the server's own count: ``token_ids`` in the choice, or the growth of a per-chunk
    ``usage`` (vLLM's ``stream_options.continuous_usage_stats``, option ``server_token_counts``);
 2. the client tokenizer (``options.tokenizer``, default the model's own when ``model`` is a
-   preset or a local folder): the number of tokens in the delta text;
+   preset or a local folder, else the server's ``/tokenize`` where it has one; ``"server"``
+   asks for the server's): the number of tokens in the delta text;
 3. one token per chunk that carries text.
 The final ``usage`` chunk is passed on as ``StreamChunk(final=True)`` with the server's
 prompt and output counts, so the store can compare them with the client's.
@@ -79,6 +80,45 @@ class OpenAIOptions(EngineOptions):
         if not v.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got '{v}'")
         return v
+
+
+SERVER_TOKENIZER = "server"  # options.tokenizer value: use the server's /tokenize
+
+
+class ServerTokenizer:
+    """The server's ``/tokenize`` and ``/detokenize`` (vLLM, SGLang) behind the few tokenizer
+    calls MoE Bench makes: counting tokens of prompts and streamed text. It has no vocabulary
+    to sample from, so random exact-length prompts still need a local tokenizer."""
+
+    supports_random_prompts = False
+
+    def __init__(self, client: Any, root: str, model: str) -> None:
+        self.client, self.root, self.model = client, root, model
+        self.all_special_ids: list[int] = []
+
+    def available(self) -> bool:
+        try:
+            return bool(self.encode("hello"))
+        except Exception:  # noqa: BLE001 - no such endpoint, or not this format
+            return False
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        body = {"model": self.model, "prompt": text, "add_special_tokens": add_special_tokens}
+        resp = self.client.post(f"{self.root}/tokenize", json=body, timeout=30.0)
+        resp.raise_for_status()
+        return list(resp.json()["tokens"])
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        resp = self.client.post(
+            f"{self.root}/detokenize", json={"model": self.model, "tokens": list(ids)}, timeout=30.0
+        )
+        resp.raise_for_status()
+        return str(resp.json()["prompt"])
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(input_ids=self.encode(text, add_special_tokens=add_special_tokens))
 
 
 class SSEError(RequestFailed):
@@ -218,6 +258,8 @@ class OpenAIEngine(Engine):
 
     def _tokenizer_source(self) -> str | None:
         """A local folder for the client tokenizer, or None when there is none."""
+        if self.opts.tokenizer == SERVER_TOKENIZER:
+            return None
         if self.opts.tokenizer:
             return self.opts.tokenizer
         from engines.models import resolve_model
@@ -264,8 +306,21 @@ class OpenAIEngine(Engine):
             self._client = self._make_client()
         report(f"connecting to {self.base_url}", 0.8)
         self._check_server()
+        self.use_server_tokenizer()
         self.started = True
         report("ready", 1.0)
+
+    def use_server_tokenizer(self) -> None:
+        """Without a local tokenizer, count tokens with the server's ``/tokenize`` when it has one."""
+        if self._tokenizer is not None or self._client is None:
+            return
+        root = self.base_url.rstrip("/").removesuffix("/v1")
+        remote = ServerTokenizer(self._client, root, self.served_name)
+        if remote.available():
+            self._tokenizer = remote
+            self.tokenizer_path = f"{root}/tokenize"
+        elif self.opts.tokenizer == SERVER_TOKENIZER:
+            raise EngineUnavailable(f"{root} has no /tokenize endpoint; give a local tokenizer folder instead")
 
     def _load_tokenizer(self, report: ProgressFn) -> None:
         source = self._tokenizer_source()

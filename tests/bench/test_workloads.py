@@ -67,5 +67,5 @@ def test_non_utf8_upload_is_rejected() -> None:
 
 
 def test_random_needs_a_tokenizer() -> None:
-    with pytest.raises(WorkloadError, match="need a tokenizer"):
+    with pytest.raises(WorkloadError, match="need a local tokenizer"):
         build_requests(WorkloadSpec(source="random"), 1, SamplingParams(), None)

@@ -150,6 +150,29 @@ def test_openai_engine_counts_agree_with_usage(vllm_engine: Any) -> None:
         engine.stop()
 
 
+def test_server_side_tokenizer_counts(vllm_engine: Any) -> None:
+    """tokenizer="server": prompt and output counts from vLLM's /tokenize, no local tokenizer."""
+    from engines.openai_http import ServerTokenizer
+
+    engine = create_engine(
+        {"kind": "openai", "model": "tiny-deepseek-v3", "base_url": vllm_engine.base_url, "tokenizer": "server"}
+    )
+    engine.start()
+    try:
+        tok = engine.tokenizer()
+        assert isinstance(tok, ServerTokenizer)
+        local = vllm_engine.tokenizer()
+        assert tok.encode("mixture of experts") == local.encode("mixture of experts", add_special_tokens=False)
+        res = timed_stream(engine, GenerationRequest("s", "hello world", SamplingParams(max_tokens=8)))
+        assert res.error is None and res.output_tokens == res.usage_output_tokens == 8
+        with pytest.raises(Exception, match="need a local tokenizer"):
+            from bench.workloads import WorkloadSpec, build_requests
+
+            build_requests(WorkloadSpec(source="random"), 1, SamplingParams(), tok)
+    finally:
+        engine.stop()
+
+
 def test_connect_to_running_server_and_bad_names(vllm_engine: Any) -> None:
     engine = create_engine({**OPTIONS, "base_url": vllm_engine.base_url})
     engine.start()
