@@ -27,6 +27,7 @@ PAGES = {
     "Benchmark": [
         st.Page(ui.PAGE_LATENCY, title="Latency", icon=":material/timer:"),
         st.Page(ui.PAGE_CONCURRENCY, title="Concurrency", icon=":material/stacked_line_chart:"),
+        st.Page(ui.PAGE_PROFILING, title="Profiling", icon=":material/troubleshoot:"),
     ],
     "Analysis": [
         st.Page(ui.PAGE_RESULTS, title="Results", icon=":material/table_chart:"),

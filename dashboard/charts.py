@@ -400,3 +400,171 @@ def relative_bars(rows: pd.DataFrame, title: str) -> go.Figure:
     )
     fig.update_yaxes(title="% of the reference platform")
     return fig
+
+
+# --- profiling -------------------------------------------------------------------------------
+
+# One colour per bottleneck category, the same in every chart (engines.profiling.CATEGORIES order).
+CATEGORY_COLORS: dict[str, str] = {
+    "attention_kv": "#4F46E5",  # indigo
+    "moe_routing": "#F59E0B",  # amber
+    "routed_experts": "#10B981",  # emerald
+    "shared_experts": "#14B8A6",  # teal
+    "dense_mlp": "#0EA5E9",  # sky
+    "quantization": "#8B5CF6",  # violet
+    "communication": "#EF4444",  # red
+    "sampling": "#EC4899",  # pink
+    "other": "#94A3B8",  # slate
+}
+WEIGHTS_COLOR = "#6B7280"
+
+
+def breakdown_bars(frame: pd.DataFrame, basis: str = "cpu", title: str = "Where the time goes") -> go.Figure:
+    """One stacked horizontal bar per run: each category's share (%) of the run's profiled time.
+
+    ``frame`` (long, from :func:`dashboard.data.breakdown_frame`): ``run`` (label), ``category``,
+    ``ms``, ``share_pct``, ``total_ms``; categories stack in the order they first appear, each
+    with its :data:`CATEGORY_COLORS` colour. ``basis`` ("cpu" | "device") names the time in the
+    axis title. Categories with no time in any run get no legend entry.
+    """
+    if frame is None or frame.empty:
+        return empty_figure(title, "no profile run with a breakdown picked")
+    runs = list(dict.fromkeys(frame["run"].astype(str)))
+    what = "device (kernel) time" if basis == "device" else "CPU time"
+    plot_h = 64 * len(runs) + 24
+    top, bottom = 48, 150  # below the plot: tick labels, the axis title, then the legend
+    fig = _figure(title, height=plot_h + top + bottom)
+    for i, category in enumerate(dict.fromkeys(frame["category"])):
+        part = frame[frame["category"] == category].set_index("run").reindex(runs)
+        if not (part["ms"].fillna(0) > 0).any():
+            continue
+        share = part["share_pct"].fillna(0.0)
+        fig.add_trace(
+            go.Bar(
+                y=runs, x=share, orientation="h", name=str(category),
+                marker={"color": CATEGORY_COLORS.get(str(category), COLORS[i % len(COLORS)]),
+                        "line": {"color": "white", "width": 1}},
+                text=[f"{v:.0f}%" if v >= 6 else "" for v in share], textposition="inside",
+                insidetextanchor="middle", textfont={"color": "white", "size": 12},
+                customdata=part["ms"].fillna(0.0),
+                hovertemplate=f"%{{y}}<br>{category}: %{{x:.1f}}% · %{{customdata:.2f}} ms<extra></extra>",
+            )
+        )  # fmt: skip
+    totals = frame.drop_duplicates("run").set_index("run").reindex(runs)["total_ms"]
+    fig.update_layout(
+        barmode="stack",
+        bargap=0.3,
+        margin={"l": 16, "r": 24, "t": top, "b": bottom},
+        legend={"orientation": "h", "x": 0.0, "xanchor": "left", "y": -84 / plot_h, "yanchor": "top",
+                "traceorder": "normal"},
+    )  # fmt: skip
+    fig.update_xaxes(title=f"share of profiled {what} (%)", range=[0, 100], ticksuffix="%")
+    # Each run's label carries its total, so the bars can use the full width.
+    fig.update_yaxes(
+        autorange="reversed",
+        automargin=True,
+        tickvals=runs,
+        ticktext=[f"{run}<br><span style='font-size:11px;color:#6B7280'>{_short(t)} ms total</span>"
+                  for run, t in totals.items()],
+    )  # fmt: skip
+    return fig
+
+
+def routing_heatmap(routing: dict | None, title: str = "Tokens routed to each expert") -> go.Figure:
+    """Layer x expert heat map of the tokens a run's gates sent to each routed expert.
+
+    ``routing``: the ``expert_routing`` artifact (``layers``, ``counts`` [layer][expert], ...).
+    """
+    if not routing or not routing.get("counts"):
+        return empty_figure(title, "this run recorded no expert routing")
+    layers = [str(x) for x in routing["layers"]]
+    counts = routing["counts"]
+    n = len(counts[0]) if counts else 0
+    fig = _figure(title, height=max(260, 130 + 22 * len(layers)))
+    fig.add_trace(
+        go.Heatmap(
+            z=counts, x=list(range(n)), y=layers, colorscale="Viridis", xgap=1, ygap=1,
+            colorbar={"title": {"text": "tokens", "side": "right"}, "thickness": 14},
+            hovertemplate="%{y} · expert %{x}<br>%{z} tokens<extra></extra>",
+            texttemplate="%{z}" if n * len(layers) <= 160 else None, textfont={"size": 11},
+        )
+    )  # fmt: skip
+    fig.update_xaxes(title=f"routed expert (0-{n - 1})", showgrid=False, dtick=1 if n <= 32 else None)
+    fig.update_yaxes(title="MoE layer", autorange="reversed", showgrid=False, type="category", automargin=True)
+    return fig
+
+
+def routing_imbalance(routing: dict | None, title: str = "Load imbalance per layer (max / mean)") -> go.Figure:
+    """Bar per MoE layer of the busiest expert's tokens over the mean per expert; 1.0 is perfectly balanced."""
+    if not routing or not routing.get("imbalance"):
+        return empty_figure(title, "this run recorded no expert routing")
+    layers = [str(x) for x in routing["layers"]]
+    if all(x.startswith("layer ") for x in layers):
+        layers = [x.removeprefix("layer ") for x in layers]  # the axis title says "MoE layer"
+    values = [None if v is None else float(v) for v in routing["imbalance"]]
+    fig = _figure(title, height=320)
+    fig.add_trace(
+        go.Bar(
+            x=layers, y=values, marker={"color": COLORS[3]}, name="max / mean", showlegend=False,
+            hovertemplate="%{x}<br>busiest expert: %{y:.2f}x the mean<extra></extra>",
+        )
+    )  # fmt: skip
+    fig.add_hline(
+        y=1.0, line={"color": P50_COLOR, "dash": "dash", "width": 2},
+        annotation_text="1.0 = perfectly balanced", annotation_position="top right",
+        annotation_font={"color": P50_COLOR, "size": 12}, annotation_bgcolor="rgba(255,255,255,0.85)",
+    )  # fmt: skip
+    fig.update_xaxes(title="MoE layer", type="category")
+    fig.update_yaxes(title="busiest expert / mean (x)", rangemode="tozero")
+    return fig
+
+
+def routing_groups(routing: dict | None, title: str = "Expert-group selections per layer") -> go.Figure:
+    """Layer x group heat map: how many tokens selected each expert group (group-limited routing).
+
+    A token selects a group when any of its top-k experts lies in it. Meaningful when n_group > 1.
+    """
+    if not routing or not routing.get("group_counts") or int(routing.get("n_group", 1) or 1) <= 1:
+        return empty_figure(title, "this model routes without expert groups (n_group = 1)")
+    layers = [str(x) for x in routing["layers"]]
+    groups = routing["group_counts"]
+    n = len(groups[0])
+    fig = _figure(title, height=max(240, 130 + 22 * len(layers)))
+    fig.add_trace(
+        go.Heatmap(
+            z=groups, x=[f"group {g}" for g in range(n)], y=layers, colorscale="Blues", xgap=1, ygap=1,
+            colorbar={"title": {"text": "tokens", "side": "right"}, "thickness": 14},
+            texttemplate="%{z}", textfont={"size": 11},
+            hovertemplate="%{y} · %{x}<br>selected by %{z} tokens<extra></extra>",
+        )
+    )  # fmt: skip
+    fig.update_xaxes(title="expert group", showgrid=False)
+    fig.update_yaxes(title="MoE layer", autorange="reversed", showgrid=False, type="category", automargin=True)
+    return fig
+
+
+def memory_timeline(
+    ts: pd.DataFrame,
+    names: Sequence[tuple[str, str]],
+    weights_gib: float | None = None,
+    y_title: str = "memory (GiB)",
+    title: str = "Memory timeline",
+) -> go.Figure:
+    """Allocated / reserved / peak memory (GiB) over the run, with the model weights as a labelled line.
+
+    What lies above the ``weights`` line is activations, KV cache and runtime overhead.
+    """
+    fig = line_chart(ts, names, title, y_title)
+    if not fig.data:
+        return fig
+    fig.update_layout(showlegend=True)
+    if weights_gib is not None:
+        top = max((max(t.y) for t in fig.data if t.y is not None and len(t.y)), default=0.0)
+        # Label below the line, clear of the memory lines just above it, unless it sits on the x axis.
+        where = "bottom left" if top and weights_gib > 0.1 * top else "top left"
+        fig.add_hline(
+            y=float(weights_gib), line={"color": WEIGHTS_COLOR, "dash": "dash", "width": 2},
+            annotation_text=f"weights {weights_gib:.3g} GiB", annotation_position=where,
+            annotation_font={"color": WEIGHTS_COLOR, "size": 12}, annotation_bgcolor="rgba(255,255,255,0.85)",
+        )  # fmt: skip
+    return fig

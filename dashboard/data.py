@@ -3,28 +3,42 @@
 No Streamlit here (pages call these, and so do tests and the render benchmark). Reads
 are bounded: a live view asks for the newest ``window`` requests and the per-second
 series, never for every request of a run.
+
+Also here, for the Profiling page: profile artifacts -> frames (operator table, bottleneck
+breakdown, expert routing, memory timeline), importing the H200 example runs; and, for the
+Compare page, :class:`CompareTask`, the background thread that runs native vs vLLM.
 """
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from bench.metrics import METRIC_DEFINITIONS, RunSummary
 from bench.runner import (
+    ARTIFACT_BREAKDOWN,
+    ARTIFACT_OPERATORS,
+    ARTIFACT_ROUTING,
+    ARTIFACT_TRACE,
     SERIES_DONE,
     SERIES_IN_FLIGHT,
     SERIES_MEM_ALLOCATED,
     SERIES_MEM_PEAK,
     SERIES_MEM_RESERVED,
     SERIES_OUTPUT_TOK_S,
+    RunConfig,
 )
-from bench.store import REQUEST_CSV_COLUMNS, RunRow, Store
+from bench.store import OPERATOR_CSV_COLUMNS, REQUEST_CSV_COLUMNS, RunRow, Store, import_bundle_file
 from dashboard import charts
+from engines.errors import ConfigError, MoEBenchError
+from engines.profiling import CATEGORIES, CATEGORY_RULES
 
 LIVE_WINDOW = 2000  # newest requests a live view draws
 DETAIL_WINDOW = 5000  # newest requests a finished run's detail view draws
@@ -305,3 +319,336 @@ def fmt_duration(seconds: float | None) -> str:
     m, s = divmod(int(seconds), 60)
     h, m = divmod(m, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+# --- profiling ---------------------------------------------------------------------------------
+
+EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
+
+# Sort keys of the operator table: label -> column (largest first).
+OPERATOR_SORTS: dict[str, str] = {
+    "self device time": "self_device_ms",
+    "self CPU time": "self_cpu_ms",
+    "CPU total (incl. children)": "cpu_total_ms",
+    "calls": "calls",
+    "self device memory": "device_memory_mib",
+    "self CPU memory": "cpu_memory_mib",
+}
+OPERATOR_NUMERIC: tuple[str, ...] = tuple(c for c in OPERATOR_CSV_COLUMNS if c not in ("operator", "input_shapes"))
+
+
+def profile_runs(store: Store, limit: int = 500) -> list[RunRow]:
+    """Finished profile runs, newest first (imported examples included; the one running has no table yet)."""
+    return [r for r in store.list_runs(limit=limit) if r.mode == "profile" and r.status != "running"]
+
+
+def routing_runs(store: Store, limit: int = 500) -> list[RunRow]:
+    """Finished runs that stored expert routing counts (native runs of any mode), newest first."""
+    return [
+        r
+        for r in store.list_runs(limit=limit)
+        if r.engine == "native" and r.status != "running" and ARTIFACT_ROUTING in store.artifact_names(r.id)
+    ]
+
+
+def example_files(folder: Path = EXAMPLES_DIR) -> list[Path]:
+    """The run bundles in ``examples/`` (their ``*.trace.json[.gz]`` neighbours are not bundles)."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob("*.json") if not p.name.endswith(".trace.json"))
+
+
+def example_names(folder: Path = EXAMPLES_DIR) -> set[str]:
+    """Run names of the example bundles (their file names without ``.json``)."""
+    return {p.stem for p in example_files(folder)}
+
+
+def import_examples(store: Store, folder: Path = EXAMPLES_DIR) -> tuple[list[str], list[str]]:
+    """Import every example bundle whose run name is not in the store yet; (imported, skipped) names.
+
+    Raises :class:`MoEBenchError` naming the file when a bundle cannot be read.
+    """
+    existing = {r.name for r in store.list_runs()}
+    imported: list[str] = []
+    skipped: list[str] = []
+    for path in example_files(folder):
+        try:
+            name = str(json.loads(path.read_text(encoding="utf-8"))["run"].get("name") or path.stem)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise MoEBenchError(f"cannot read run bundle {path}: {type(exc).__name__}: {exc}") from exc
+        if name in existing:
+            skipped.append(name)
+            continue
+        import_bundle_file(store, path)
+        existing.add(name)
+        imported.append(name)
+    return imported, skipped
+
+
+def profile_run_label(run: RunRow, examples: set[str] | frozenset[str] = frozenset()) -> str:
+    """``#7 h200-profile · native·model·cuda · NVIDIA H200 · example`` (device and name when known)."""
+    parts = [f"#{run.id}" + (f" {run.name}" if run.name else ""), f"{run.engine}·{run.model}·{run.accelerator}"]
+    device = run.engine_info.get("device")
+    if device:
+        parts.append(str(device))
+    if run.mode != "profile":
+        parts.append(run.mode)
+    if run.status != "completed":
+        parts.append(run.status)
+    if run.name in examples:
+        parts.append("imported example")
+    return " · ".join(parts)
+
+
+def short_run_label(run: RunRow) -> str:
+    """``#7 h200-profile · NVIDIA H200``: id, name (or model) and device, for chart axes."""
+    device = run.engine_info.get("device") or run.accelerator
+    return f"#{run.id} {run.name or run.model} · {device}"
+
+
+def operators_frame(ops: Sequence[dict[str, Any]] | None) -> pd.DataFrame:
+    """The operator table (:data:`OPERATOR_CSV_COLUMNS`; times in ms, memory in MiB)."""
+    df = pd.DataFrame(list(ops or []), columns=list(OPERATOR_CSV_COLUMNS))
+    for col in OPERATOR_NUMERIC:
+        df[col] = pd.to_numeric(df[col], errors="coerce").fillna(0.0)
+    df["calls"] = df["calls"].astype(int)
+    df["input_shapes"] = df["input_shapes"].fillna("").astype(str)
+    return df
+
+
+def has_device_times(df: pd.DataFrame) -> bool:
+    """Whether an operator table carries device (kernel) times (CUDA, NPU, MLU runs)."""
+    return not df.empty and float(df["self_device_ms"].abs().sum()) > 0
+
+
+def top_operators(df: pd.DataFrame, sort: str, n: int) -> pd.DataFrame:
+    """The ``n`` largest operators by ``sort`` (a key of :data:`OPERATOR_SORTS`), with a share column.
+
+    ``share_pct``: the operator's share of the sorted column's total over the whole table.
+    """
+    col = OPERATOR_SORTS.get(sort, "self_cpu_ms")
+    total = float(df[col].clip(lower=0).sum()) if not df.empty else 0.0
+    out = df.sort_values(col, ascending=False, kind="stable").head(max(1, int(n))).copy()
+    out.insert(0, "rank", range(1, len(out) + 1))
+    out["share_pct"] = out[col].clip(lower=0) / total * 100.0 if total > 0 else 0.0
+    return out.reset_index(drop=True)
+
+
+def breakdown_basis(art: dict[str, Any] | None) -> list[str]:
+    """The time bases a breakdown artifact has: ``["device", "cpu"]`` on a device, ``["cpu"]`` on CPU."""
+    if not art or not art.get("rows"):
+        return []
+    has_device = any(r.get("device_ms") is not None for r in art["rows"])
+    return ["device", "cpu"] if has_device else ["cpu"]
+
+
+def breakdown_frame(items: Sequence[tuple[str, dict[str, Any] | None]], basis: str = "cpu") -> pd.DataFrame:
+    """Long frame of bottleneck breakdowns: ``run``, ``category``, ``ms``, ``share_pct``, ``total_ms``.
+
+    ``items``: (run label, ``profile_breakdown`` artifact). Shares are recomputed on ``basis``
+    ("cpu" | "device") so every bar sums to 100%; runs without that basis (device time on
+    a CPU run) or without a breakdown are left out. Categories follow :data:`CATEGORIES`.
+    """
+    col = "device_ms" if basis == "device" else "cpu_ms"
+    rows: list[dict[str, Any]] = []
+    for label, art in items:
+        if basis not in breakdown_basis(art):
+            continue
+        assert art is not None
+        values = {str(r["category"]): float(r.get(col) or 0.0) for r in art["rows"]}
+        total = sum(values.values())
+        order = [c for c in CATEGORIES if c in values] + [c for c in values if c not in CATEGORIES]
+        for cat in order:
+            ms = values[cat]
+            rows.append(
+                {
+                    "run": label,
+                    "category": cat,
+                    "ms": ms,
+                    "share_pct": 100.0 * ms / total if total else 0.0,
+                    "total_ms": total,
+                }
+            )
+    return pd.DataFrame(rows, columns=["run", "category", "ms", "share_pct", "total_ms"])
+
+
+def breakdown_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Wide table: one row per category (CATEGORIES order), ``<run> (ms)`` and ``<run> (%)`` per run."""
+    if frame.empty:
+        return pd.DataFrame(columns=["category"])
+    out = pd.DataFrame({"category": list(dict.fromkeys(frame["category"]))})
+    for run in dict.fromkeys(frame["run"]):
+        part = frame[frame["run"] == run].set_index("category")
+        out[f"{run} (ms)"] = out["category"].map(part["ms"])
+        out[f"{run} (%)"] = out["category"].map(part["share_pct"])
+    return out
+
+
+def rules_table() -> pd.DataFrame:
+    """The classification rules (engines.profiling.CATEGORY_RULES) as shown to the user."""
+    rows = [{"category": r.category, "target": r.target, "pattern": r.pattern, "why": r.why} for r in CATEGORY_RULES]
+    rows.append(
+        {
+            "category": "other",
+            "target": "(rest)",
+            "pattern": "",
+            "why": "time inside a request's generate scope that no rule claims: embeddings, norms, "
+            "cache bookkeeping, Python overhead",
+        }
+    )
+    return pd.DataFrame(rows, columns=["category", "target", "pattern", "why"])
+
+
+@dataclass(frozen=True)
+class TraceFile:
+    """A profile run's trace: where it was written and whether it is still there."""
+
+    path: Path | None  # None: the run recorded no trace
+    exists: bool
+
+    @property
+    def mime(self) -> str:
+        return "application/gzip" if self.path is not None and self.path.suffix == ".gz" else "application/json"
+
+
+def trace_file(store: Store, run_id: int) -> TraceFile:
+    art = store.artifact(run_id, ARTIFACT_TRACE)
+    raw = art.get("path") if isinstance(art, dict) else None
+    if not raw:
+        return TraceFile(None, False)
+    path = Path(str(raw))
+    return TraceFile(path, path.is_file())
+
+
+@dataclass(frozen=True)
+class ProfileData:
+    """Everything the Profiling page draws for one run (read once per page run)."""
+
+    operators: pd.DataFrame
+    breakdown: dict[str, Any] | None
+    routing: dict[str, Any] | None
+    trace: TraceFile
+
+
+def load_profile(store: Store, run_id: int) -> ProfileData:
+    return ProfileData(
+        operators=operators_frame(store.artifact(run_id, ARTIFACT_OPERATORS)),
+        breakdown=store.artifact(run_id, ARTIFACT_BREAKDOWN),
+        routing=store.artifact(run_id, ARTIFACT_ROUTING),
+        trace=trace_file(store, run_id),
+    )
+
+
+def memory_series(store: Store, run_id: int) -> pd.DataFrame:
+    """The memory series of a run (long: ``t_s``, ``name``, ``value``; GiB)."""
+    points = store.timeseries(run_id, [n for n, _ in MEMORY_SERIES])
+    return pd.DataFrame(points, columns=["t_s", "name", "value"])
+
+
+def routing_summary(routing: dict[str, Any] | None) -> pd.DataFrame:
+    """Per layer: tokens through the gate, busiest / idlest expert, max/mean imbalance."""
+    if not routing or not routing.get("counts"):
+        return pd.DataFrame(columns=["layer", "tokens", "busiest expert", "idlest expert", "max / mean"])
+    rows = []
+    for layer, counts, tokens, imb in zip(
+        routing["layers"], routing["counts"], routing["tokens"], routing["imbalance"], strict=False
+    ):
+        rows.append(
+            {
+                "layer": layer,
+                "tokens": tokens,
+                "busiest expert": f"{max(range(len(counts)), key=counts.__getitem__)} ({max(counts)} tokens)",
+                "idlest expert": f"{min(range(len(counts)), key=counts.__getitem__)} ({min(counts)} tokens)",
+                "max / mean": imb,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+# --- native vs vLLM in the background (Compare page) -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class CompareState:
+    """A comparison at one moment. ``status``: idle | running | done | failed | cancelled."""
+
+    status: str = "idle"
+    message: str = ""
+    fraction: float = 0.0
+    error: str | None = None
+    native_run_id: int | None = None
+    vllm_run_id: int | None = None
+    notes: tuple[str, ...] = ()
+    task: int = 0  # increments with every start, so a page applies a result once
+    started_at: float = 0.0
+
+    @property
+    def running(self) -> bool:
+        return self.status == "running"
+
+
+class CompareTask:
+    """Runs :func:`bench.compare.compare_engines` in a background thread; pages read ``state()``.
+
+    The thread never touches Streamlit: it only replaces the immutable :class:`CompareState`.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._state = CompareState()
+        self._cancel = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def state(self) -> CompareState:
+        with self._lock:
+            return self._state
+
+    def _set(self, **changes: Any) -> None:
+        with self._lock:
+            self._state = replace(self._state, **changes)
+
+    def start(self, config: RunConfig, vllm_options: dict[str, Any] | None = None) -> None:
+        """Start native then vLLM on ``config``'s workload; :class:`ConfigError` while one is running."""
+        with self._lock:
+            if self._state.running:
+                raise ConfigError("a native-vs-vLLM comparison is already running")
+            self._cancel = threading.Event()
+            self._state = CompareState(
+                status="running", message="starting", task=self._state.task + 1, started_at=time.time()
+            )
+        self._thread = threading.Thread(
+            target=self._run, args=(config, dict(vllm_options or {}), self._cancel), name="compare", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, config: RunConfig, vllm_options: dict[str, Any], cancel: threading.Event) -> None:
+        from bench.compare import compare_engines
+
+        def progress(msg: str, frac: float) -> None:
+            self._set(message=msg, fraction=max(0.0, min(1.0, float(frac))))
+
+        try:
+            result = compare_engines(config, self.store, vllm_options, progress=progress, cancel=cancel)
+        except Exception as exc:  # noqa: BLE001 - every failure is the comparison's one-line reason
+            reason = str(exc) if isinstance(exc, MoEBenchError) else f"{type(exc).__name__}: {exc}"
+            status = "cancelled" if cancel.is_set() else "failed"
+            self._set(status=status, message=status, error=" ".join(reason.split()))
+            return
+        self._set(
+            status="cancelled" if cancel.is_set() else "done",
+            message="done",
+            fraction=1.0,
+            native_run_id=result.native_run_id,
+            vllm_run_id=result.vllm_run_id,
+            notes=tuple(result.notes),
+        )
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def wait(self, timeout: float | None = None) -> CompareState:
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        return self.state()

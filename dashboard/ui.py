@@ -27,7 +27,8 @@ PAGE_LATENCY = "app_pages/latency.py"
 PAGE_CONCURRENCY = "app_pages/concurrency.py"
 PAGE_RESULTS = "app_pages/results.py"
 PAGE_COMPARE = "app_pages/compare.py"
-MODE_PAGES = {"latency": PAGE_LATENCY, "concurrency": PAGE_CONCURRENCY}
+PAGE_PROFILING = "app_pages/profiling.py"
+MODE_PAGES = {"latency": PAGE_LATENCY, "concurrency": PAGE_CONCURRENCY, "profile": PAGE_PROFILING}
 
 PLOTLY_CONFIG: dict[str, Any] = {"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d", "select2d"]}
 
@@ -69,7 +70,7 @@ def init_state() -> None:
         if key not in st.session_state:
             st.session_state[key] = value
     for key in list(st.session_state.keys()):
-        if isinstance(key, str) and key.split(".", 1)[0] in {"s", "e", "latency", "concurrency", "r", "c"}:
+        if isinstance(key, str) and key.split(".", 1)[0] in {"s", "e", "latency", "concurrency", "r", "c", "p"}:
             if key.endswith(".upload") or ".btn." in key:
                 continue  # buttons and uploads cannot be set through session_state
             st.session_state[key] = st.session_state[key]

@@ -7,8 +7,11 @@ import streamlit as st
 
 from bench import reference as ref
 from bench.compare import MEMORY_EFFICIENCY_DEFINITION, peak_kv_usage_pct
+from bench.runner import RunConfig
 from bench.store import RunRow
 from dashboard import charts, data, services, ui
+from engines.base import engine_class
+from engines.errors import MoEBenchError
 
 st.title("Compare with the book")
 st.caption(
@@ -17,6 +20,24 @@ st.caption(
 )
 
 store = services.get_store()
+
+
+@st.cache_resource(show_spinner=False)
+def _compare_task(db_path: str) -> data.CompareTask:
+    """The background native-vs-vLLM comparison of this process (outlives pages and sessions)."""
+    return data.CompareTask(services.get_store())
+
+
+task = _compare_task(services.db_path())
+cstate = task.state()
+# A comparison finished: put its two runs in the pickers below, once per session and comparison.
+if not cstate.running and cstate.task and st.session_state.get("c.compare-applied") != cstate.task:
+    st.session_state["c.compare-applied"] = cstate.task
+    if cstate.native_run_id is not None:
+        st.session_state["c.native"] = cstate.native_run_id
+    if cstate.vllm_run_id is not None:
+        st.session_state["c.vllm"] = cstate.vllm_run_id
+
 runs = [r for r in store.list_runs() if r.status == "completed" and r.summary is not None]
 by_id = {r.id: r for r in runs}
 
@@ -68,6 +89,130 @@ def _warn_if_different(picked: list[RunRow]) -> None:
 
 st.header("Native inference vs vLLM")
 st.caption(f"Book: {ref.SOURCE_ENGINES.cite()}")
+
+ss = st.session_state
+for _k, _v in {
+    "c.run.mode": "concurrency",
+    "c.run.requests": 8,
+    "c.run.concurrency": 2,
+    "c.run.input_len": 32,
+    "c.run.output_len": 16,
+    "c.run.base_url": "",
+    "c.run.kv_gib": 1.0,
+}.items():
+    ss.setdefault(_k, _v)
+
+
+def _start_compare() -> None:
+    """Button callback: build the workload and start both runs in the background."""
+    loaded = services.get_engine_slot().state()
+    opts = loaded.options or {}
+    base = {k: opts[k] for k in ("model", "accelerator", "dtype", "trust_remote_code") if k in opts}
+    vllm_opts: dict = {}
+    if str(ss["c.run.base_url"]).strip():
+        vllm_opts["base_url"] = str(ss["c.run.base_url"]).strip()
+    elif base.get("accelerator", "cpu") == "cpu":
+        vllm_opts["cpu_kvcache_space_gib"] = float(ss["c.run.kv_gib"])
+    try:
+        config = RunConfig.build(
+            engine={"kind": "native", **base},
+            mode=ss["c.run.mode"],
+            workload={
+                "source": "random",
+                "input_len": int(ss["c.run.input_len"]),
+                "output_len": int(ss["c.run.output_len"]),
+            },
+            requests=int(ss["c.run.requests"]),
+            concurrency=int(ss["c.run.concurrency"]),
+            warmup=1,
+            sample_interval_s=0.25,  # finer KV-cache sampling: short runs would miss their peak
+        )
+        task.start(config, vllm_opts)
+    except MoEBenchError as exc:
+        ss["c.compare-error"] = str(exc)
+
+
+with st.expander("Run native vs vLLM here", icon=":material/play_circle:", expanded=cstate.status != "idle"):
+    st.caption(
+        "Runs the same random-prompt workload on the native engine, then on vLLM (one after the other, each "
+        "loading its own copy of the model), and puts both runs in the table below. Model, accelerator and dtype "
+        "come from the engine loaded on the Engine & Model page (the tiny model on CPU when none is loaded)."
+    )
+    vllm_avail = engine_class("vllm").availability()
+    f1, f2, f3, f4 = st.columns(4)
+    f1.selectbox("Mode", ["concurrency", "latency"], key="c.run.mode")
+    f2.number_input("Requests", min_value=1, max_value=100_000, step=1, key="c.run.requests")
+    f3.number_input(
+        "Concurrency",
+        min_value=1,
+        max_value=4096,
+        step=1,
+        key="c.run.concurrency",
+        disabled=ss["c.run.mode"] == "latency",
+    )
+    f1.number_input("Input length (tokens)", min_value=1, max_value=131072, step=16, key="c.run.input_len")
+    f2.number_input("Output length (tokens)", min_value=1, max_value=32768, step=8, key="c.run.output_len")
+    f4.number_input(
+        "vLLM CPU KV cache (GiB)",
+        min_value=0.25,
+        max_value=512.0,
+        step=0.25,
+        key="c.run.kv_gib",
+        help="VLLM_CPU_KVCACHE_SPACE for a vLLM server launched on the CPU",
+    )
+    f3.text_input(
+        "vLLM server URL (optional)",
+        key="c.run.base_url",
+        placeholder="http://host:8000/v1",
+        help="Use a running vLLM server instead of launching one",
+    )
+    active_job = services.get_job_manager().active()
+    blocked = None
+    if cstate.running:
+        blocked = "A comparison is running."
+    elif active_job is not None:
+        blocked = f"A {active_job.config.mode} run is in progress; wait for it to finish."
+    elif not vllm_avail.ok and not str(ss["c.run.base_url"]).strip():
+        blocked = f"vLLM is unavailable: {vllm_avail.reason}"
+    g1, g2 = st.columns([1, 3], vertical_alignment="center")
+    g1.button(
+        "Run native vs vLLM",
+        type="primary",
+        icon=":material/compare_arrows:",
+        key="c.btn.compare",
+        on_click=_start_compare,
+        disabled=blocked is not None,
+        width="stretch",
+    )
+    if blocked and not cstate.running:
+        (g2.error if blocked.startswith("vLLM") else g2.caption)(blocked)
+    error = ss.pop("c.compare-error", None)
+    if error:
+        st.error(error, icon=":material/error:")
+
+    @st.fragment(run_every=1.0 if cstate.running else None)
+    def _compare_status() -> None:
+        now = task.state()
+        if cstate.running and not now.running:
+            st.rerun()  # finished: one full redraw fills the table below
+        if now.status == "idle":
+            return
+        s1, s2 = st.columns([4, 1], vertical_alignment="bottom")
+        icon = {"running": ":material/progress_activity:", "done": ":material/check_circle:"}.get(
+            now.status, ":material/error:"
+        )
+        s1.progress(now.fraction, text=f"{icon} native vs vLLM · {now.status} · {now.message}")
+        if now.running:
+            s2.button("Stop", icon=":material/stop:", key="c.btn.compare-stop", on_click=task.cancel, width="stretch")
+        if now.error:
+            st.error(now.error, icon=":material/error:")
+        for note in now.notes:
+            st.error(note, icon=":material/error:")
+        if now.status == "done":
+            ids = ", ".join(f"#{i}" for i in (now.native_run_id, now.vllm_run_id) if i is not None)
+            st.caption(f"Runs {ids} are stored; completed ones are picked in the table below.")
+
+    _compare_status()
 
 c1, c2, c3 = st.columns(3)
 with c1:

@@ -2,8 +2,8 @@
 
 Starts ``streamlit run dashboard/app.py`` on a free port with this session's data folder,
 loads the tiny model, runs a concurrency benchmark while watching the live chart grow,
-downloads the per-request CSV from the Results page and checks its rows, and saves a
-screenshot of every page under tests/artifacts/.
+downloads the per-request CSV from the Results page and checks its rows, imports the H200
+example runs on the Profiling page, and saves a screenshot of every page under tests/artifacts/.
 """
 
 from __future__ import annotations
@@ -284,3 +284,18 @@ def test_load_run_watch_download(browser_page: Any, server: str, moebench_data: 
     _shot(page, "compare")
     _goto(page, "Latency")
     _shot(page, "latency")
+
+    # Profiling: import the H200 example runs and look at their GPU (device time) breakdown.
+    _goto(page, "Profiling")
+    main = _main(page)
+    main.get_by_role("button", name="Import the H200 example runs").click()
+    main.get_by_text("Imported 3 example run(s)").wait_for()
+    _wait_idle(page)
+    assert "h200-profile" in main.inner_text() and "imported example" in main.inner_text()
+    main.get_by_role("tab", name="Bottlenecks").click()
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('.js-plotly-plot')].some(gd => gd.layout && gd.layout.xaxis
+            && gd.layout.xaxis.title && gd.layout.xaxis.title.text === 'share of profiled device (kernel) time (%)'
+            && gd.offsetParent !== null)"""
+    )
+    _shot(page, "profiling")

@@ -1,0 +1,512 @@
+"""Profiling page (seed 8.1.1 ``profile_inference``, 8.1.2 bottlenecks): operators, breakdown, routing, memory.
+
+Starts a ``profile`` run on the loaded engine through the job manager, shows its progress and
+live memory, and for any stored profile run (imported H200 examples included) draws the
+operator table, the bottleneck breakdown, the expert routing and the memory timeline.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from bench.runner import RunConfig
+from dashboard import charts, data, services, ui
+from engines.errors import MoEBenchError, WorkloadError
+
+st.title("Profiling")
+st.caption(
+    "A short run under the PyTorch profiler — the book's `profile_inference` (section 8.1.1): which operators "
+    "take the time, how it splits into attention, MoE routing, experts, ... (8.1.2's bottlenecks), how evenly "
+    "tokens reach the experts, and where the memory goes. The native engine gives all of it; a vLLM server "
+    "started with a profiler folder (`profiler_dir`) records only its trace; other engines cannot be profiled."
+)
+
+store = services.get_store()
+slot = services.get_engine_slot()
+manager = services.get_job_manager()
+ss = st.session_state
+for key, value in {
+    "p.source": "random",
+    "p.input_len": 32,
+    "p.output_len": 8,
+    "p.requests": 2,
+    "p.concurrency": 1,
+    "p.warmup": 1,
+    "p.with_stack": True,
+    "p.name": "",
+    "p.top_n": 25,
+}.items():
+    ss.setdefault(key, value)
+
+flash = ss.pop("p.flash", None)
+if flash is not None:
+    (st.success if flash[0] == "success" else st.error)(flash[1])
+
+
+# --- start a profile run ---------------------------------------------------------------------
+
+
+def _form() -> dict:
+    c1, c2, c3, c4 = st.columns(4)
+    source = c1.radio(
+        "Prompts",
+        ["random", "builtin"],
+        key="p.source",
+        format_func={"random": "Random, exact length", "builtin": "Built-in set"}.get,
+    )
+    c2.number_input(
+        "Input length (tokens)",
+        min_value=1,
+        max_value=131072,
+        step=16,
+        key="p.input_len",
+        disabled=source != "random",
+        help="Used by random prompts only.",
+    )
+    c2.number_input("Output length (tokens)", min_value=1, max_value=4096, step=8, key="p.output_len")
+    c3.number_input(
+        "Requests", min_value=1, max_value=1000, step=1, key="p.requests", help="Profiled requests: keep it small."
+    )
+    c3.number_input("Concurrency", min_value=1, max_value=256, step=1, key="p.concurrency", help="max in flight")
+    c4.number_input(
+        "Warm-up requests", min_value=0, max_value=100, step=1, key="p.warmup", help="sent first, not profiled"
+    )
+    c4.checkbox(
+        "Record Python stacks",
+        key="p.with_stack",
+        help="with_stack=True: the trace shows the Python call stack of every operator (slower to analyse).",
+    )
+    st.text_input("Run name (optional)", key="p.name", max_chars=80)
+    return {
+        "mode": "profile",
+        "workload": {
+            "source": source,
+            "input_len": int(ss["p.input_len"]),
+            "output_len": int(ss["p.output_len"]),
+            "seed": 0,
+        },
+        "requests": int(ss["p.requests"]),
+        "concurrency": int(ss["p.concurrency"]),
+        "warmup": int(ss["p.warmup"]),
+        "profile_with_stack": bool(ss["p.with_stack"]),
+        "ignore_eos": True,
+        "name": str(ss["p.name"]).strip(),
+    }
+
+
+state = slot.state()
+active = manager.active()
+with st.container(border=True):
+    fields = _form()
+    b1, b2 = st.columns([1, 3], vertical_alignment="center")
+    blocked = None
+    if not state.ready:
+        blocked = "Load a model on the Engine & Model page first."
+    elif active is not None:
+        blocked = f"A {active.config.mode} run is in progress; stop it or wait for it to finish."
+    start = b1.button(
+        "Start profile run",
+        type="primary",
+        icon=":material/play_arrow:",
+        key="p.btn.start",
+        disabled=blocked is not None,
+        width="stretch",
+    )
+    if blocked:
+        b2.caption(blocked)
+        if not state.ready:
+            b2.page_link(ui.PAGE_ENGINE, label="Engine & Model", icon=":material/memory:")
+    else:
+        o = state.options or {}
+        b2.caption(f"Profiles the loaded engine: {o.get('kind')} · {state.info.get('model')} · {o.get('accelerator')}")
+if start and blocked is None:
+    try:
+        config = RunConfig.build(engine=dict(state.options or {}), **fields)
+        engine = slot.engine()
+        if engine is None:
+            raise WorkloadError("the engine is no longer loaded; load it again")
+        manager.submit(config, engine=engine)
+    except MoEBenchError as exc:
+        ui.show_error(exc)
+    else:
+        st.rerun()  # redraw the form (Start disabled), the sidebar and the live panel with the new run
+
+job = manager.latest("profile")
+running = job is not None and job.snapshot().active
+if running:
+    ss["p.watching"] = job.id  # this session saw the run in progress: show it here when it ends
+
+
+@st.fragment(run_every=1.0 if running else None)
+def _live() -> None:
+    """Progress, Stop and live memory of the profile run in progress (refreshes only while it runs)."""
+    if job is None:
+        return
+    snap = job.snapshot()
+    if running and not snap.active:
+        st.rerun()  # finished: one full redraw, so the new run shows below
+    if not snap.active:
+        return  # a finished run is picked below (with its error, if it failed)
+    c1, c2 = st.columns([4, 1], vertical_alignment="bottom")
+    with c1:
+        st.markdown(f"#### {ui.STATUS_ICONS.get(snap.status, '')} Profile run #{snap.run_id} · {snap.status}")
+        st.progress(
+            min(1.0, snap.fraction),
+            text=f"{snap.phase} · {snap.done}/{snap.total} requests · {data.fmt_duration(snap.elapsed_s)}",
+        )
+    with c2:
+        st.button("Stop", icon=":material/stop:", key="p.btn.stop", on_click=job.cancel, width="stretch")
+    if snap.error:
+        st.error(snap.error, icon=":material/error:")
+    if snap.run_id is not None:
+        ts = data.memory_series(store, snap.run_id)
+        ui.chart(charts.memory_timeline(ts, data.MEMORY_SERIES, title="Memory (live)"), "p.live-memory")
+
+
+_live()
+
+# --- examples --------------------------------------------------------------------------------
+
+
+def _show(run_id: int) -> None:
+    """Pick ``run_id`` in every picker (set explicitly: the browser keeps a widget's old choice otherwise),
+    with its own time basis and no extra runs to compare."""
+    ss["p.run"] = run_id
+    ss["p.routing-run"] = run_id
+    bases = data.breakdown_basis(store.artifact(run_id, "profile_breakdown"))
+    if bases:
+        ss["p.basis"] = bases[0]
+    ss["p.op-sort"] = "self device time" if "device" in bases else "self CPU time"
+    ss["p.compare-runs"] = []
+
+
+def _import_examples() -> None:
+    try:
+        imported, skipped = data.import_examples(store)
+    except MoEBenchError as exc:
+        ss["p.flash"] = ("error", str(exc))
+        return
+    if imported:
+        ss["p.flash"] = ("success", f"Imported {len(imported)} example run(s): {', '.join(imported)}.")
+        newest = data.profile_runs(store, limit=50)
+        if newest:
+            _show(newest[0].id)  # the imported example profile
+    else:
+        ss["p.flash"] = ("success", f"The example runs are already here ({', '.join(skipped) or 'none found'}).")
+
+
+examples = data.example_names()
+runs = data.profile_runs(store)
+have_examples = {r.name for r in store.list_runs()} >= examples if examples else True
+with st.container(horizontal=True, vertical_alignment="center"):
+    st.button(
+        "Import the H200 example runs",
+        icon=":material/upload:",
+        key="p.btn.import-examples",
+        on_click=_import_examples,
+        disabled=not examples,
+        help="Real runs on an NVIDIA H200 from examples/ (a profile with its trace, a latency and a concurrency "
+        "run), so the breakdown shows GPU kernel time without a GPU here. Already imported ones are skipped.",
+    )
+    st.caption(
+        "Example runs keep their names (`h200-…`) and are marked *imported example*."
+        if not have_examples
+        else "The H200 example runs are imported (marked *imported example* below)."
+    )
+
+# --- pick a stored profile run ---------------------------------------------------------------
+
+if not runs:
+    st.info(
+        "The operator table, breakdown, routing and memory of the run in progress show here when it finishes."
+        if running
+        else "No profile run yet. Load the native engine and start one above, or import the H200 example runs.",
+        icon=":material/info:",
+    )
+    st.stop()
+
+by_id = {r.id: r for r in runs}
+finished = job.snapshot() if job is not None and not running and ss.get("p.watching") == job.id else None
+if finished is not None and finished.run_id in by_id:
+    ss.pop("p.watching")  # the run this session watched has ended: show it (once)
+    _show(finished.run_id)
+if ss.get("p.run") not in by_id:
+    _show(runs[0].id)
+routing_candidates = data.routing_runs(store)
+routing_ids = [r.id for r in routing_candidates]
+
+
+run_id = st.selectbox(
+    "Profile run",
+    list(by_id),
+    key="p.run",
+    format_func=lambda i: data.profile_run_label(by_id[i], examples),
+    on_change=lambda: _show(ss["p.run"]),
+    help="Every stored profile run, newest first.",
+)
+run = by_id[run_id]
+prof = data.load_profile(store, run_id)
+if run.error:
+    (st.warning if run.status == "cancelled" else st.error)(run.error, icon=":material/error:")
+if run.status != "completed" and prof.operators.empty and prof.breakdown is None and prof.routing is None:
+    st.caption(f"Run #{run.id} {run.status} before the profiler produced anything to show.")
+    st.stop()
+if run.name in examples:
+    st.markdown(
+        f":violet-badge[:material/inventory_2: imported example] recorded on "
+        f"**{run.engine_info.get('device', run.accelerator)}** · {run.engine_info.get('dtype', '')} · "
+        f"{data.fmt_params(run.engine_info.get('parameters'))} parameters"
+    )
+
+ops_tab, breakdown_tab, routing_tab, memory_tab = st.tabs(
+    [
+        ":material/table_rows: Operators",
+        ":material/stacked_bar_chart: Bottlenecks",
+        ":material/hub: Expert routing",
+        ":material/memory: Memory",
+    ]
+)
+
+# --- a. operators ----------------------------------------------------------------------------
+
+with ops_tab:
+    ops = prof.operators
+    if ops.empty:
+        st.info(
+            "No operator table: the native engine's profile runs have one; "
+            + (
+                "this run ended before the profiler finished."
+                if run.engine == "native"
+                else f"a {run.engine} server's profiler writes only a trace (download it below)."
+            ),
+            icon=":material/info:",
+        )
+    else:
+        device = data.has_device_times(ops)
+        sorts = [s for s in data.OPERATOR_SORTS if device or "device" not in s]
+        if ss.get("p.op-sort") not in sorts:
+            ss["p.op-sort"] = sorts[0]
+        o1, o2, o3 = st.columns([2, 3, 2])
+        sort = o1.selectbox("Sort by", sorts, key="p.op-sort", help="largest first")
+        top_n = o2.slider("Top N operators", min_value=5, max_value=min(200, max(5, len(ops))), key="p.top_n")
+        search = o3.text_input("Filter", key="p.op-filter", placeholder="e.g. aten::mm, gemm")
+        shown = ops[ops["operator"].str.contains(search.strip(), case=False, regex=False)] if search.strip() else ops
+        top = data.top_operators(shown, sort, top_n)
+        st.caption(
+            f"{len(top)} of {len(ops):,} operator rows (grouped by input shape). Times in ms, memory in MiB "
+            "(self memory can be negative: an op that frees more than it allocates). "
+            + ("Device times are kernel times on the accelerator." if device else "CPU run: no device times.")
+        )
+        num = st.column_config.NumberColumn
+        order = ["rank", "operator", "input_shapes", "calls", "self_cpu_ms", "cpu_total_ms"]
+        if device:
+            order += ["self_device_ms", "device_total_ms", "device_memory_mib"]
+        order += ["cpu_memory_mib", "share_pct"]
+        st.dataframe(
+            top,
+            hide_index=True,
+            key="p.operators",
+            column_order=order,
+            column_config={
+                "rank": num("#", format="%d", width="small"),
+                "operator": st.column_config.TextColumn("operator", width="large"),
+                "input_shapes": st.column_config.TextColumn("input shapes", width="medium"),
+                "calls": num("calls", format="%d"),
+                "self_cpu_ms": num("self CPU (ms)", format="%.3f"),
+                "cpu_total_ms": num("CPU total (ms)", format="%.3f"),
+                "self_device_ms": num("self device (ms)", format="%.3f"),
+                "device_total_ms": num("device total (ms)", format="%.3f"),
+                "cpu_memory_mib": num("self CPU mem (MiB)", format="%.2f"),
+                "device_memory_mib": num("self device mem (MiB)", format="%.2f"),
+                "share_pct": st.column_config.ProgressColumn(
+                    f"share of {sort}", format="%.1f%%", min_value=0.0, max_value=100.0
+                ),
+            },
+        )
+    d1, d2, d3 = st.columns([1, 1, 2], vertical_alignment="center")
+    if not ops.empty:
+
+        def _operators_csv() -> bytes:
+            return store.operators_csv(run_id)
+
+        d1.download_button(
+            "Operator CSV",
+            data=_operators_csv,
+            file_name=f"moebench-operators-run{run_id}.csv",
+            mime="text/csv",
+            icon=":material/download:",
+            key="p.btn.operators-csv",
+            on_click="ignore",
+            width="stretch",
+        )
+    trace = prof.trace
+    if trace.path is None:
+        d3.caption("This run recorded no trace file.")
+    elif not trace.exists:
+        d3.warning(
+            f"The trace file `{trace.path}` is no longer on disk (deleted, or recorded on another machine).",
+            icon=":material/draft:",
+        )
+    else:
+        trace_path = trace.path
+
+        def _trace_bytes() -> bytes:
+            return trace_path.read_bytes()
+
+        size_mib = trace_path.stat().st_size / 2**20
+        d2.download_button(
+            f"Trace ({size_mib:.1f} MiB)",
+            data=_trace_bytes,
+            file_name=trace_path.name,
+            mime=trace.mime,
+            icon=":material/download:",
+            key="p.btn.trace",
+            on_click="ignore",
+            width="stretch",
+        )
+        d3.caption(f"`{trace_path.name}`: open it in [Perfetto](https://ui.perfetto.dev) or chrome://tracing.")
+
+# --- b. bottleneck breakdown -----------------------------------------------------------------
+
+with breakdown_tab:
+    others = [i for i in by_id if i != run_id and data.breakdown_basis(store.artifact(i, "profile_breakdown"))]
+    if "p.compare-runs" in ss:
+        ss["p.compare-runs"] = [i for i in ss["p.compare-runs"] if i in others]
+    b1, b2 = st.columns([3, 1])
+    extra = b1.multiselect(
+        "Compare with other profile runs",
+        others,
+        key="p.compare-runs",
+        format_func=lambda i: data.profile_run_label(by_id[i], examples),
+        placeholder="add profile runs to stack their bars beside this one",
+    )
+    picked = [run_id, *extra]
+    arts = {i: (prof.breakdown if i == run_id else store.artifact(i, "profile_breakdown")) for i in picked}
+    bases = data.breakdown_basis(prof.breakdown)
+    if not bases:
+        st.info(
+            "No bottleneck breakdown for this run: only the native engine's profile runs classify operator time.",
+            icon=":material/info:",
+        )
+    else:
+        if ss.get("p.basis") not in bases:
+            ss["p.basis"] = bases[0]
+        basis = b2.radio(
+            "Time basis",
+            bases,
+            key="p.basis",
+            horizontal=True,
+            format_func={"device": "device time", "cpu": "CPU time"}.get,
+            help="Device time: kernel time on the accelerator. CPU time: host time of the ops (incl. launching "
+            "kernels). A CPU run has CPU time only.",
+        )
+        labels = {i: data.short_run_label(by_id[i]) for i in picked}
+        frame = data.breakdown_frame([(labels[i], arts[i]) for i in picked], basis)
+        missing = [labels[i] for i in picked if basis not in data.breakdown_basis(arts[i])]
+        if missing:
+            st.caption(f"Left out (no {basis} time recorded): {', '.join(missing)}.")
+        ui.chart(charts.breakdown_bars(frame, basis), "p.breakdown")
+        table = data.breakdown_table(frame)
+        st.dataframe(
+            table,
+            hide_index=True,
+            key="p.breakdown-table",
+            column_config={
+                c: st.column_config.NumberColumn(c, format="%.1f%%" if c.endswith("(%)") else "%.2f")
+                for c in table.columns
+                if c != "category"
+            },
+        )
+        st.caption(
+            "Each bar is one run's profiled time (the requests' generate scopes) split by category; the shares add "
+            "up to 100%. Time that no rule claims is *other*."
+        )
+    with st.expander("How time is classified", icon=":material/rule:"):
+        st.markdown(
+            "Forward hooks wrap each classified module in a `moe_bench::<category>` scope; the first matching "
+            "**module** rule wins. **op** rules move matching operators out of the enclosing category "
+            "(quantization, collectives); **op_outside** rules apply only outside any module scope."
+        )
+        st.dataframe(
+            data.rules_table(),
+            hide_index=True,
+            key="p.rules",
+            column_config={
+                "pattern": st.column_config.TextColumn("pattern (regex)", width="medium"),
+                "why": st.column_config.TextColumn("why", width="large"),
+            },
+        )
+
+# --- c. expert routing -----------------------------------------------------------------------
+
+with routing_tab:
+    if not routing_candidates:
+        st.info("No run recorded expert routing (native engine runs do).", icon=":material/info:")
+    else:
+        routing_by_id = {r.id: r for r in routing_candidates}
+        if ss.get("p.routing-run") not in routing_by_id:
+            ss["p.routing-run"] = run_id if run_id in routing_by_id else routing_ids[0]
+        rid = st.selectbox(
+            "Run (any native run: profile, latency or concurrency)",
+            routing_ids,
+            key="p.routing-run",
+            format_func=lambda i: data.profile_run_label(routing_by_id[i], examples),
+        )
+        routing = prof.routing if rid == run_id else store.artifact(rid, "expert_routing")
+        if routing:
+            st.caption(
+                f"{len(routing['layers'])} MoE layers · {routing['num_experts']} routed experts · "
+                f"top-{routing['top_k']} · {routing['n_group']} expert group(s) · "
+                f"{max(routing['tokens'] or [0]):,} tokens per layer "
+                "(prompt and generated tokens; each counts once per expert of its top-k)."
+            )
+        ui.chart(charts.routing_heatmap(routing), "p.routing-heatmap")
+        r1, r2 = st.columns(2)
+        with r1:
+            ui.chart(charts.routing_imbalance(routing), "p.routing-imbalance")
+        with r2:
+            if routing and int(routing.get("n_group", 1) or 1) > 1:
+                ui.chart(charts.routing_groups(routing), "p.routing-groups")
+            else:
+                st.dataframe(data.routing_summary(routing), hide_index=True, key="p.routing-summary")
+        if routing and int(routing.get("n_group", 1) or 1) > 1:
+            st.dataframe(data.routing_summary(routing), hide_index=True, key="p.routing-summary")
+
+# --- d. memory timeline ----------------------------------------------------------------------
+
+with memory_tab:
+    weights = run.engine_info.get("weights_gib")
+    weights = float(weights) if weights is not None else None
+    cpu = run.accelerator == "cpu"
+    peak = run.summary.peak_memory_gib if run.summary is not None else None
+    m1, m2, m3 = st.columns(3)
+    m1.metric("Model weights", data.fmt_unit(weights, "GiB"), help="engine_info['weights_gib'] of the run")
+    m2.metric("Peak memory", data.fmt_unit(peak, "GiB"), help="the run summary's peak")
+    m3.metric(
+        "Above the weights at peak",
+        data.fmt_unit(peak - weights if peak is not None and weights is not None else None, "GiB"),
+        help="activations + KV cache + runtime (allocator caches, CUDA context on a GPU; the interpreter on CPU)",
+    )
+    ts = data.memory_series(store, run_id)
+    ui.chart(
+        charts.memory_timeline(
+            ts,
+            data.MEMORY_SERIES,
+            weights,
+            y_title="process RSS (GiB)" if cpu else "memory (GiB)",
+            title="Memory timeline" + (" (process RSS)" if cpu else ""),
+        ),
+        "p.memory",
+    )
+    if cpu:
+        st.caption(
+            "On CPU the figures are the process's resident set size (RSS): allocated = reserved = RSS, and they "
+            "include the Python interpreter and libraries, so most of it is not the model. Sampled about once a "
+            "second (a short run has few points)."
+        )
+    else:
+        st.caption(
+            "Allocated: tensors alive; reserved: what the caching allocator holds; peak: the most allocated since "
+            "the run started. Above the *weights* line: activations, KV cache and runtime. Sampled about once a "
+            "second."
+        )
