@@ -19,11 +19,31 @@ if flash is not None:
     (st.success if flash[0] == "success" else st.error)(flash[1])
 
 
+def _import_examples() -> None:
+    try:
+        imported, _skipped = data.import_examples(store)
+    except MoEBenchError as exc:
+        st.session_state["r.flash"] = ("error", str(exc))
+        return
+    st.session_state["r.flash"] = ("success", f"Imported {len(imported)} example run(s): {', '.join(imported)}.")
+
+
 if df.empty:
-    st.info("No runs yet. Start one on the Latency or Concurrency page.", icon=":material/info:")
-    c1, c2, _ = st.columns([1, 1, 3])
+    st.info(
+        "No runs yet. Start one on the Latency or Concurrency page, or import the runs measured on an "
+        "NVIDIA H200 (examples/) to explore the pages.",
+        icon=":material/info:",
+    )
+    c1, c2, c3, _ = st.columns([1, 1, 2, 1])
     c1.page_link(ui.PAGE_LATENCY, label="Latency", icon=":material/timer:")
     c2.page_link(ui.PAGE_CONCURRENCY, label="Concurrency", icon=":material/stacked_line_chart:")
+    c3.button(
+        "Import the H200 example runs",
+        icon=":material/upload:",
+        key="r.btn.import-examples",
+        on_click=_import_examples,
+        disabled=not data.example_names(),
+    )
     st.stop()
 
 

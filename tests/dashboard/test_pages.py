@@ -171,6 +171,16 @@ def test_delete_runs_from_the_results_page(app_test: Callable[..., Any], fresh_d
     assert store.sample_count(gone) == 0
 
 
+def test_empty_results_page_imports_the_h200_examples(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+    at = app_test("app_pages/results.py")
+    _no_exception(at)
+    at.button(key="r.btn.import-examples").click().run()
+    _no_exception(at)
+    names = sorted(r.name for r in Store(get_settings().db_path).list_runs())
+    assert names == ["h200-concurrency-16", "h200-latency-bs1", "h200-profile"]
+    assert "Imported 3 example run(s)" in _texts(at)
+
+
 def test_bad_jsonl_upload_is_a_clear_error(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
     """The upload path: parse_jsonl's one-line reason appears as st.error (AppTest cannot upload, so
     this checks the function the page calls with the same bytes)."""
