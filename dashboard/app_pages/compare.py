@@ -38,7 +38,8 @@ if not cstate.running and cstate.task and st.session_state.get("c.compare-applie
     if cstate.vllm_run_id is not None:
         st.session_state["c.vllm"] = cstate.vllm_run_id
 
-runs = [r for r in store.list_runs() if r.status == "completed" and r.summary is not None]
+# Profile runs are left out: the profiler's overhead makes their latencies no fair comparison.
+runs = [r for r in store.list_runs() if r.status == "completed" and r.summary is not None and r.mode != "profile"]
 by_id = {r.id: r for r in runs}
 
 
