@@ -152,6 +152,15 @@ def _sidebar_run(job: Job | None) -> None:
 # --- run pages -------------------------------------------------------------------------------
 
 
+def start_blocked_reason(state: Any, active: Any) -> str | None:
+    """Why a run cannot start now (no engine loaded, another run going), or None."""
+    if not state.ready:
+        return "Load a model on the Engine & Model page first."
+    if active is not None:
+        return f"A {active.config.mode} run is in progress; stop it or wait for it to finish."
+    return None
+
+
 def _save_upload(name: str, payload: bytes) -> Path:
     folder = get_settings().data_dir / "uploads"
     folder.mkdir(parents=True, exist_ok=True)
@@ -254,11 +263,7 @@ def run_page(mode: str) -> None:
     with st.container(border=True):
         fields = workload_form(mode)
         b1, b2 = st.columns([1, 3], vertical_alignment="center")
-        blocked = None
-        if not state.ready:
-            blocked = "Load a model on the Engine & Model page first."
-        elif active is not None:
-            blocked = f"A {active.config.mode} run is in progress; stop it or wait for it to finish."
+        blocked = start_blocked_reason(state, active)
         start = b1.button(
             "Start run",
             type="primary",

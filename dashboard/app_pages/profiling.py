@@ -99,11 +99,7 @@ active = manager.active()
 with st.container(border=True):
     fields = _form()
     b1, b2 = st.columns([1, 3], vertical_alignment="center")
-    blocked = None
-    if not state.ready:
-        blocked = "Load a model on the Engine & Model page first."
-    elif active is not None:
-        blocked = f"A {active.config.mode} run is in progress; stop it or wait for it to finish."
+    blocked = ui.start_blocked_reason(state, active)
     start = b1.button(
         "Start profile run",
         type="primary",
