@@ -132,10 +132,17 @@ def _goto(page: Any, title: str) -> None:
 
 
 def _set_number(page: Any, label: str, value: int) -> None:
+    """Type a number and let the app rerun with it. On a loaded machine the rerun may not have
+    started when the status widget is first checked, so wait a moment, then check the value took."""
     box = _main(page).get_by_role("spinbutton", name=label, exact=True)
-    box.fill(str(value))
-    box.press("Enter")
-    _wait_idle(page)
+    for _ in range(3):
+        box.fill(str(value))
+        box.press("Enter")
+        time.sleep(0.7)
+        _wait_idle(page)
+        if box.input_value() == str(value):
+            return
+    raise AssertionError(f"{label} did not take the value {value}")
 
 
 def _shot(page: Any, name: str) -> Path:
@@ -192,6 +199,8 @@ def test_load_run_watch_download(browser_page: Any, server: str, moebench_data: 
     _set_number(page, "Requests", REQUESTS)
     _set_number(page, "Concurrency", CONCURRENCY)
     _set_number(page, "Output length (tokens)", OUTPUT_LEN)
+    time.sleep(1.0)
+    _wait_idle(page)
     main.get_by_role("button", name="Start run").click()
     progress = main.get_by_text(f"/{REQUESTS} requests").first
     progress.wait_for(timeout=60_000)
