@@ -202,7 +202,19 @@ def _carries_token(choice: dict[str, Any]) -> bool:
     return choice.get("text") is not None
 
 
-class _TextCounter:
+def sse_object(payload: str, source: str = "") -> dict[str, Any]:
+    """One SSE ``data`` payload as a JSON object; :class:`SSEError` names what was wrong."""
+    where = f" from {source}" if source else ""
+    try:
+        obj = json.loads(payload)
+    except ValueError as exc:
+        raise SSEError(f"malformed SSE event{where} (not JSON): {_one_line(payload, 120)}") from exc
+    if not isinstance(obj, dict):
+        raise SSEError(f"malformed SSE event{where} (not an object): {_one_line(payload, 120)}")
+    return obj
+
+
+class TextCounter:
     """Client-side token counts of one stream: the growth of the token count of all text so far.
 
     Counting the whole text (not each delta alone) avoids counting a multi-byte character
@@ -430,20 +442,15 @@ class OpenAIEngine(Engine):
     def _events(self, resp: Any, cancel: threading.Event | None) -> Iterator[StreamChunk]:
         seen_done = False
         usage_out = 0  # running completion_tokens from per-chunk usage
-        content_count = _TextCounter(self._tokenizer)
-        reasoning_count = _TextCounter(self._tokenizer)
+        content_count = TextCounter(self._tokenizer)
+        reasoning_count = TextCounter(self._tokenizer)
         for payload in iter_sse_data(resp.iter_lines()):
             if cancel is not None and cancel.is_set():
                 return  # leaving the with-block closes the response
             if payload.strip() == "[DONE]":
                 seen_done = True
                 break
-            try:
-                obj = json.loads(payload)
-            except ValueError as exc:
-                raise SSEError(f"malformed SSE event (not JSON): {_one_line(payload, 120)}") from exc
-            if not isinstance(obj, dict):
-                raise SSEError(f"malformed SSE event (not an object): {_one_line(payload, 120)}")
+            obj = sse_object(payload)
             if "error" in obj:
                 err = obj["error"]
                 msg = err.get("message", err) if isinstance(err, dict) else err

@@ -38,11 +38,12 @@ from engines.launch import ManagedProcess, free_port
 from engines.openai_http import (
     OpenAIOptions,
     ServerEngine,
-    SSEError,
+    TextCounter,
     _error_message,
     _one_line,
     http_errors,
     iter_sse_data,
+    sse_object,
 )
 from engines.prometheus import parse_prometheus
 from engines.settings import PROJECT_ROOT, get_settings
@@ -341,18 +342,11 @@ class TritonEngine(ServerEngine):
 
     def _triton_events(self, resp: Any, cancel: threading.Event | None) -> Iterator[StreamChunk]:
         o = self.topts
-        tok = self._tokenizer
-        text_so_far = ""
-        counted = 0
+        counter = TextCounter(self._tokenizer)
         for payload in iter_sse_data(resp.iter_lines()):
             if cancel is not None and cancel.is_set():
                 return
-            try:
-                obj = json.loads(payload)
-            except ValueError as exc:
-                raise SSEError(f"malformed SSE event from Triton (not JSON): {_one_line(payload, 120)}") from exc
-            if not isinstance(obj, dict):
-                raise SSEError(f"malformed SSE event from Triton: {_one_line(payload, 120)}")
+            obj = sse_object(payload, "Triton")
             if "error" in obj:
                 raise RequestFailed(f"Triton error: {_one_line(str(obj['error']), 200)}")
             if o.output_name not in obj:
@@ -361,12 +355,8 @@ class TritonEngine(ServerEngine):
             text = text if isinstance(text, str) else json.dumps(text)
             if o.tokens_name and o.tokens_name in obj:
                 n = int(obj[o.tokens_name])
-            elif tok is not None:
-                text_so_far += text
-                total = len(tok.encode(text_so_far, add_special_tokens=False))
-                n, counted = total - counted, total
-            else:
-                n = 1  # one response per token, by the streaming convention
+            else:  # the tokenizer's count of the text so far; one per response without one
+                n = counter.add(text, True)
             yield StreamChunk(text=text, tokens=n)
 
     # --- telemetry and health ---------------------------------------------------------
