@@ -152,6 +152,20 @@ def _sidebar_run(job: Job | None) -> None:
 # --- run pages -------------------------------------------------------------------------------
 
 
+def submit_run(slot: Any, manager: Any, fields: dict[str, Any]) -> bool:
+    """Start a run of ``fields`` on the loaded engine; a refusal is shown as one line."""
+    try:
+        config = RunConfig.build(engine=dict(slot.state().options or {}), **fields)
+        engine = slot.engine()
+        if engine is None:
+            raise WorkloadError("the engine is no longer loaded; load it again")
+        manager.submit(config, engine=engine)
+    except MoEBenchError as exc:
+        show_error(exc)
+        return False
+    return True
+
+
 def start_blocked_reason(state: Any, active: Any) -> str | None:
     """Why a run cannot start now (no engine loaded, another run going), or None."""
     if not state.ready:
@@ -282,14 +296,7 @@ def run_page(mode: str) -> None:
                 f"Runs on the loaded engine: {o.get('kind')} · {state.info.get('model')} · {o.get('accelerator')}"
             )
     if start and fields is not None and blocked is None:
-        try:
-            config = RunConfig.build(engine=dict(state.options or {}), **fields)
-            engine = slot.engine()
-            if engine is None:
-                raise WorkloadError("the engine is no longer loaded; load it again")
-            manager.submit(config, engine=engine)
-        except MoEBenchError as exc:
-            show_error(exc)
+        submit_run(slot, manager, fields)
     live_panel(mode)
 
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from bench.runner import RunConfig
 from dashboard import charts, data, services, ui
-from engines.errors import MoEBenchError, WorkloadError
+from engines.errors import MoEBenchError
 
 st.title("Profiling")
 st.caption(
@@ -115,17 +114,8 @@ with st.container(border=True):
     else:
         o = state.options or {}
         b2.caption(f"Profiles the loaded engine: {o.get('kind')} · {state.info.get('model')} · {o.get('accelerator')}")
-if start and blocked is None:
-    try:
-        config = RunConfig.build(engine=dict(state.options or {}), **fields)
-        engine = slot.engine()
-        if engine is None:
-            raise WorkloadError("the engine is no longer loaded; load it again")
-        manager.submit(config, engine=engine)
-    except MoEBenchError as exc:
-        ui.show_error(exc)
-    else:
-        st.rerun()  # redraw the form (Start disabled), the sidebar and the live panel with the new run
+if start and blocked is None and ui.submit_run(slot, manager, fields):  # then redraw with the new run
+    st.rerun()  # redraw the form (Start disabled), the sidebar and the live panel with the new run
 
 job = manager.latest("profile")
 running = job is not None and job.snapshot().active
