@@ -42,6 +42,20 @@ def _positive(name: str) -> Any:
     return parse
 
 
+def _rate(text: str) -> float | None:
+    """``--request-rate``: a positive number of requests per second, or inf for a closed loop."""
+    if text.strip().lower() in ("inf", "infinity"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        msg = f"--request-rate must be a number of requests per second, got '{text}'"
+        raise argparse.ArgumentTypeError(msg) from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"--request-rate must be above 0 (or inf), got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m bench", description="MoE Bench: benchmark DeepSeek MoE models on real engines.")
     p.add_argument("--db", help="SQLite results file (default: $MOEBENCH_DB_PATH or data/moebench.sqlite)")
@@ -74,6 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--mode", default="concurrency", choices=MODES)
     r.add_argument("--requests", type=_positive("requests"), default=8, help="measured requests")
     r.add_argument("--concurrency", type=_positive("concurrency"), default=1, help="max requests in flight")
+    r.add_argument(
+        "--request-rate",
+        type=_rate,
+        default=None,
+        help="open loop: arrivals per second, capped at --concurrency in flight (default inf: closed loop)",
+    )
+    r.add_argument(
+        "--burstiness", type=float, default=1.0, help="gamma shape of the arrival gaps (1 = Poisson, >1 more regular)"
+    )
     r.add_argument("--warmup", type=int, default=None, help="unrecorded warm-up requests (latency default 1)")
     r.add_argument("--prompts", default="random", choices=("random", "builtin", "jsonl"), help="prompt source")
     r.add_argument("--prompt-file", help="JSONL file for --prompts jsonl ({'prompt': ..., 'output_len': ...})")
@@ -154,8 +177,16 @@ def format_summary(summary: RunSummary) -> str:
     ):
         vals = [st.mean, st.p50, st.p90, st.p95, st.p99, st.max]
         lines.append(f"{label:<10}" + "".join(f"{'-' if v is None else f'{v:.2f}':>10}" for v in vals))
+    if summary.send_lag_ms is not None:
+        st = summary.send_lag_ms
+        vals = [st.mean, st.p50, st.p90, st.p95, st.p99, st.max]
+        lines.append(f"{'send lag':<10}" + "".join(f"{'-' if v is None else f'{v:.2f}':>10}" for v in vals))
     if summary.peak_memory_gib is not None:
         lines.append(f"\npeak memory   {summary.peak_memory_gib:.3f} GiB")
+    if summary.request_rate is not None:
+        lines.append(f"load          open loop, {summary.request_rate:g} req/s, burstiness {summary.burstiness:g}")
+    if summary.load_warning:
+        lines.append(f"warning       {summary.load_warning}")
     return "\n".join(lines)
 
 
@@ -222,6 +253,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         },
         requests=args.requests,
         concurrency=args.concurrency,
+        request_rate=args.request_rate,
+        burstiness=args.burstiness,
         warmup=warmup,
         temperature=args.temperature,
         top_p=args.top_p,

@@ -21,6 +21,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bench.load import client_bound_reason
+
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 
 METRIC_DEFINITIONS: dict[str, str] = {
@@ -39,8 +41,11 @@ METRIC_DEFINITIONS: dict[str, str] = {
     "equals ttft_ms for models without a reasoning stream.",
     "usage_output_tokens": "Output tokens as the server's usage report counts them (HTTP engines); output_tokens is "
     "the client's own count, and a run counts the requests where the two differ in usage_mismatches.",
-    "send_lag_ms": "Actual send time minus scheduled send time: large values mean the client, not the server, was "
-    "the bottleneck (rate-based loads).",
+    "send_lag_ms": "Actual send time minus due send time, per request, in ms. Open loop (request_rate): due at its "
+    "scheduled arrival; closed loop: due when its slot freed (the slot's previous request ended). A p90 above "
+    "max(10 ms, a quarter of the mean arrival interval) marks the run client-bound.",
+    "request_rate": "Target arrival rate of an open-loop run, requests/s (empty: closed loop); arrival gaps are "
+    "gamma-distributed with shape burstiness (1 = Poisson).",
     "peak_memory_gib": "Highest memory seen during the run: the device allocator's peak on CUDA/NPU/MLU, "
     "the process's peak RSS on CPU; empty when the engine cannot see device memory (remote servers).",
 }
@@ -185,6 +190,14 @@ class RunSummary:
     max_concurrency: int | None = None
     usage_mismatches: int = 0
     send_lag_ms: Stat | None = None
+    request_rate: float | None = None  # open-loop target (req/s); None: closed loop
+    burstiness: float | None = None
+
+    @property
+    def load_warning(self) -> str | None:
+        """One line when the load did not reach the server as planned (see :mod:`bench.load`)."""
+        p90 = self.send_lag_ms.p90 if self.send_lag_ms is not None else None
+        return client_bound_reason(p90, self.request_rate)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -193,7 +206,7 @@ class RunSummary:
         """One flat row: ``ttft_ms_p50``, ``e2e_ms_mean``, ... for tables and CSV."""
         row: dict[str, Any] = {}
         for key, value in self.as_dict().items():
-            if value is None and key == "send_lag_ms":
+            if value is None and key in ("send_lag_ms", "burstiness"):
                 continue
             if isinstance(value, dict):
                 for stat, v in value.items():
@@ -217,6 +230,8 @@ def summarize(
     duration_s: float | None = None,
     peak_memory_gib: float | None = None,
     max_concurrency: int | None = None,
+    request_rate: float | None = None,
+    burstiness: float | None = None,
 ) -> RunSummary:
     """Summarize a run. ``duration_s`` defaults to first start -> last end of the records."""
     ok = [r for r in records if r.ok]
@@ -248,4 +263,6 @@ def summarize(
         send_lag_ms=describe(r.send_lag_ms for r in records)
         if any(r.send_lag_ms is not None for r in records)
         else None,
+        request_rate=request_rate,
+        burstiness=burstiness if request_rate is not None else None,
     )

@@ -12,6 +12,10 @@ Modes:
   then ``requests`` sequential requests.
 - ``concurrency`` (seed 8.4.1): ``requests`` requests with at most ``concurrency``
   in flight; throughput is tokens over wall-clock time, not over summed latencies.
+  By default a closed loop (each slot sends its next request when the last ends);
+  with ``request_rate`` an open loop of Poisson/gamma arrivals capped at
+  ``concurrency`` in flight (see :mod:`bench.load`). Every request records its send
+  lag (actual minus due send time).
 - ``profile`` (seed 8.1.1 ``profile_inference``): a short concurrency run under the
   engine's profiler; the operator table, the bottleneck breakdown and the trace file
   are stored with the run.
@@ -32,6 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from bench.load import arrival_offsets
 from bench.metrics import RequestRecord, RunSummary, summarize
 from bench.store import Store
 from bench.workloads import WorkloadSpec, build_requests
@@ -77,6 +82,9 @@ class RunConfig(BaseModel):
     requests: int = Field(8, ge=1, le=1_000_000)
     concurrency: int = Field(1, ge=1, le=4096)
     warmup: int = Field(0, ge=0, le=1000)
+    # Open loop: arrivals per second (None: closed loop) and the gamma shape of the gaps.
+    request_rate: float | None = Field(None, gt=0.0, le=1_000_000.0)
+    burstiness: float = Field(1.0, gt=0.0, le=1000.0)
     temperature: float = Field(0.0, ge=0.0, le=5.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     ignore_eos: bool = True
@@ -92,6 +100,10 @@ class RunConfig(BaseModel):
     @model_validator(mode="after")
     def _latency_is_sequential(self) -> RunConfig:
         if self.mode == "latency":
+            if self.request_rate is not None:
+                raise ValueError(
+                    "request_rate applies to concurrency and profile runs; a latency run sends one request at a time"
+                )
             self.concurrency = 1
         return self
 
@@ -217,10 +229,18 @@ class Job:
             records = list(self._records)
         if not records or self._t0 is None:
             return None
-        return summarize(records, duration_s=time.perf_counter() - self._t0, max_concurrency=self.config.concurrency)
+        cfg = self.config
+        return summarize(
+            records,
+            duration_s=time.perf_counter() - self._t0,
+            max_concurrency=cfg.concurrency,
+            request_rate=cfg.request_rate,
+            burstiness=cfg.burstiness,
+        )
 
 
-def _record(req: GenerationRequest, res: Any, t0: float) -> RequestRecord:
+def _record(req: GenerationRequest, res: Any, t0: float, due: float | None = None) -> RequestRecord:
+    """The request's record, times relative to ``t0``; ``due`` is when it should have been sent."""
     return RequestRecord(
         request_id=req.request_id,
         start_s=res.start - t0,
@@ -231,6 +251,7 @@ def _record(req: GenerationRequest, res: Any, t0: float) -> RequestRecord:
         error=res.error,
         usage_output_tokens=res.usage_output_tokens,
         first_any_token_s=None if res.first_any is None else res.first_any - t0,
+        send_lag_ms=None if due is None else max(0.0, res.start - due) * 1000.0,
     )
 
 
@@ -320,9 +341,16 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
     store = job.store
     run_id = job._run_id
     assert run_id is not None
-    todo: queue.Queue[tuple[int, GenerationRequest]] = queue.Queue()
-    for item in enumerate(requests):
-        todo.put(item)
+    # Items are (seq, request, due offset from t0 or None: due when the slot frees).
+    todo: queue.Queue[tuple[int, GenerationRequest, float | None] | None] = queue.Queue()
+    offsets: list[float] | None = None
+    if cfg.request_rate is not None:
+        offsets = arrival_offsets(len(requests), cfg.request_rate, cfg.burstiness, seed=cfg.workload.seed)
+    else:
+        for seq, req in enumerate(requests):
+            todo.put((seq, req, None))
+        for _ in range(cfg.concurrency):
+            todo.put(None)
     token_lock = threading.Lock()
     stop_sampler = threading.Event()
     t0 = time.perf_counter()
@@ -332,16 +360,33 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
         with token_lock:
             job._tokens += chunk.tokens
 
+    def dispatcher() -> None:
+        """Open loop: hand each request to the slots at its due time."""
+        assert offsets is not None
+        try:
+            for seq, (req, offset) in enumerate(zip(requests, offsets, strict=True)):
+                delay = t0 + offset - time.perf_counter()
+                if delay > 0 and job.cancel_event.wait(delay):
+                    return
+                if job.cancel_event.is_set():
+                    return
+                todo.put((seq, req, offset))
+        finally:
+            for _ in range(cfg.concurrency):
+                todo.put(None)
+
     def worker() -> None:
+        free_since = t0  # closed loop: a request is due when its slot frees
         while not job.cancel_event.is_set():
-            try:
-                seq, req = todo.get_nowait()
-            except queue.Empty:
+            item = todo.get()
+            if item is None or job.cancel_event.is_set():
                 return
+            seq, req, offset = item
+            due = free_since if offset is None else t0 + offset
             with job._lock:
                 job._in_flight += 1
             res = timed_stream(engine, req, job.cancel_event, on_chunk)
-            rec = _record(req, res, t0)
+            rec = _record(req, res, t0, due)
             store.add_sample(run_id, seq, rec)
             with job._lock:
                 job._in_flight -= 1
@@ -354,6 +399,7 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
                 if reason is not None:
                     job._set(error=reason)
                     job.cancel_event.set()
+            free_since = res.end
 
     def sampler() -> None:
         last_t, last_tokens = t0, 0
@@ -390,6 +436,8 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
     first = [(0.0, SERIES_IN_FLIGHT, 0.0), (0.0, SERIES_DONE, 0.0)]
     store.add_points(run_id, [*first, *_memory_points(engine, 0.0), *_telemetry_points(engine, 0.0)])
     sampler_thread.start()
+    if offsets is not None:
+        threads.append(threading.Thread(target=dispatcher, name=f"run{run_id}-dispatch", daemon=True))
     for t in threads:
         t.start()
     for t in threads:
@@ -418,6 +466,8 @@ def _finish(job: Job, engine: Engine) -> None:
         duration_s=duration,
         peak_memory_gib=mem.peak_bytes / GIB if mem else None,
         max_concurrency=cfg.concurrency,
+        request_rate=cfg.request_rate,
+        burstiness=cfg.burstiness,
     )
     engine_error = job.snapshot().error
     if engine_error is None and summary.failed:

@@ -112,6 +112,7 @@ SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
     "completed",
     "failed",
     "concurrency",
+    "request_rate",
     "duration_s",
     "prompt_tokens",
     "output_tokens",
@@ -136,6 +137,8 @@ SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
     "e2e_ms_p99",
     "peak_memory_gib",
     "usage_mismatches",
+    "send_lag_ms_p50",
+    "send_lag_ms_p99",
     "error",
 )
 

@@ -232,9 +232,10 @@ LATENCY_ROWS: tuple[tuple[str, str], ...] = (
 
 
 def latency_table(summary: RunSummary) -> pd.DataFrame:
-    """Rows TTFT/TPOT/ITL/E2E; columns count, mean, p50, p90, p95, p99 (ms)."""
+    """Rows TTFT/TPOT/ITL/E2E (and send lag, where measured); columns count, mean, p50, p90, p95, p99 (ms)."""
     rows = []
-    for key, label in LATENCY_ROWS:
+    keys = [*LATENCY_ROWS, ("send_lag_ms", "send lag")] if summary.send_lag_ms is not None else LATENCY_ROWS
+    for key, label in keys:
         st = getattr(summary, key)
         rows.append(
             {
@@ -258,6 +259,11 @@ def throughput_table(summary: RunSummary) -> pd.DataFrame:
         ("completed", summary.completed, "", ""),
         ("failed", summary.failed, "", ""),
         ("duration", summary.duration_s, "s", METRIC_DEFINITIONS["duration_s"]),
+        *(
+            [("target request rate", summary.request_rate, "req/s", METRIC_DEFINITIONS["request_rate"])]
+            if summary.request_rate is not None
+            else []
+        ),
         ("prompt tokens", summary.prompt_tokens, "tokens", ""),
         ("output tokens", summary.output_tokens, "tokens", ""),
         ("request throughput", summary.request_throughput_rps, "req/s", METRIC_DEFINITIONS["request_throughput_rps"]),

@@ -61,6 +61,8 @@ def init_state() -> None:
                 f"{mode}.requests": values["requests"],
                 f"{mode}.concurrency": values["concurrency"],
                 f"{mode}.warmup": values["warmup"],
+                f"{mode}.request_rate": 0.0,
+                f"{mode}.burstiness": 1.0,
                 f"{mode}.ignore_eos": True,
                 f"{mode}.seed": 0,
                 f"{mode}.name": "",
@@ -217,6 +219,25 @@ def workload_form(mode: str) -> dict[str, Any] | None:
     c3.number_input("Requests", min_value=1, max_value=1_000_000, step=1, key=k + "requests", help="measured requests")
     if mode == "concurrency":
         c3.number_input("Concurrency", min_value=1, max_value=4096, step=1, key=k + "concurrency", help="max in flight")
+        c1.number_input(
+            "Request rate (req/s)",
+            min_value=0.0,
+            max_value=1_000_000.0,
+            step=1.0,
+            key=k + "request_rate",
+            help="0: closed loop (each slot sends its next request when the last one ends). Above 0: an open loop "
+            "of Poisson/gamma arrivals at this mean rate, at most 'Concurrency' in flight, as vllm bench serve's "
+            "--request-rate with --max-concurrency.",
+        )
+        c1.number_input(
+            "Burstiness",
+            min_value=0.01,
+            max_value=1000.0,
+            step=0.25,
+            key=k + "burstiness",
+            disabled=float(st.session_state.get(k + "request_rate") or 0) <= 0,
+            help="Gamma shape of the arrival gaps: 1 = Poisson, below 1 burstier, above 1 more regular.",
+        )
     else:
         c3.number_input(
             "Warm-up requests", min_value=0, max_value=1000, step=1, key=k + "warmup", help="sent first, not recorded"
@@ -259,6 +280,8 @@ def workload_form(mode: str) -> dict[str, Any] | None:
         },
         "requests": int(ss[k + "requests"]),
         "concurrency": int(ss[k + "concurrency"]) if mode == "concurrency" else 1,
+        "request_rate": float(ss[k + "request_rate"]) or None if mode == "concurrency" else None,
+        "burstiness": float(ss[k + "burstiness"]) if mode == "concurrency" else 1.0,
         "warmup": int(ss[k + "warmup"]) if mode == "latency" else 0,
         "temperature": float(ss["s.temperature"]),
         "top_p": float(ss["s.top_p"]),
@@ -418,6 +441,8 @@ def _headline(summary: RunSummary | None, live: data.LiveData, running: bool) ->
 
 def show_summary(summary: RunSummary, key: str) -> None:
     """The run summary: latency statistics (ms) and throughput figures, with their definitions."""
+    if summary.load_warning:
+        st.warning(summary.load_warning, icon=":material/speed:")
     left, right = st.columns([3, 2])
     num = st.column_config.NumberColumn
     latency = data.latency_table(summary)

@@ -83,6 +83,9 @@ def test_issue_command_prints_summary_and_writes_both_csvs(tmp_path: Path, tiny_
         (["run", "--accelerator", "tpu"], "unknown accelerator 'tpu'"),
         (["run", "--prompts", "jsonl"], "a jsonl workload needs a path"),
         (["export", "99", "--csv", "x.csv"], "no run with id 99"),
+        (["run", "--request-rate", "fast"], "--request-rate must be a number of requests per second, got 'fast'"),
+        (["run", "--request-rate", "0"], "--request-rate must be above 0 (or inf), got 0"),
+        (["run", "--mode", "latency", "--request-rate", "2"], "request_rate applies to concurrency and profile runs"),
     ],
 )
 def test_bad_inputs_exit_non_zero_with_one_line(tmp_path: Path, tiny_model: Path, args: list[str], reason: str) -> None:
@@ -91,6 +94,17 @@ def test_bad_inputs_exit_non_zero_with_one_line(tmp_path: Path, tiny_model: Path
     err_lines = [line for line in p.stderr.splitlines() if line.startswith("error:")]
     assert len(err_lines) == 1 and reason in err_lines[0], p.stderr
     assert "Traceback" not in p.stderr
+
+
+@pytest.mark.slow
+def test_open_loop_run_prints_its_load_and_send_lag(tmp_path: Path, tiny_model: Path) -> None:
+    out = tmp_path / "req.csv"
+    args = ["run", "--request-rate", "8", "--burstiness", "2", "--requests", "4", "--concurrency", "2"]
+    p = cli(*args, "--output-len", "4", "--csv", str(out), db=tmp_path / "db.sqlite")
+    assert p.returncode == 0, p.stderr
+    assert "open loop, 8 req/s, burstiness 2" in p.stdout and "send lag" in p.stdout
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 4 and all(float(r["send_lag_ms"]) >= 0 for r in rows)
 
 
 @pytest.mark.slow

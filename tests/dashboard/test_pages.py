@@ -213,6 +213,7 @@ def test_concurrency_run_completes_and_appears_on_results(
     at.number_input(key="concurrency.concurrency").set_value(2).run()
     at.number_input(key="s.max_tokens").set_value(8).run()
     at.number_input(key="concurrency.input_len").set_value(16).run()
+    at.number_input(key="concurrency.request_rate").set_value(50.0).run()  # an open loop
     before = {r.id for r in session_store.list_runs()}
     at.button(key="concurrency.btn.start").click().run()
     _no_exception(at)
@@ -224,8 +225,11 @@ def test_concurrency_run_completes_and_appears_on_results(
     assert run.summary.completed == 8 and run.summary.output_tokens == 64
     assert session_store.sample_count(run.id) == 8
     latency = _frame(at, "p50 (ms)")
-    assert list(latency["metric"]) == ["TTFT", "TPOT", "ITL", "E2E"]
+    assert list(latency["metric"]) == ["TTFT", "TPOT", "ITL", "E2E", "send lag"]
     assert latency["p50 (ms)"].notna().all()
+    assert run.summary.request_rate == 50.0 and run.summary.send_lag_ms is not None
+    totals = _frame(at, "figure")
+    assert totals[totals["figure"] == "target request rate"]["value"].iloc[0] == "50"
 
     at.switch_page("app_pages/results.py").run()
     _no_exception(at)
