@@ -25,6 +25,7 @@ Engines that see their MoE gates (native) also store expert routing counts.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import queue
 import threading
@@ -353,8 +354,11 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
             todo.put(None)
     token_lock = threading.Lock()
     stop_sampler = threading.Event()
+    # Every sending thread is started and parked before the clock starts, so the first
+    # wave leaves together (as one asyncio client's would) instead of trickling out while
+    # busy threads hold the GIL; t0 is stamped just before they are released.
+    go = threading.Event()
     t0 = time.perf_counter()
-    job._set(status="running", phase="running", t0=t0)
 
     def on_chunk(chunk: Any) -> None:
         with token_lock:
@@ -363,6 +367,7 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
     def dispatcher() -> None:
         """Open loop: hand each request to the slots at its due time."""
         assert offsets is not None
+        go.wait()
         try:
             for seq, (req, offset) in enumerate(zip(requests, offsets, strict=True)):
                 delay = t0 + offset - time.perf_counter()
@@ -376,6 +381,7 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
                 todo.put(None)
 
     def worker() -> None:
+        go.wait()
         free_since = t0  # closed loop: a request is due when its slot frees
         while not job.cancel_event.is_set():
             item = todo.get()
@@ -433,18 +439,32 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
 
     threads = [threading.Thread(target=worker, name=f"run{run_id}-w{i}", daemon=True) for i in range(cfg.concurrency)]
     sampler_thread = threading.Thread(target=sampler, name=f"run{run_id}-sampler", daemon=True)
-    first = [(0.0, SERIES_IN_FLIGHT, 0.0), (0.0, SERIES_DONE, 0.0)]
-    store.add_points(run_id, [*first, *_memory_points(engine, 0.0), *_telemetry_points(engine, 0.0)])
-    sampler_thread.start()
     if offsets is not None:
         threads.append(threading.Thread(target=dispatcher, name=f"run{run_id}-dispatch", daemon=True))
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    t_end = time.perf_counter()
-    stop_sampler.set()
-    sampler_thread.join()
+    # A full garbage collection over a heap holding torch and transformers stalls every
+    # thread for up to seconds, which shows up as made-up TTFT and ITL outliers: collect
+    # once now and keep what exists out of later collections until the run ends (as
+    # ``vllm bench serve`` does with its heap).
+    gc.collect()
+    gc.freeze()
+    try:
+        try:
+            for t in threads:
+                t.start()
+            first = [(0.0, SERIES_IN_FLIGHT, 0.0), (0.0, SERIES_DONE, 0.0)]
+            store.add_points(run_id, [*first, *_memory_points(engine, 0.0), *_telemetry_points(engine, 0.0)])
+        finally:
+            t0 = time.perf_counter()
+            job._set(status="running", phase="running", t0=t0)
+            go.set()
+        sampler_thread.start()
+        for t in threads:
+            t.join()
+        t_end = time.perf_counter()
+        stop_sampler.set()
+        sampler_thread.join()
+    finally:
+        gc.unfreeze()
     last = [(t_end - t0, SERIES_IN_FLIGHT, 0.0), (t_end - t0, SERIES_DONE, float(job._done))]
     store.add_points(run_id, [*last, *_telemetry_points(engine, t_end - t0)])
 

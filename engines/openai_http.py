@@ -29,7 +29,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
@@ -154,6 +154,27 @@ def iter_sse_data(lines: Iterator[str]) -> Iterator[str]:
         yield "\n".join(data)
 
 
+def iter_lines(chunks: Iterable[bytes]) -> Iterator[str]:
+    """Text lines of a byte stream split on ``\\n`` (a ``\\r`` before it is kept for the caller).
+
+    Cheaper per chunk than httpx's ``iter_lines`` (no incremental text decoder layer);
+    splitting bytes before decoding is safe because ``\\n`` never occurs inside a UTF-8
+    multi-byte sequence.
+    """
+    pending = b""
+    for chunk in chunks:
+        if not chunk:
+            continue
+        pending += chunk
+        if b"\n" not in chunk:
+            continue
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.decode("utf-8", errors="replace")
+    if pending:
+        yield pending.decode("utf-8", errors="replace")
+
+
 @contextlib.contextmanager
 def http_errors(url: str, who: str = "the server") -> Iterator[None]:
     """Turn httpx's errors while talking to ``url`` into one-line :class:`RequestFailed`."""
@@ -218,25 +239,49 @@ class TextCounter:
     """Client-side token counts of one stream: the growth of the token count of all text so far.
 
     Counting the whole text (not each delta alone) avoids counting a multi-byte character
-    split across chunks twice; a chunk that stands for a token counts at least one. Exact
-    only when the text re-tokenizes as generated: the server's ``usage`` stays the reference.
+    split across chunks twice; a chunk that stands for a token counts at least one, and a
+    later chunk gives back what such floors over-counted. The text's token count is kept
+    up to date from the growth over the last ``TAIL`` characters plus the delta, not by
+    re-encoding the whole text (which made a long stream quadratic): tokenizers split on
+    word boundaries, so the local growth is the global one. Exact only when the text
+    re-tokenizes as generated: the server's ``usage`` stays the reference.
     """
+
+    TAIL = 64
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.text = ""
+        # A Hugging Face fast tokenizer's Rust core skips the Python wrapper's per-call cost.
+        self._core = getattr(tokenizer, "backend_tokenizer", None)
+        self.tail = ""
+        self.tail_tokens = 0  # tokens in self.tail
+        self.total = 0  # tokens in all text so far
         self.counted = 0
+
+    def _len(self, text: str) -> int:
+        if not text:
+            return 0
+        if self._core is not None:
+            return len(self._core.encode(text, add_special_tokens=False).ids)
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
 
     def add(self, delta: str, carries_token: bool) -> int:
         floor = 1 if (delta or carries_token) else 0
-        if self.tokenizer is None or not delta:
+        # U+FFFD stands for bytes the server could not decode (a byte token of a split or
+        # invalid character): it says nothing about the token count, so it is left out.
+        clean = delta.replace("\ufffd", "")
+        if self.tokenizer is None or not clean:
             n = floor
         else:
-            # U+FFFD stands for bytes the server could not decode (a byte token of a split or
-            # invalid character): it says nothing about the token count, so it is left out.
-            self.text += delta.replace("\ufffd", "")
-            total = len(self.tokenizer.encode(self.text, add_special_tokens=False))
-            n = max(total - self.counted, floor)
+            grown = self.tail + clean
+            grown_tokens = self._len(grown)
+            self.total += grown_tokens - self.tail_tokens
+            if len(grown) > 2 * self.TAIL:  # one extra encode every TAIL characters or so
+                self.tail = grown[-self.TAIL :]
+                self.tail_tokens = self._len(self.tail)
+            else:
+                self.tail, self.tail_tokens = grown, grown_tokens
+            n = max(self.total - self.counted, floor)
         self.counted += n
         return n
 
@@ -444,7 +489,7 @@ class OpenAIEngine(Engine):
         usage_out = 0  # running completion_tokens from per-chunk usage
         content_count = TextCounter(self._tokenizer)
         reasoning_count = TextCounter(self._tokenizer)
-        for payload in iter_sse_data(resp.iter_lines()):
+        for payload in iter_sse_data(iter_lines(resp.iter_bytes())):
             if cancel is not None and cancel.is_set():
                 return  # leaving the with-block closes the response
             if payload.strip() == "[DONE]":

@@ -42,6 +42,7 @@ from engines.openai_http import (
     _error_message,
     _one_line,
     http_errors,
+    iter_lines,
     iter_sse_data,
     sse_object,
 )
@@ -343,7 +344,7 @@ class TritonEngine(ServerEngine):
     def _triton_events(self, resp: Any, cancel: threading.Event | None) -> Iterator[StreamChunk]:
         o = self.topts
         counter = TextCounter(self._tokenizer)
-        for payload in iter_sse_data(resp.iter_lines()):
+        for payload in iter_sse_data(iter_lines(resp.iter_bytes())):
             if cancel is not None and cancel.is_set():
                 return
             obj = sse_object(payload, "Triton")

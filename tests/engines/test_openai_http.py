@@ -241,3 +241,40 @@ def test_tokenizer_counts_delta_text(server: str, tiny_model: Any) -> None:
     tok = engine.tokenizer()
     assert chunks[0].tokens == len(tok.encode("Hel", add_special_tokens=False))
     engine.stop()
+
+
+def test_text_counter_matches_whole_text_counting_on_a_long_stream(tiny_model: Any) -> None:
+    """The windowed count equals re-encoding the whole text after every delta (the old, quadratic way)."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from engines.openai_http import TextCounter
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    rng = random.Random(0)
+    ids = [rng.randrange(100, tok.vocab_size) for _ in range(600)]
+    deltas = [tok.decode([i]) for i in ids]  # one token per chunk, as servers stream them
+    deltas[5] = ""  # a special token: no text, still a token
+    counter = TextCounter(tok)
+    got = [counter.add(d, True) for d in deltas]
+    text, counted, want = "", 0, []
+    for d in deltas:
+        text += d.replace("\ufffd", "")
+        total = len(tok.encode(text, add_special_tokens=False))
+        want.append(max(total - counted, 1))
+        counted += want[-1]
+    assert sum(got) == sum(want) and got == want
+    assert sum(got) >= len(deltas)  # every chunk that stands for a token counts at least one
+
+
+def test_iter_lines_splits_bytes_across_chunk_edges() -> None:
+    from engines.openai_http import iter_lines
+
+    text = 'data: {"text": "金融"}\r\n\r\ndata: [DONE]\n\n'.encode()
+    # Every split point, including inside the multi-byte characters and the \r\n.
+    for cut in range(1, len(text)):
+        lines = list(iter_lines([text[:cut], b"", text[cut:]]))
+        assert lines == ['data: {"text": "金融"}\r', "\r", "data: [DONE]", ""], cut
+    assert list(iter_lines([b"no newline at the end"])) == ["no newline at the end"]
+    assert list(iter_sse_data(iter_lines([text]))) == ['{"text": "金融"}', "[DONE]"]
