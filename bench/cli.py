@@ -97,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--burstiness", type=float, default=1.0, help="gamma shape of the arrival gaps (1 = Poisson, >1 more regular)"
     )
+    r.add_argument(
+        "--no-server-metrics",
+        action="store_true",
+        help="do not scrape the server's /metrics during the run (each scrape costs the server CPU)",
+    )
     r.add_argument("--warmup", type=int, default=None, help="unrecorded warm-up requests (latency default 1)")
     r.add_argument("--prompts", default="random", choices=("random", "builtin", "jsonl"), help="prompt source")
     r.add_argument("--prompt-file", help="JSONL file for --prompts jsonl ({'prompt': ..., 'output_len': ...})")
@@ -255,6 +260,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         request_rate=args.request_rate,
         burstiness=args.burstiness,
+        server_metrics=not args.no_server_metrics,
         warmup=warmup,
         temperature=args.temperature,
         top_p=args.top_p,

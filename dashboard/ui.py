@@ -63,6 +63,7 @@ def init_state() -> None:
                 f"{mode}.warmup": values["warmup"],
                 f"{mode}.request_rate": 0.0,
                 f"{mode}.burstiness": 1.0,
+                f"{mode}.server_metrics": True,
                 f"{mode}.ignore_eos": True,
                 f"{mode}.seed": 0,
                 f"{mode}.name": "",
@@ -267,7 +268,14 @@ def workload_form(mode: str) -> dict[str, Any] | None:
         s2.number_input("top_p", min_value=0.01, max_value=1.0, step=0.05, key="s.top_p")
         s3.number_input("Seed", min_value=0, max_value=2**31 - 1, step=1, key=k + "seed")
         s4.checkbox("Ignore EOS (exact output length)", key=k + "ignore_eos")
-        st.text_input("Run name (optional)", key=k + "name", max_chars=80)
+        n1, n2 = st.columns([3, 2], vertical_alignment="bottom")
+        n1.text_input("Run name (optional)", key=k + "name", max_chars=80)
+        n2.checkbox(
+            "Scrape server metrics",
+            key=k + "server_metrics",
+            help="Read the server's /metrics once a second (vLLM, Triton) for the live server charts. Each scrape "
+            "costs the server some CPU (about 15 ms on the vLLM CPU server); turn off for the cleanest numbers.",
+        )
     ss = st.session_state
     return {
         "mode": mode,
@@ -287,6 +295,7 @@ def workload_form(mode: str) -> dict[str, Any] | None:
         "top_p": float(ss["s.top_p"]),
         "ignore_eos": bool(ss[k + "ignore_eos"]),
         "name": str(ss[k + "name"]).strip(),
+        "server_metrics": bool(ss[k + "server_metrics"]),
     }
 
 

@@ -6,7 +6,9 @@ concurrency, seed, ``ignore_eos``) to the same server, in ABBA order over ``--ro
 TTFT / TPOT / ITL / E2E medians and P99s and the throughputs of each, with the ratio
 ours / theirs of each round's two back-to-back runs (geometric mean over the rounds), their
 spread, and how much vllm bench's own figures move between rounds (the machine's noise
-floor). The first wave of requests leaves together in both clients. Exit status 0 when every median is within
+floor). The first wave of requests leaves together in both clients. An idle watchdog
+process watches for system-wide stalls (CPU steal on a shared VM); rounds in which one hit
+either run are left out and named. Exit status 0 when every median is within
 ``--tolerance`` (default 5 %).
 
     python -m bench.benchmarks.parity_vllm                # launches a vLLM server (tiny model, CPU)
@@ -20,8 +22,10 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +84,7 @@ def run_ours(args: argparse.Namespace, base_url: str, model_name: str, store: St
         requests=args.num_prompts,
         concurrency=args.concurrency,
         warmup=1,  # vllm bench serve sends one test request first
+        server_metrics=args.server_metrics,  # vllm bench serve does not scrape /metrics
         name="parity: moe-bench",
     )
     job = start_run(config, store)
@@ -87,6 +92,8 @@ def run_ours(args: argparse.Namespace, base_url: str, model_name: str, store: St
     if snap.status != "completed" or snap.summary is None:
         raise SystemExit(f"MoE Bench run {snap.status}: {snap.error}")
     out: dict[str, Any] = {label: _get(snap.summary, path) for label, path, _ in ROWS}
+    end = time.time()
+    out["_window"] = (end - snap.summary.duration_s - 0.5, end)
     recs = sorted(store.records(snap.run_id), key=lambda r: r.start_s)  # type: ignore[arg-type]
     out["_detail"] = {
         "start_s": [r.start_s for r in recs],
@@ -153,6 +160,8 @@ def run_theirs(
         raise SystemExit(f"vllm bench serve failed ({proc.exit_reason()}): {proc.tail_one_line(6)}")
     data = json.loads(result.read_text())
     out: dict[str, Any] = {label: data.get(key) for label, _, key in ROWS}
+    end = time.time()
+    out["_window"] = (end - float(data.get("duration") or 0.0) - 1.0, end)
     starts = data.get("start_times") or []
     t0 = min(starts) if starts else 0.0
     order = sorted(range(len(starts)), key=lambda i: starts[i])
@@ -162,6 +171,41 @@ def run_theirs(
         "prompt_tokens": [data["input_lens"][i] for i in order] if data.get("input_lens") else [],
     }
     return out
+
+
+# An idle process that sleeps 5 ms at a time and prints every oversleep longer than the
+# threshold: a system-wide stall (CPU steal, a starved scheduler) shows up here whichever
+# client happens to be running, and a round it lands in measures the machine, not the client.
+_WATCHDOG = (
+    "import sys, time\n"
+    "limit = float(sys.argv[1])\n"
+    "last = time.time()\n"
+    "while True:\n"
+    "    time.sleep(0.005)\n"
+    "    now = time.time()\n"
+    "    if now - last > limit:\n"
+    "        print(f'{now:.3f} {(now - last) * 1000:.0f}', flush=True)\n"
+    "    last = now\n"
+)
+
+
+def _stalls(path: Path) -> list[tuple[float, float]]:
+    """(end time, stall ms) for every stall the watchdog saw."""
+    out = []
+    for line in path.read_text().splitlines():
+        t, _, ms = line.partition(" ")
+        out.append((float(t), float(ms)))
+    return out
+
+
+def _worst_stall(stalls: list[tuple[float, float]], windows: list[tuple[float, float]]) -> float:
+    """The longest stall (ms) that overlaps any of the windows."""
+    worst = 0.0
+    for t_end, ms in stalls:
+        t_start = t_end - ms / 1000
+        if any(t_start < w1 and t_end > w0 for w0, w1 in windows):
+            worst = max(worst, ms)
+    return worst
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -180,6 +224,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2, help="ABBA rounds (each runs both clients once)")
     p.add_argument("--tolerance", type=float, default=0.05, help="allowed relative gap of the medians")
     p.add_argument("--json", help="also write the figures to this JSON file")
+    p.add_argument(
+        "--server-metrics",
+        action="store_true",
+        help="let MoE Bench scrape /metrics during its runs, as it does by default (vllm bench serve never does)",
+    )
+    p.add_argument(
+        "--stall-ms",
+        type=float,
+        default=200.0,
+        help="leave out rounds in which an idle watchdog process overslept this long (the machine stalled)",
+    )
     args = p.parse_args(argv)
 
     from engines.models import resolve_model
@@ -195,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     store = Store(work / "parity.sqlite")
     ours: list[dict[str, Any]] = []
     theirs: list[dict[str, Any]] = []
+    stall_log = work / "stalls.txt"
+    with stall_log.open("w") as fh:
+        watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(args.stall_ms / 1000)], stdout=fh)
     try:
         base_url, served = engine.base_url, engine.served_name  # type: ignore[attr-defined]
         for r in range(args.rounds):
@@ -206,7 +264,17 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     theirs.append(run_theirs(args, base_url, served, str(path), work, r))
     finally:
+        watchdog.kill()
+        watchdog.wait()
         engine.stop()
+
+    stalls = _stalls(stall_log)
+    worst = [_worst_stall(stalls, [o["_window"], t["_window"]]) for o, t in zip(ours, theirs, strict=True)]
+    clean = [i for i, w in enumerate(worst) if w == 0.0]
+    used = clean if len(clean) >= 2 else list(range(len(ours)))
+    left_out = [i for i in range(len(ours)) if i not in used]
+    all_ours, all_theirs = ours, theirs
+    ours, theirs = [all_ours[i] for i in used], [all_theirs[i] for i in used]
 
     def mean(rows: list[dict[str, Any]], label: str) -> float | None:
         vals = [row[label] for row in rows if row[label] is not None]
@@ -216,11 +284,16 @@ def main(argv: list[str] | None = None) -> int:
         f"\nworkload: {args.num_prompts} prompts, {args.input_len} in / {args.output_len} out, "
         f"concurrency {args.concurrency}, seed {args.seed}, model {name}; {args.rounds} ABBA rounds"
     )
+    if left_out:
+        what = ", ".join(f"{i + 1} ({worst[i]:.0f} ms)" for i in left_out)
+        print(f"left out: rounds {what}, where the machine stalled over {args.stall_ms:.0f} ms (idle watchdog)")
+    elif len(clean) < 2 and any(worst):
+        print(f"note: fewer than 2 rounds ran without a machine stall over {args.stall_ms:.0f} ms; all rounds used")
     print(
         f"{'metric':<16}{'MoE Bench':>11}{'vllm bench':>11}{'ratio':>8}{'per-round ratios':>20}{'vllm vs itself':>16}"
     )
     out: dict[str, Any] = {}
-    worst = 0.0
+    gap = 0.0
     noise = 0.0
     for label, _, _ in ROWS:
         a, b = mean(ours, label), mean(theirs, label)
@@ -233,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         cv = statistics.pstdev(mine) / statistics.fmean(mine) if len(mine) > 1 and statistics.fmean(mine) else None
         out[label] = {"moe_bench": a, "vllm_bench": b, "ratio": ratio, "round_ratios": pairs, "vllm_cv": cv}
         if "median" in label and ratio is not None:
-            worst = max(worst, abs(ratio - 1.0))
+            gap = max(gap, abs(ratio - 1.0))
             noise = max(noise, cv or 0.0)
 
         def f(v: float | None) -> str:
@@ -242,19 +315,30 @@ def main(argv: list[str] | None = None) -> int:
         spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "-"
         own = "-" if cv is None else f"{cv * 100:.0f} %"
         print(f"{label:<16}{f(a):>11}{f(b):>11}{f(ratio):>8}{spread:>20}{own:>16}")
-    verdict = "PASS" if worst <= args.tolerance else "FAIL"
+    verdict = "PASS" if gap <= args.tolerance else "FAIL"
     print(
         "\nratio: geometric mean over the rounds of ours / theirs (each round's two runs back to back); "
         "vllm vs itself: the coefficient of variation of vllm bench's own figure across rounds."
     )
-    print(f"largest median gap {worst * 100:.1f} % (tolerance {args.tolerance * 100:.0f} %): {verdict}")
+    print(f"largest median gap {gap * 100:.1f} % (tolerance {args.tolerance * 100:.0f} %): {verdict}")
     if noise > args.tolerance:
         print(
             f"note: vllm bench's own medians moved up to {noise * 100:.0f} % between rounds on this machine, "
             "more than the tolerance; more --rounds narrow the ratio"
         )
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": out, "rounds": {"ours": ours, "theirs": theirs}}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "rows": out,
+                    "rounds": {"ours": all_ours, "theirs": all_theirs},
+                    "stalls": stalls,
+                    "round_worst_stall_ms": worst,
+                    "rounds_used": [i + 1 for i in used],
+                },
+                indent=2,
+            )
+        )
     return 0 if verdict == "PASS" else 1
 
 

@@ -136,6 +136,19 @@ def test_concurrency_run_exact_lengths_metrics_and_series(vllm_engine: Any, stor
     assert run is not None and run.engine_info["engine"] == "vllm"
 
 
+def test_open_loop_run_without_server_metrics(vllm_engine: Any, store: Store) -> None:
+    """Poisson arrivals against the real server, with the /metrics scrape off (no observer cost)."""
+    cfg = _config(requests=12, concurrency=4, request_rate=20.0, server_metrics=False)
+    snap = start_run(cfg, store, engine=vllm_engine).wait(300)
+    assert snap.status == "completed", snap.error
+    assert snap.summary is not None and snap.summary.completed == 12 and snap.summary.request_rate == 20.0
+    names = {name for _, name, _ in store.timeseries(snap.run_id)}  # type: ignore[arg-type]
+    assert "in_flight" in names and not any(n.startswith("server_") for n in names), names
+    records = store.records(snap.run_id)  # type: ignore[arg-type]
+    assert all(r.send_lag_ms is not None and r.send_lag_ms >= 0 for r in records)
+    assert all(r.output_tokens == 16 for r in records)
+
+
 def test_openai_engine_counts_agree_with_usage(vllm_engine: Any) -> None:
     """The generic openai engine on the same server, counting tokens with the client tokenizer."""
     engine = create_engine({"kind": "openai", "model": "tiny-deepseek-v3", "base_url": vllm_engine.base_url})
