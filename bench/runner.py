@@ -361,7 +361,7 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
     # wave leaves together (as one asyncio client's would) instead of trickling out while
     # busy threads hold the GIL; t0 is stamped just before they are released.
     go = threading.Event()
-    t0 = time.perf_counter()
+    t0 = time.perf_counter()  # provisional; the real start is stamped below, before `go`
 
     def on_chunk(chunk: Any) -> None:
         with token_lock:
@@ -444,10 +444,10 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
     sampler_thread = threading.Thread(target=sampler, name=f"run{run_id}-sampler", daemon=True)
     if offsets is not None:
         threads.append(threading.Thread(target=dispatcher, name=f"run{run_id}-dispatch", daemon=True))
-    # A full garbage collection over a heap holding torch and transformers stalls every
-    # thread for up to seconds, which shows up as made-up TTFT and ITL outliers: collect
-    # once now and keep what exists out of later collections until the run ends (as
-    # ``vllm bench serve`` does with its heap).
+    # A full garbage collection walks the whole heap (torch, transformers: millions of
+    # objects) with the GIL held, pausing every sending thread mid-stream, which would show
+    # as TTFT and ITL outliers: collect once now and keep what exists out of later
+    # collections until the run ends (as ``vllm bench serve`` does with its heap).
     gc.collect()
     gc.freeze()
     try:
