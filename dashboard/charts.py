@@ -166,17 +166,19 @@ def distribution(
             name=title, showlegend=False, hovertemplate=f"%{{x}} {unit}<br>%{{y}} requests<extra></extra>",
         )
     )  # fmt: skip
-    marks = ((p50, "p50", P50_COLOR, "left"), (p99, "p99", P99_COLOR, "right"))
+    # Labels point away from each other (p50 to the left of its line, p99 to the right), and
+    # p99's sits one line higher, so close percentiles never print over each other.
+    marks = ((p50, "p50", P50_COLOR, "right", 0), (p99, "p99", P99_COLOR, "left", 14))
     fig.update_layout(
         shapes=[
             {"type": "line", "x0": v, "x1": v, "y0": 0, "y1": 1, "xref": "x", "yref": "paper",
              "line": {"color": c, "width": 2, "dash": "dash"}}
-            for v, _, c, _ in marks
+            for v, _, c, _, _ in marks
         ],
         annotations=[
             {"x": v, "y": 1.0, "xref": "x", "yref": "paper", "text": f"{label} {v:.1f} {unit}", "showarrow": False,
-             "yanchor": "bottom", "xanchor": anchor, "font": {"color": c, "size": 12}}
-            for v, label, c, anchor in marks
+             "yanchor": "bottom", "xanchor": anchor, "yshift": shift, "font": {"color": c, "size": 12}}
+            for v, label, c, anchor, shift in marks
         ],
     )  # fmt: skip
     fig.update_xaxes(title=f"{column.removesuffix('_ms').upper()} ({unit})")

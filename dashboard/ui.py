@@ -221,7 +221,7 @@ def workload_form(mode: str) -> dict[str, Any] | None:
     if mode == "concurrency":
         c3.number_input("Concurrency", min_value=1, max_value=4096, step=1, key=k + "concurrency", help="max in flight")
         c1.number_input(
-            "Request rate (req/s)",
+            "Request rate (req/s, 0 = closed loop)",
             min_value=0.0,
             max_value=1_000_000.0,
             step=1.0,
