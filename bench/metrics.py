@@ -40,7 +40,8 @@ METRIC_DEFINITIONS: dict[str, str] = {
     "ttft_any_ms": "Time to the first chunk of any kind, reasoning_content included (reasoning models), in ms; "
     "equals ttft_ms for models without a reasoning stream.",
     "usage_output_tokens": "Output tokens as the server's usage report counts them (HTTP engines); output_tokens is "
-    "the client's own count, and a run counts the requests where the two differ in usage_mismatches.",
+    "the client's own count, and a run counts the requests where the two differ in usage_mismatches. TPOT, token "
+    "totals and throughputs use the server's count where there is one (as vllm bench serve does), else the client's.",
     "send_lag_ms": "Actual send time minus due send time, per request, in ms. Open loop (request_rate): due at its "
     "scheduled arrival; closed loop: due when its slot freed (the slot's previous request ended). A p90 above "
     "max(10 ms, a quarter of the mean arrival interval) marks the run client-bound.",
@@ -90,16 +91,23 @@ class RequestRecord:
         return self.usage_output_tokens is not None and self.usage_output_tokens != self.output_tokens
 
     @property
+    def counted_output_tokens(self) -> int:
+        """The output tokens the metrics use: the server's usage count where it reports one
+        (as ``vllm bench serve`` does), else the client's own count."""
+        return self.output_tokens if self.usage_output_tokens is None else self.usage_output_tokens
+
+    @property
     def e2e_ms(self) -> float:
         return (self.end_s - self.start_s) * 1000.0
 
     @property
     def tpot_ms(self) -> float | None:
         ttft = self.ttft_ms
-        if ttft is None or self.output_tokens < 2:
+        n = self.counted_output_tokens
+        if ttft is None or n < 2:
             return None
         last = self.chunk_times_s[-1]
-        return ((last - self.start_s) * 1000.0 - ttft) / (self.output_tokens - 1)
+        return ((last - self.start_s) * 1000.0 - ttft) / (n - 1)
 
     @property
     def itls_ms(self) -> list[float]:
@@ -238,7 +246,7 @@ def summarize(
     if duration_s is None:
         duration_s = (max(r.end_s for r in records) - min(r.start_s for r in records)) if records else 0.0
     prompt_tokens = sum(r.prompt_tokens for r in ok)
-    output_tokens = sum(r.output_tokens for r in ok)
+    output_tokens = sum(r.counted_output_tokens for r in ok)
 
     def rate(x: float) -> float:
         return x / duration_s if duration_s > 0 else 0.0

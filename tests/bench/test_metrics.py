@@ -66,6 +66,17 @@ def test_usage_mismatch_is_counted() -> None:
     assert summarize(recs).usage_mismatches == 1
 
 
+def test_the_servers_usage_count_drives_tpot_and_throughput() -> None:
+    """As vllm bench serve: the server's completion_tokens where reported, else the client's count."""
+    served = RequestRecord("s", 0.0, 1.0, [0.1, 0.4, 1.0], output_tokens=4, usage_output_tokens=3)
+    assert served.counted_output_tokens == 3 and served.tpot_ms == pytest.approx((1000.0 - 100.0) / 2)
+    local = RequestRecord("l", 0.0, 1.0, [0.1, 0.4, 1.0], output_tokens=4)
+    assert local.counted_output_tokens == 4 and local.tpot_ms == pytest.approx((1000.0 - 100.0) / 3)
+    s = summarize([served, local], duration_s=2.0)
+    assert s.output_tokens == 7 and s.output_throughput_tok_s == pytest.approx(3.5)
+    assert served.as_row()["output_tokens"] == 4 and served.as_row()["usage_output_tokens"] == 3  # both kept
+
+
 def test_every_metric_has_a_definition() -> None:
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "output_throughput_tok_s", "duration_s"):
         assert len(METRIC_DEFINITIONS[key]) > 30
