@@ -174,18 +174,17 @@ def format_summary(summary: RunSummary) -> str:
         "",
         f"{'metric':<10}{'mean':>10}{'p50':>10}{'p90':>10}{'p95':>10}{'p99':>10}{'max':>10}",
     ]
-    for label, st in (
+    rows = [
         ("TTFT ms", summary.ttft_ms),
         ("TPOT ms", summary.tpot_ms),
         ("ITL ms", summary.itl_ms),
         ("E2E ms", summary.e2e_ms),
-    ):
+    ]
+    if summary.send_lag_ms is not None:
+        rows.append(("send lag", summary.send_lag_ms))
+    for label, st in rows:
         vals = [st.mean, st.p50, st.p90, st.p95, st.p99, st.max]
         lines.append(f"{label:<10}" + "".join(f"{'-' if v is None else f'{v:.2f}':>10}" for v in vals))
-    if summary.send_lag_ms is not None:
-        st = summary.send_lag_ms
-        vals = [st.mean, st.p50, st.p90, st.p95, st.p99, st.max]
-        lines.append(f"{'send lag':<10}" + "".join(f"{'-' if v is None else f'{v:.2f}':>10}" for v in vals))
     if summary.peak_memory_gib is not None:
         lines.append(f"\npeak memory   {summary.peak_memory_gib:.3f} GiB")
     if summary.request_rate is not None:
