@@ -25,6 +25,7 @@ Engines that see their MoE gates (native) also store expert routing counts.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import itertools
 import queue
@@ -49,6 +50,7 @@ from engines.base import (
     SamplingParams,
     create_engine,
     parse_options,
+    timed_astream,
     timed_stream,
 )
 from engines.errors import ConfigError, MoEBenchError
@@ -367,6 +369,28 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
         with token_lock:
             job._tokens += chunk.tokens
 
+    def started() -> None:
+        with job._lock:
+            job._in_flight += 1
+
+    def complete(seq: int, req: GenerationRequest, res: Any, due: float) -> bool:
+        """Record one finished request; True when the engine should be checked for health."""
+        rec = _record(req, res, t0, due)
+        store.add_sample(run_id, seq, rec)
+        with job._lock:
+            job._in_flight -= 1
+            job._records.append(rec)
+            job._done += 1
+            job._failed += 0 if rec.ok else 1
+        # A failed request may mean the engine died: stop sending more if it did.
+        return not rec.ok and not job.cancel_event.is_set()
+
+    def check_health() -> None:
+        reason = engine.health()
+        if reason is not None:
+            job._set(error=reason)
+            job.cancel_event.set()
+
     def dispatcher() -> None:
         """Open loop: hand each request to the slots at its due time."""
         assert offsets is not None
@@ -391,24 +415,67 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
             if item is None or job.cancel_event.is_set():
                 return
             seq, req, offset = item
-            due = free_since if offset is None else t0 + offset
-            with job._lock:
-                job._in_flight += 1
+            started()
             res = timed_stream(engine, req, job.cancel_event, on_chunk)
-            rec = _record(req, res, t0, due)
-            store.add_sample(run_id, seq, rec)
-            with job._lock:
-                job._in_flight -= 1
-                job._records.append(rec)
-                job._done += 1
-                job._failed += 0 if rec.ok else 1
-            if not rec.ok and not job.cancel_event.is_set():
-                # A failed request may mean the engine died: stop sending more if it did.
-                reason = engine.health()
-                if reason is not None:
-                    job._set(error=reason)
-                    job.cancel_event.set()
+            if complete(seq, req, res, free_since if offset is None else t0 + offset):
+                check_health()
             free_since = res.end
+
+    async def send_async() -> None:
+        """The same slots and dispatcher as coroutines on one event loop (engines with
+        ``astream``): no thread per in-flight request, so the client costs less CPU and
+        no GIL hand-offs sit between a chunk's arrival and its timestamp."""
+        slots: asyncio.Queue[tuple[int, GenerationRequest, float | None] | None] = asyncio.Queue()
+        while not todo.empty():
+            slots.put_nowait(todo.get_nowait())
+
+        async def a_dispatcher() -> None:
+            assert offsets is not None
+            try:
+                for seq, (req, offset) in enumerate(zip(requests, offsets, strict=True)):
+                    delay = t0 + offset - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    if job.cancel_event.is_set():
+                        return
+                    slots.put_nowait((seq, req, offset))
+            finally:
+                for _ in range(cfg.concurrency):
+                    slots.put_nowait(None)
+
+        async def a_worker() -> None:
+            free_since = t0
+            while not job.cancel_event.is_set():
+                item = await slots.get()
+                if item is None or job.cancel_event.is_set():
+                    return
+                seq, req, offset = item
+                started()
+                res = await timed_astream(engine, req, job.cancel_event, on_chunk)
+                if complete(seq, req, res, free_since if offset is None else t0 + offset):
+                    await asyncio.to_thread(check_health)
+                free_since = res.end
+
+        await engine.aopen()
+        try:
+            go.wait()  # nothing else runs on this loop yet
+            tasks = [asyncio.create_task(a_worker()) for _ in range(cfg.concurrency)]
+            if offsets is not None:
+                tasks.append(asyncio.create_task(a_dispatcher()))
+            watch = asyncio.gather(*tasks, return_exceptions=True)
+            # A cancel reaches requests waiting on a silent server too: their tasks are
+            # cancelled, and each ends as a "cancelled" request (see timed_astream).
+            while not watch.done():
+                await asyncio.wait([watch], timeout=0.05)
+                if job.cancel_event.is_set() and not watch.done():
+                    for task in tasks:
+                        task.cancel()
+                    await asyncio.wait([watch])
+            for out in watch.result():
+                if isinstance(out, Exception):
+                    raise out
+        finally:
+            await engine.aclose()
 
     def sampler() -> None:
         last_t, last_tokens = t0, 0
@@ -440,10 +507,23 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
             if tick % summary_every == 0:
                 job._set(summary=job._partial_summary())
 
-    threads = [threading.Thread(target=worker, name=f"run{run_id}-w{i}", daemon=True) for i in range(cfg.concurrency)]
+    failures: list[BaseException] = []
+
+    def run_loop() -> None:
+        try:
+            asyncio.run(send_async())
+        except BaseException as exc:  # noqa: BLE001 - raised again in the run's thread below
+            failures.append(exc)
+
+    if engine.async_capable():
+        threads = [threading.Thread(target=run_loop, name=f"run{run_id}-loop", daemon=True)]
+    else:
+        threads = [
+            threading.Thread(target=worker, name=f"run{run_id}-w{i}", daemon=True) for i in range(cfg.concurrency)
+        ]
+        if offsets is not None:
+            threads.append(threading.Thread(target=dispatcher, name=f"run{run_id}-dispatch", daemon=True))
     sampler_thread = threading.Thread(target=sampler, name=f"run{run_id}-sampler", daemon=True)
-    if offsets is not None:
-        threads.append(threading.Thread(target=dispatcher, name=f"run{run_id}-dispatch", daemon=True))
     # A full garbage collection walks the whole heap (torch, transformers: millions of
     # objects) with the GIL held, pausing every sending thread mid-stream, which would show
     # as TTFT and ITL outliers: collect once now and keep what exists out of later
@@ -470,6 +550,8 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
         sampler_thread.join()
     finally:
         gc.unfreeze()
+    if failures:
+        raise failures[0]
     last = [(t_end - t0, SERIES_IN_FLIGHT, 0.0), (t_end - t0, SERIES_DONE, float(job._done))]
     store.add_points(run_id, [*last, *_telemetry_points(engine, t_end - t0, cfg.server_metrics)])
 

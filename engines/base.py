@@ -5,11 +5,13 @@ server) implements the same small interface:
 
 - ``start(progress)``: load the model or reach the server;
 - ``stream(request, cancel)``: yield :class:`StreamChunk` objects (text plus the number
-  of new tokens it carries) as the engine produces them;
+  of new tokens it carries) as the engine produces them; engines that can (HTTP clients)
+  also offer ``astream`` on an event loop, between ``aopen()`` and ``aclose()``;
 - ``stop()``; ``describe()``; ``memory()``.
 
-Engines never take timestamps: :func:`timed_stream` stamps every chunk with one
-monotonic clock as it reaches the caller, so TTFT means the same thing for every engine.
+Engines never take timestamps: :func:`timed_stream` and :func:`timed_astream` stamp
+every chunk with one monotonic clock as it reaches the caller, so TTFT means the same
+thing for every engine.
 
 Options are typed pydantic models discriminated by ``kind``. Engine modules are
 imported lazily through :data:`ENGINE_MODULES`, so a missing vLLM or tritonclient
@@ -18,10 +20,11 @@ only matters when that engine is picked.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -94,6 +97,53 @@ class TimedResult:
     error: str | None = None
 
 
+class _Stamper:
+    """Turns an engine's chunks into a :class:`TimedResult`: the single timing point,
+    shared by :func:`timed_stream` and :func:`timed_astream`."""
+
+    def __init__(self, request: GenerationRequest, on_chunk: Callable[[TimedChunk], None] | None) -> None:
+        self.request = request
+        self.on_chunk = on_chunk
+        self.parts: list[str] = []
+        self.result = TimedResult(start=time.perf_counter(), prompt_tokens=request.prompt_tokens)
+
+    def add(self, chunk: StreamChunk) -> None:
+        now = time.perf_counter()
+        result = self.result
+        if chunk.prompt_tokens is not None:
+            result.prompt_tokens = chunk.prompt_tokens
+        if chunk.usage_output_tokens is not None:
+            result.usage_output_tokens = chunk.usage_output_tokens
+        carries = chunk.tokens > 0 or bool(chunk.text)
+        if carries and result.first_any is None:
+            result.first_any = now
+        if chunk.reasoning:
+            result.output_tokens += chunk.tokens
+            result.reasoning_tokens += chunk.tokens
+            return
+        if carries:
+            tc = TimedChunk(now, chunk.tokens)
+            result.chunks.append(tc)
+            result.output_tokens += chunk.tokens
+            self.parts.append(chunk.text)
+            if self.on_chunk is not None:
+                self.on_chunk(tc)
+
+    def fail(self, exc: BaseException) -> None:
+        self.result.error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
+
+    def finish(self, cancel: threading.Event | None) -> TimedResult:
+        result = self.result
+        result.end = time.perf_counter()
+        cancelled = cancel is not None and cancel.is_set()
+        if result.error is None and cancelled and result.output_tokens < self.request.sampling.max_tokens:
+            result.error = "cancelled"
+        result.text = "".join(self.parts)
+        if result.usage_output_tokens is not None and not result.chunks:
+            result.output_tokens = result.usage_output_tokens
+        return result
+
+
 def timed_stream(
     engine: Engine,
     request: GenerationRequest,
@@ -105,37 +155,34 @@ def timed_stream(
     An engine error ends this request with its reason in ``error``; it never raises
     for a request-level failure (the run goes on).
     """
-    result = TimedResult(start=time.perf_counter(), prompt_tokens=request.prompt_tokens)
-    parts: list[str] = []
+    stamper = _Stamper(request, on_chunk)
     try:
         for chunk in engine.stream(request, cancel):
-            now = time.perf_counter()
-            if chunk.prompt_tokens is not None:
-                result.prompt_tokens = chunk.prompt_tokens
-            if chunk.usage_output_tokens is not None:
-                result.usage_output_tokens = chunk.usage_output_tokens
-            if (chunk.tokens > 0 or chunk.text) and result.first_any is None:
-                result.first_any = now
-            if chunk.reasoning:
-                result.output_tokens += chunk.tokens
-                result.reasoning_tokens += chunk.tokens
-                continue
-            if chunk.tokens > 0 or chunk.text:
-                tc = TimedChunk(now, chunk.tokens)
-                result.chunks.append(tc)
-                result.output_tokens += chunk.tokens
-                parts.append(chunk.text)
-                if on_chunk is not None:
-                    on_chunk(tc)
-        if cancel is not None and cancel.is_set() and result.output_tokens < request.sampling.max_tokens:
-            result.error = "cancelled"
+            stamper.add(chunk)
     except Exception as exc:  # noqa: BLE001 - a failed request is recorded, not raised
-        result.error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
-    result.end = time.perf_counter()
-    result.text = "".join(parts)
-    if result.usage_output_tokens is not None and not result.chunks:
-        result.output_tokens = result.usage_output_tokens
-    return result
+        stamper.fail(exc)
+    return stamper.finish(cancel)
+
+
+async def timed_astream(
+    engine: Engine,
+    request: GenerationRequest,
+    cancel: threading.Event | None = None,
+    on_chunk: Callable[[TimedChunk], None] | None = None,
+) -> TimedResult:
+    """:func:`timed_stream` over :meth:`Engine.astream`, for many requests on one event loop.
+
+    A task cancelled mid-request (the run was cancelled) ends the request as "cancelled".
+    """
+    stamper = _Stamper(request, on_chunk)
+    try:
+        async for chunk in engine.astream(request, cancel):
+            stamper.add(chunk)
+    except asyncio.CancelledError:
+        stamper.result.error = "cancelled"
+    except Exception as exc:  # noqa: BLE001 - a failed request is recorded, not raised
+        stamper.fail(exc)
+    return stamper.finish(cancel)
 
 
 class EngineOptions(BaseModel):
@@ -178,6 +225,23 @@ class Engine:
 
     def stream(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[StreamChunk]:
         raise NotImplementedError
+
+    def async_capable(self) -> bool:
+        """Whether :meth:`astream` works, so a run can send every request from one event
+        loop (as ``vllm bench serve`` does) instead of a thread per in-flight request."""
+        return False
+
+    async def aopen(self) -> None:
+        """Set up what :meth:`astream` needs on the running event loop (e.g. an HTTP session)."""
+        return None
+
+    async def aclose(self) -> None:
+        """Release what :meth:`aopen` set up, on the same event loop."""
+        return None
+
+    def astream(self, request: GenerationRequest, cancel: threading.Event | None = None) -> AsyncIterator[StreamChunk]:
+        """The asynchronous twin of :meth:`stream`; only where :meth:`async_capable` says so."""
+        raise NotImplementedError(f"the {self.kind} engine has no asynchronous stream")
 
     def stop(self) -> None:
         self.started = False

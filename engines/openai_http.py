@@ -29,7 +29,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
@@ -70,6 +70,7 @@ class OpenAIOptions(EngineOptions):
     timeout_s: float | None = Field(None, gt=0)  # per-request read timeout; default Settings.request_timeout_s
     max_connections: int = Field(1024, ge=1, le=65536)  # the connection pool (>= the run's concurrency)
     check_model: bool = True  # check at start that the server lists ``model`` under /models
+    async_client: bool = True  # runs send from one asyncio loop (aiohttp), as vllm bench serve does
 
     @field_validator("base_url")
     @classmethod
@@ -125,54 +126,75 @@ class SSEError(RequestFailed):
     """The server's event stream was malformed or ended early."""
 
 
-def iter_sse_data(lines: Iterator[str]) -> Iterator[str]:
-    """The ``data`` payloads of a server-sent event stream, one per event.
+class SSEDecoder:
+    """An incremental server-sent-event decoder: bytes in, complete ``data`` payloads out.
 
     Follows the SSE rules that matter here: ``data:`` lines of one event are joined
     with newlines, a blank line ends an event, ``:`` lines are comments, other fields
-    (``event``, ``id``, ``retry``) are ignored. A payload still pending at the end is
-    yielded too (some servers omit the last blank line).
+    (``event``, ``id``, ``retry``) are ignored; :meth:`close` gives a payload still
+    pending at the end (some servers omit the last blank line). Lines are split on
+    ``\\n`` before decoding, which is safe because ``\\n`` never occurs inside a UTF-8
+    multi-byte sequence, and cheaper per chunk than an incremental text decoder.
     """
-    data: list[str] = []
-    for raw in lines:
+
+    def __init__(self) -> None:
+        self._pending = b""
+        self._data: list[str] = []
+
+    def line(self, raw: str) -> str | None:
+        """Take one line; the event's payload when this line ends one."""
         line = raw.rstrip("\r\n")
         if not line:
-            if data:
-                yield "\n".join(data)
-                data = []
-            continue
+            if not self._data:
+                return None
+            payload, self._data = "\n".join(self._data), []
+            return payload
         if line.startswith(":"):
-            continue
-        field, sep, value = line.partition(":")
+            return None
+        name, sep, value = line.partition(":")
         if not sep:
-            field, value = line, ""
+            name, value = line, ""
         elif value.startswith(" "):
             value = value[1:]
-        if field == "data":
-            data.append(value)
-    if data:
-        yield "\n".join(data)
+        if name == "data":
+            self._data.append(value)
+        return None
 
-
-def iter_lines(chunks: Iterable[bytes]) -> Iterator[str]:
-    """Text lines of a byte stream split on ``\\n`` (a ``\\r`` before it is kept for the caller).
-
-    Cheaper per chunk than httpx's ``iter_lines`` (no incremental text decoder layer);
-    splitting bytes before decoding is safe because ``\\n`` never occurs inside a UTF-8
-    multi-byte sequence.
-    """
-    pending = b""
-    for chunk in chunks:
+    def feed(self, chunk: bytes) -> list[str]:
+        """Take the next bytes of the stream; the payloads of the events they complete."""
         if not chunk:
-            continue
-        pending += chunk
+            return []
+        self._pending += chunk
         if b"\n" not in chunk:
-            continue
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            yield line.decode("utf-8", errors="replace")
-    if pending:
-        yield pending.decode("utf-8", errors="replace")
+            return []
+        *lines, self._pending = self._pending.split(b"\n")
+        out = []
+        for raw in lines:
+            payload = self.line(raw.decode("utf-8", errors="replace"))
+            if payload is not None:
+                out.append(payload)
+        return out
+
+    def close(self) -> list[str]:
+        """The stream ended: the payload still pending, if any."""
+        out = []
+        if self._pending:
+            payload = self.line(self._pending.decode("utf-8", errors="replace"))
+            self._pending = b""
+            if payload is not None:
+                out.append(payload)
+        if self._data:
+            out.append("\n".join(self._data))
+            self._data = []
+        return out
+
+
+def sse_payloads(chunks: Iterable[bytes]) -> Iterator[str]:
+    """The ``data`` payloads of a server-sent event stream given as byte chunks."""
+    decoder = SSEDecoder()
+    for chunk in chunks:
+        yield from decoder.feed(chunk)
+    yield from decoder.close()
 
 
 @contextlib.contextmanager
@@ -187,6 +209,21 @@ def http_errors(url: str, who: str = "the server") -> Iterator[None]:
     except httpx.RemoteProtocolError as exc:
         raise RequestFailed(f"connection dropped by {who}: {_one_line(str(exc), 200)}") from exc
     except httpx.HTTPError as exc:
+        raise RequestFailed(f"{type(exc).__name__} from {url}: {_one_line(str(exc), 200)}") from exc
+
+
+@contextlib.contextmanager
+def aiohttp_errors(url: str, who: str = "the server") -> Iterator[None]:
+    """:func:`http_errors` for the asynchronous client (aiohttp)."""
+    import aiohttp
+
+    try:
+        yield
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        raise RequestFailed(f"timed out waiting for {url} ({type(exc).__name__})") from exc
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
+        raise RequestFailed(f"connection dropped by {who}: {_one_line(str(exc), 200)}") from exc
+    except aiohttp.ClientError as exc:
         raise RequestFailed(f"{type(exc).__name__} from {url}: {_one_line(str(exc), 200)}") from exc
 
 
@@ -302,6 +339,7 @@ class OpenAIEngine(Engine):
         self.tokenizer_path: str | None = None
         self.served_models: list[str] = []
         self._lock = threading.Lock()
+        self._asession: Any = None  # aiohttp session between aopen() and aclose()
 
     # --- what subclasses may override -------------------------------------------------
     @property
@@ -473,79 +511,158 @@ class OpenAIEngine(Engine):
                 body["min_tokens"] = sp.max_tokens
         return body
 
+    def _url_for_endpoint(self) -> str:
+        return self.base_url + ("/chat/completions" if self.opts.endpoint == "chat" else "/completions")
+
     def stream(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[StreamChunk]:
         if self._client is None:
             raise EngineUnavailable(f"the {self.kind} engine is not started")
-        path = "/chat/completions" if self.opts.endpoint == "chat" else "/completions"
-        url = self.base_url + path
+        url = self._url_for_endpoint()
         body = self.request_body(request)
+        parser = CompletionStream(self._tokenizer)
         with http_errors(url), self._client.stream("POST", url, json=body) as resp:
             if resp.status_code >= 400:
                 raise RequestFailed(f"HTTP {resp.status_code} from {url}: {_error_message(resp.read())}")
-            yield from self._events(resp, cancel)
+            for payload in sse_payloads(resp.iter_bytes()):
+                if cancel is not None and cancel.is_set():
+                    return  # leaving the with-block closes the response
+                yield from parser.feed(payload)
+                if parser.done:
+                    break
+        parser.check_complete(cancel)
 
-    def _events(self, resp: Any, cancel: threading.Event | None) -> Iterator[StreamChunk]:
-        seen_done = False
-        usage_out = 0  # running completion_tokens from per-chunk usage
-        content_count = TextCounter(self._tokenizer)
-        reasoning_count = TextCounter(self._tokenizer)
-        for payload in iter_sse_data(iter_lines(resp.iter_bytes())):
-            if cancel is not None and cancel.is_set():
-                return  # leaving the with-block closes the response
-            if payload.strip() == "[DONE]":
-                seen_done = True
-                break
-            obj = sse_object(payload)
-            if "error" in obj:
-                err = obj["error"]
-                msg = err.get("message", err) if isinstance(err, dict) else err
-                raise RequestFailed(f"server error mid-stream: {_one_line(str(msg), 200)}")
-            usage = obj.get("usage") or None
-            choices = obj.get("choices") or []
-            if not choices:
-                if usage is not None:
-                    yield StreamChunk(
-                        text="",
-                        tokens=0,
-                        final=True,
-                        prompt_tokens=usage.get("prompt_tokens"),
-                        usage_output_tokens=usage.get("completion_tokens"),
-                    )
-                continue
-            choice = choices[0]
-            if not isinstance(choice, dict):
-                raise SSEError(f"malformed SSE event (bad choice): {_one_line(payload, 120)}")
-            text, reasoning = self._choice_text(choice)
-            server_n: int | None = None
-            if isinstance(choice.get("token_ids"), list):
-                server_n = len(choice["token_ids"])
-            elif usage is not None and usage.get("completion_tokens") is not None:
-                server_n = int(usage["completion_tokens"]) - usage_out
-                usage_out = int(usage["completion_tokens"])
-            if reasoning:
-                n = reasoning_count.add(reasoning, True)
-                if server_n is not None and not text:
-                    n = server_n
-                yield StreamChunk(text=reasoning, tokens=n, reasoning=True)
-                if not text:
-                    continue
-            n = content_count.add(text, _carries_token(choice))
-            if server_n is not None:
+    # --- the asynchronous path: one event loop for every request of a run -------------
+    def async_capable(self) -> bool:
+        import importlib.util
+
+        return self.opts.async_client and importlib.util.find_spec("aiohttp") is not None
+
+    async def aopen(self) -> None:
+        import aiohttp
+
+        read = self.opts.timeout_s or get_settings().request_timeout_s
+        headers = {"Accept": "text/event-stream, application/json"}
+        key = api_key_from_env()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        n = self.opts.max_connections
+        # aiohttp sets TCP_NODELAY itself; as in vllm bench serve: no total timeout, a read one.
+        connector = aiohttp.TCPConnector(limit=n, limit_per_host=n, keepalive_timeout=60)
+        timeout = aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=read)
+        self._asession = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers)
+
+    async def aclose(self) -> None:
+        session, self._asession = self._asession, None
+        if session is not None:
+            await session.close()
+
+    async def astream(
+        self, request: GenerationRequest, cancel: threading.Event | None = None
+    ) -> AsyncIterator[StreamChunk]:
+        session = self._asession
+        if session is None:
+            raise EngineUnavailable(f"the {self.kind} engine has no open asynchronous session (aopen)")
+        url = self._url_for_endpoint()
+        parser = CompletionStream(self._tokenizer)
+        decoder = SSEDecoder()
+        with aiohttp_errors(url):
+            async with session.post(url, json=self.request_body(request)) as resp:
+                if resp.status >= 400:
+                    raise RequestFailed(f"HTTP {resp.status} from {url}: {_error_message(await resp.read())}")
+                async for data in resp.content.iter_any():
+                    for payload in decoder.feed(data):
+                        if cancel is not None and cancel.is_set():
+                            return
+                        for chunk in parser.feed(payload):
+                            yield chunk
+                        if parser.done:
+                            break
+                    if parser.done:
+                        break
+                if not parser.done:
+                    for payload in decoder.close():
+                        for chunk in parser.feed(payload):
+                            yield chunk
+        parser.check_complete(cancel)
+
+
+class CompletionStream:
+    """The events of one streamed OpenAI completion (or chat completion) -> :class:`StreamChunk`.
+
+    Token counts per chunk, best source first: the choice's ``token_ids``, the growth of a
+    per-chunk ``usage``, the client tokenizer (:class:`TextCounter`), one per chunk with
+    text. Shared by the threaded and the asynchronous client, so both count alike.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.done = False  # [DONE] seen
+        self.usage_out = 0  # running completion_tokens from per-chunk usage
+        self.content_count = TextCounter(tokenizer)
+        self.reasoning_count = TextCounter(tokenizer)
+
+    def feed(self, payload: str) -> list[StreamChunk]:
+        """The chunks one ``data`` payload stands for; raises on an error or a malformed event."""
+        if payload.strip() == "[DONE]":
+            self.done = True
+            return []
+        obj = sse_object(payload)
+        if "error" in obj:
+            err = obj["error"]
+            msg = err.get("message", err) if isinstance(err, dict) else err
+            raise RequestFailed(f"server error mid-stream: {_one_line(str(msg), 200)}")
+        usage = obj.get("usage") or None
+        choices = obj.get("choices") or []
+        if not choices:
+            if usage is None:
+                return []
+            return [
+                StreamChunk(
+                    text="",
+                    tokens=0,
+                    final=True,
+                    prompt_tokens=usage.get("prompt_tokens"),
+                    usage_output_tokens=usage.get("completion_tokens"),
+                )
+            ]
+        choice = choices[0]
+        if not isinstance(choice, dict):
+            raise SSEError(f"malformed SSE event (bad choice): {_one_line(payload, 120)}")
+        text, reasoning = _choice_text(choice)
+        server_n: int | None = None
+        if isinstance(choice.get("token_ids"), list):
+            server_n = len(choice["token_ids"])
+        elif usage is not None and usage.get("completion_tokens") is not None:
+            server_n = int(usage["completion_tokens"]) - self.usage_out
+            self.usage_out = int(usage["completion_tokens"])
+        out = []
+        if reasoning:
+            n = self.reasoning_count.add(reasoning, True)
+            if server_n is not None and not text:
                 n = server_n
-            if text or n:
-                yield StreamChunk(text=text, tokens=n)
-        if not seen_done and not (cancel is not None and cancel.is_set()):
+            out.append(StreamChunk(text=reasoning, tokens=n, reasoning=True))
+            if not text:
+                return out
+        n = self.content_count.add(text, _carries_token(choice))
+        if server_n is not None:
+            n = server_n
+        if text or n:
+            out.append(StreamChunk(text=text, tokens=n))
+        return out
+
+    def check_complete(self, cancel: threading.Event | None) -> None:
+        """Raise :class:`SSEError` when the stream ended before ``[DONE]`` without a cancel."""
+        if not self.done and not (cancel is not None and cancel.is_set()):
             raise SSEError("the event stream ended before [DONE] (connection dropped?)")
 
-    @staticmethod
-    def _choice_text(choice: dict[str, Any]) -> tuple[str, str]:
-        """(content text, reasoning text) of one streamed choice."""
-        if "delta" in choice:
-            delta = choice.get("delta") or {}
-            content = delta.get("content") or ""
-            reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
-            return str(content), str(reasoning)
-        return str(choice.get("text") or ""), ""
+
+def _choice_text(choice: dict[str, Any]) -> tuple[str, str]:
+    """(content text, reasoning text) of one streamed choice."""
+    if "delta" in choice:
+        delta = choice.get("delta") or {}
+        content = delta.get("content") or ""
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+        return str(content), str(reasoning)
+    return str(choice.get("text") or ""), ""
 
 
 class ServerEngine(OpenAIEngine):

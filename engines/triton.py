@@ -42,9 +42,8 @@ from engines.openai_http import (
     _error_message,
     _one_line,
     http_errors,
-    iter_lines,
-    iter_sse_data,
     sse_object,
+    sse_payloads,
 )
 from engines.prometheus import parse_prometheus
 from engines.settings import PROJECT_ROOT, get_settings
@@ -331,6 +330,9 @@ class TritonEngine(ServerEngine):
             body.update(temperature=sp.temperature, top_p=sp.top_p)
         return body
 
+    def async_capable(self) -> bool:
+        return False  # generate_stream goes through the threaded client (stream below)
+
     def stream(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[StreamChunk]:
         if self._client is None:
             raise EngineUnavailable("the triton engine is not started")
@@ -344,7 +346,7 @@ class TritonEngine(ServerEngine):
     def _triton_events(self, resp: Any, cancel: threading.Event | None) -> Iterator[StreamChunk]:
         o = self.topts
         counter = TextCounter(self._tokenizer)
-        for payload in iter_sse_data(iter_lines(resp.iter_bytes())):
+        for payload in sse_payloads(resp.iter_bytes()):
             if cancel is not None and cancel.is_set():
                 return
             obj = sse_object(payload, "Triton")

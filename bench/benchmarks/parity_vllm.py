@@ -73,7 +73,13 @@ def _get(summary: Any, path: str) -> float | None:
 def run_ours(args: argparse.Namespace, base_url: str, model_name: str, store: Store) -> dict[str, Any]:
     """One MoE Bench concurrency run against the server; the figures keyed like :data:`ROWS`."""
     config = RunConfig.build(
-        engine={"kind": "vllm", "model": args.model, "base_url": base_url, "served_model_name": model_name},
+        engine={
+            "kind": "vllm",
+            "model": args.model,
+            "base_url": base_url,
+            "served_model_name": model_name,
+            **args.engine_opt,
+        },
         mode="concurrency",
         workload={
             "source": "random",
@@ -208,6 +214,16 @@ def _worst_stall(stalls: list[tuple[float, float]], windows: list[tuple[float, f
     return worst
 
 
+def _engine_opt(item: str, parser: argparse.ArgumentParser) -> tuple[str, Any]:
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        parser.error(f"--engine-opt wants KEY=VALUE, got '{item}'")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value  # a bare string
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b in (None, 0) else a / b  # type: ignore[operator]
 
@@ -230,12 +246,20 @@ def main(argv: list[str] | None = None) -> int:
         help="let MoE Bench scrape /metrics during its runs, as it does by default (vllm bench serve never does)",
     )
     p.add_argument(
+        "--engine-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of MoE Bench's vllm engine for its runs (JSON value), e.g. async_client=false",
+    )
+    p.add_argument(
         "--stall-ms",
         type=float,
         default=200.0,
         help="leave out rounds in which an idle watchdog process overslept this long (the machine stalled)",
     )
     args = p.parse_args(argv)
+    args.engine_opt = dict(_engine_opt(item, p) for item in args.engine_opt)
 
     from engines.models import resolve_model
 
@@ -284,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         f"\nworkload: {args.num_prompts} prompts, {args.input_len} in / {args.output_len} out, "
         f"concurrency {args.concurrency}, seed {args.seed}, model {name}; {args.rounds} ABBA rounds"
     )
+    if args.engine_opt:
+        print(f"MoE Bench engine options: {json.dumps(args.engine_opt)}")
     if left_out:
         what = ", ".join(f"{i + 1} ({worst[i]:.0f} ms)" for i in left_out)
         print(f"left out: rounds {what}, where the machine stalled over {args.stall_ms:.0f} ms (idle watchdog)")

@@ -6,6 +6,7 @@ good stream, malformed events, a dropped connection, HTTP errors, a timeout and 
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import json
 import threading
@@ -15,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from engines.base import GenerationRequest, SamplingParams, create_engine, timed_stream
+from engines.base import GenerationRequest, SamplingParams, TimedResult, create_engine, timed_astream, timed_stream
 from engines.errors import EngineUnavailable
-from engines.openai_http import iter_sse_data
+from engines.openai_http import SSEDecoder, sse_payloads
 
 
 def _event(obj: Any) -> bytes:
@@ -131,9 +132,30 @@ def _req(max_tokens: int = 3) -> GenerationRequest:
     return GenerationRequest("r0", "Hi", SamplingParams(max_tokens=max_tokens))
 
 
-def test_iter_sse_data_follows_the_format() -> None:
+CLIENTS = ("threads", "asyncio")
+
+
+def _timed(engine: Any, req: GenerationRequest, client: str, cancel: threading.Event | None = None) -> TimedResult:
+    """One request through the threaded client (timed_stream) or the asyncio one (timed_astream)."""
+    if client == "threads":
+        return timed_stream(engine, req, cancel)
+
+    async def one() -> TimedResult:
+        await engine.aopen()
+        try:
+            return await timed_astream(engine, req, cancel)
+        finally:
+            await engine.aclose()
+
+    assert engine.async_capable()
+    return asyncio.run(one())
+
+
+def test_sse_decoder_follows_the_format() -> None:
     lines = [": comment", "event: x", "data: a", "data:b", "", "", "id: 3", "data: {}", "", "data: tail"]
-    assert list(iter_sse_data(iter(lines))) == ["a\nb", "{}", "tail"]
+    assert list(sse_payloads([("\n".join(lines)).encode()])) == ["a\nb", "{}", "tail"]
+    decoder = SSEDecoder()
+    assert [decoder.line(x) for x in lines[:5]] == [None, None, None, None, "a\nb"]
 
 
 def test_good_stream_chunks_usage_and_request_body(server: str) -> None:
@@ -145,9 +167,11 @@ def test_good_stream_chunks_usage_and_request_body(server: str) -> None:
     body = _Handler.seen[-1]
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     assert body["ignore_eos"] is True and body["min_tokens"] == 3 and body["max_tokens"] == 3
-    res = timed_stream(engine, _req())
-    assert res.error is None and res.text == "Hello" and res.output_tokens == 3 == res.usage_output_tokens
-    assert res.prompt_tokens == 7 and len(res.chunks) == 3
+    for client in CLIENTS:
+        res = _timed(engine, _req(), client)
+        assert res.error is None and res.text == "Hello" and res.output_tokens == 3 == res.usage_output_tokens
+        assert res.prompt_tokens == 7 and len(res.chunks) == 3, client
+        assert _Handler.seen[-1] == body  # both clients send the same request
     engine.stop()
 
 
@@ -156,6 +180,7 @@ def test_server_token_counts_are_used(server: str) -> None:
     chunks = list(engine.stream(_req()))
     assert [c.tokens for c in chunks] == [1, 2, 1, 2]
     assert _Handler.seen[-1]["stream_options"]["continuous_usage_stats"] is True
+    assert [c.tokens for c in _timed(engine, _req(), "asyncio").chunks] == [1, 2, 1, 2]
     engine.stop()
 
 
@@ -168,9 +193,10 @@ def test_server_token_counts_are_used(server: str) -> None:
         ("http500", "HTTP 500 from http://127.0.0.1:"),
     ],
 )
-def test_failures_become_one_line_reasons(server: str, model: str, expected: str) -> None:
+@pytest.mark.parametrize("client", CLIENTS)
+def test_failures_become_one_line_reasons(server: str, model: str, expected: str, client: str) -> None:
     engine = _engine(server, model=model)
-    res = timed_stream(engine, _req())
+    res = _timed(engine, _req(), client)
     assert res.error is not None and expected in res.error, res.error
     assert "\n" not in res.error and res.error.startswith(("RequestFailed", "SSEError"))
     if model == "http500":
@@ -178,9 +204,10 @@ def test_failures_become_one_line_reasons(server: str, model: str, expected: str
     engine.stop()
 
 
-def test_timeout(server: str) -> None:
+@pytest.mark.parametrize("client", CLIENTS)
+def test_timeout(server: str, client: str) -> None:
     engine = _engine(server, model="slow", timeout_s=0.5)
-    res = timed_stream(engine, _req())
+    res = _timed(engine, _req(), client)
     assert res.error is not None and "timed out waiting for" in res.error
     engine.stop()
 
@@ -192,9 +219,10 @@ def test_reasoning_chunks(server: str) -> None:
     assert body["messages"] == [{"role": "user", "content": "Hi"}] and body["max_completion_tokens"] == 3
     kinds = [(c.text, c.tokens, c.reasoning) for c in chunks if not c.final]
     assert kinds == [("think", 1, True), ("more", 1, True), ("answer", 1, False)]
-    res = timed_stream(engine, _req())
-    assert res.reasoning_tokens == 2 and res.output_tokens == 3 and res.text == "answer"
-    assert res.first_any is not None and res.first_any < res.chunks[0].t
+    for client in CLIENTS:
+        res = _timed(engine, _req(), client)
+        assert res.reasoning_tokens == 2 and res.output_tokens == 3 and res.text == "answer", client
+        assert res.first_any is not None and res.first_any < res.chunks[0].t
     engine.stop()
 
 
@@ -208,14 +236,31 @@ def test_cancel_stops_reading(server: str) -> None:
         if got == 3:
             cancel.set()
     assert got == 3 and time.perf_counter() - t0 < 2.0
+
+    async def cancel_after_three() -> int:
+        cancel.clear()
+        seen = 0
+        await engine.aopen()
+        try:
+            async for chunk in engine.astream(_req(200), cancel):
+                seen += chunk.tokens
+                if seen == 3:
+                    cancel.set()
+        finally:
+            await engine.aclose()
+        return seen
+
+    t0 = time.perf_counter()
+    assert asyncio.run(cancel_after_three()) == 3 and time.perf_counter() - t0 < 2.0
     engine.stop()
 
 
 def test_api_key_from_env_only(server: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MOEBENCH_OPENAI_API_KEY", "sk-secret-123")
     engine = _engine(server)
-    list(engine.stream(_req()))
-    assert _Handler.headers_seen[-1]["Authorization"] == "Bearer sk-secret-123"
+    for client in CLIENTS:
+        assert _timed(engine, _req(), client).error is None
+        assert _Handler.headers_seen[-1]["Authorization"] == "Bearer sk-secret-123", client
     dumped = json.dumps(engine.options.model_dump()) + json.dumps(engine.describe())
     assert "sk-secret" not in dumped and engine.describe()["api_key_set"] is True
     engine.stop()
@@ -268,13 +313,90 @@ def test_text_counter_matches_whole_text_counting_on_a_long_stream(tiny_model: A
     assert sum(got) >= len(deltas)  # every chunk that stands for a token counts at least one
 
 
-def test_iter_lines_splits_bytes_across_chunk_edges() -> None:
-    from engines.openai_http import iter_lines
-
+def test_sse_decoder_splits_bytes_across_chunk_edges() -> None:
     text = 'data: {"text": "金融"}\r\n\r\ndata: [DONE]\n\n'.encode()
     # Every split point, including inside the multi-byte characters and the \r\n.
     for cut in range(1, len(text)):
-        lines = list(iter_lines([text[:cut], b"", text[cut:]]))
-        assert lines == ['data: {"text": "金融"}\r', "\r", "data: [DONE]", ""], cut
-    assert list(iter_lines([b"no newline at the end"])) == ["no newline at the end"]
-    assert list(iter_sse_data(iter_lines([text]))) == ['{"text": "金融"}', "[DONE]"]
+        decoder = SSEDecoder()
+        first = decoder.feed(text[:cut])
+        payloads = first + decoder.feed(b"") + decoder.feed(text[cut:]) + decoder.close()
+        assert payloads == ['{"text": "金融"}', "[DONE]"], cut
+        assert first == (['{"text": "金融"}'] if cut >= text.index(b"\r\n\r\n") + 4 else []), cut
+    assert list(sse_payloads([b"data: no newline at the end"])) == ["no newline at the end"]
+
+
+def _run_config(url: str, model: str, client: str, **kw: Any) -> Any:
+    from bench.runner import RunConfig
+
+    engine = {"kind": "openai", "model": model, "base_url": url, "check_model": False}
+    base: dict[str, Any] = {
+        "engine": {**engine, "async_client": client == "asyncio"},
+        "mode": "concurrency",
+        "workload": {"source": "builtin", "output_len": 3},
+        "requests": 12,
+        "concurrency": 4,
+        "server_metrics": False,
+    }
+    base.update(kw)
+    return RunConfig.build(**base)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_runner_sends_from_threads_or_one_event_loop(server: str, store: Any, client: str) -> None:
+    from bench.runner import start_run
+
+    job = start_run(_run_config(server, "slow", client, requests=4), store)
+    deadline = time.time() + 10
+    while time.time() < deadline and job.snapshot().in_flight < 4:
+        time.sleep(0.05)
+    names = [t.name for t in threading.enumerate() if t.name.startswith(f"run{job.run_id}-")]
+    snap = job.wait(30)
+    assert snap.status == "completed" and snap.done == 4 and snap.failed == 0, snap.error
+    if client == "asyncio":  # four requests in flight, one sending thread
+        assert sorted(names) == [f"run{job.run_id}-loop", f"run{job.run_id}-sampler"]
+    else:
+        assert sum(n.startswith(f"run{job.run_id}-w") for n in names) == 4
+    recs = store.records(snap.run_id)
+    assert all(r.ok and r.output_tokens == 3 == r.usage_output_tokens and r.ttft_ms >= 1900 for r in recs)
+    assert max(r.start_s for r in recs) < 0.5  # the first wave left together
+
+    job = start_run(_run_config(server, "good", client, request_rate=40.0), store)
+    snap = job.wait(30)
+    assert snap.status == "completed" and snap.done == 12 and snap.failed == 0, snap.error
+    run = store.get_run(snap.run_id)
+    assert run.summary.request_rate == 40.0 and run.summary.output_tokens == 36
+    recs = store.records(snap.run_id)
+    assert all(r.send_lag_ms is not None for r in recs) and max(r.start_s for r in recs) > 0.05
+
+
+@pytest.mark.parametrize("model", ["endless", "slow"])
+def test_async_run_cancel_ends_in_flight_requests(server: str, store: Any, model: str) -> None:
+    """Streaming requests stop at their next chunk; requests still waiting for a silent
+    server (``slow`` answers after 2 s) are ended by cancelling their tasks."""
+    from bench.runner import start_run
+
+    workload = {"source": "builtin", "output_len": 200}
+    job = start_run(_run_config(server, model, "asyncio", requests=6, concurrency=2, workload=workload), store)
+    deadline = time.time() + 10
+    while time.time() < deadline and job.snapshot().in_flight < 2:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    t_cancel = time.perf_counter()
+    job.cancel()
+    snap = job.wait(5)
+    assert time.perf_counter() - t_cancel < 1.5
+    assert snap.status == "cancelled"
+    recs = store.records(snap.run_id)
+    assert len(recs) == 2 and all(r.error == "cancelled" for r in recs)
+    assert all((r.output_tokens > 0) == (model == "endless") for r in recs)
+
+
+def test_async_run_records_mid_run_failures_and_goes_on(server: str, store: Any) -> None:
+    from bench.runner import start_run
+
+    job = start_run(_run_config(server, "malformed", "asyncio", requests=5, concurrency=2), store)
+    snap = job.wait(30)
+    assert snap.done == 5 and snap.failed == 5  # each failure ended its request, not the run
+    assert snap.status == "failed" and "every request failed; first error: SSEError: malformed" in (snap.error or "")
+    recs = store.records(snap.run_id)
+    assert all(r.error and "malformed SSE event" in r.error for r in recs)
