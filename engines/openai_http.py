@@ -642,9 +642,9 @@ class CompletionStream:
             out.append(StreamChunk(text=reasoning, tokens=n, reasoning=True))
             if not text:
                 return out
-        n = self.content_count.add(text, _carries_token(choice))
-        if server_n is not None:
-            n = server_n
+        # The server's count, when it gives one, spares the client tokenizer's CPU (which
+        # a client shares with the server it measures on a small machine).
+        n = server_n if server_n is not None else self.content_count.add(text, _carries_token(choice))
         if text or n:
             out.append(StreamChunk(text=text, tokens=n))
         return out
