@@ -61,16 +61,34 @@ class OpenAIOptions(EngineOptions):
     """Options of an OpenAI-compatible endpoint. ``model`` is the name the server serves."""
 
     kind: Literal["openai"] = "openai"  # type: ignore[assignment]
-    base_url: str = "http://127.0.0.1:8000/v1"
-    endpoint: Literal["completions", "chat"] = "completions"
-    tokenizer: str | None = None  # local tokenizer folder; default: the model's, when model is a preset/path
-    exact_lengths: bool = True  # send ignore_eos (+ min_tokens) when sampling asks for exact lengths
-    send_min_tokens: bool = True  # min_tokens too, for servers that ignore ignore_eos (vLLM needs only ignore_eos)
-    server_token_counts: bool = False  # ask for per-chunk usage (vLLM: stream_options.continuous_usage_stats)
-    timeout_s: float | None = Field(None, gt=0)  # per-request read timeout; default Settings.request_timeout_s
-    max_connections: int = Field(1024, ge=1, le=65536)  # the connection pool (>= the run's concurrency)
-    check_model: bool = True  # check at start that the server lists ``model`` under /models
-    async_client: bool = True  # runs send from one asyncio loop (aiohttp), as vllm bench serve does
+    base_url: str = Field(
+        "http://127.0.0.1:8000/v1", description="The server's OpenAI API root, e.g. http://host:8000/v1"
+    )
+    endpoint: Literal["completions", "chat"] = Field(
+        "completions", description="/v1/completions (raw prompt) or /v1/chat/completions (chat template)"
+    )
+    tokenizer: str | None = Field(
+        None,
+        description="Local tokenizer folder for prompts and client counts ('server': the server's /tokenize); "
+        "default: the model's own when the model is a preset or a folder",
+    )
+    exact_lengths: bool = Field(
+        True, description="Send ignore_eos (and min_tokens) so every output is exactly the requested length"
+    )
+    send_min_tokens: bool = Field(True, description="Send min_tokens too, for servers that ignore ignore_eos")
+    server_token_counts: bool = Field(
+        False, description="Ask the server for per-chunk token counts (vLLM: per-chunk usage or token ids)"
+    )
+    timeout_s: float | None = Field(
+        None, gt=0, description="Per-request read timeout in seconds; default MOEBENCH_REQUEST_TIMEOUT_S"
+    )
+    max_connections: int = Field(1024, ge=1, le=65536, description="HTTP connection pool size (>= the concurrency)")
+    check_model: bool = Field(True, description="At start, check that the server lists the model under /models")
+    async_client: bool = Field(
+        True,
+        description="Send a run's requests from one asyncio loop (aiohttp), as vllm bench serve does; "
+        "off: one thread per in-flight request (httpx)",
+    )
 
     @field_validator("base_url")
     @classmethod

@@ -152,7 +152,9 @@ class VLLMOptions(OpenAIOptions):
     kind: Literal["vllm"] = "vllm"  # type: ignore[assignment]
     base_url: str | None = None  # type: ignore[assignment]  # connect to a running server instead
     served_model_name: str | None = None  # default: the preset name or the folder name
-    server_token_counts: bool = True  # vLLM's return_token_ids: exact token counts per chunk
+    server_token_counts: bool = Field(
+        True, description="Ask vLLM for each chunk's token ids (return_token_ids): exact token counts per chunk"
+    )
     # ignore_eos alone makes vLLM's outputs exactly max_tokens long; min_tokens would add a
     # per-step logits processor on the server and slow it down against vllm bench serve.
     send_min_tokens: bool = False
