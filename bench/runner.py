@@ -363,6 +363,9 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
     # wave leaves together (as one asyncio client's would) instead of trickling out while
     # busy threads hold the GIL; t0 is stamped just before they are released.
     go = threading.Event()
+    # The asyncio sender sets this once its session is open (aopen: imports, a warm-up round
+    # trip), so that set-up is not counted as the first wave's send lag.
+    loop_ready = threading.Event()
     t0 = time.perf_counter()  # provisional; the real start is stamped below, before `go`
 
     def on_chunk(chunk: Any) -> None:
@@ -456,7 +459,10 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
                     await asyncio.to_thread(check_health)
                 free_since = res.end
 
-        await engine.aopen()
+        try:
+            await engine.aopen()
+        finally:
+            loop_ready.set()
         try:
             go.wait()  # nothing else runs on this loop yet
             tasks = [asyncio.create_task(a_worker()) for _ in range(cfg.concurrency)]
@@ -514,8 +520,10 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
             asyncio.run(send_async())
         except BaseException as exc:  # noqa: BLE001 - raised again in the run's thread below
             failures.append(exc)
+            loop_ready.set()
 
-    if engine.async_capable():
+    use_async = engine.async_capable()
+    if use_async:
         threads = [threading.Thread(target=run_loop, name=f"run{run_id}-loop", daemon=True)]
     else:
         threads = [
@@ -539,6 +547,8 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
             first.extend(_telemetry_points(engine, 0.0, cfg.server_metrics))
             store.add_points(run_id, first)
         finally:
+            if use_async:
+                loop_ready.wait()
             t0 = time.perf_counter()
             job._set(status="running", phase="running", t0=t0)
             go.set()
