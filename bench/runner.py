@@ -29,6 +29,7 @@ import asyncio
 import gc
 import itertools
 import queue
+import sys
 import threading
 import time
 import uuid
@@ -72,6 +73,8 @@ SERIES_DONE = "requests_done"
 SERIES_MEM_ALLOCATED = "mem_allocated_gib"
 SERIES_MEM_RESERVED = "mem_reserved_gib"
 SERIES_MEM_PEAK = "mem_peak_gib"
+
+SENDER_SWITCH_INTERVAL_S = 0.0005  # the GIL switch interval while a run measures (see _measure)
 
 
 class RunConfig(BaseModel):
@@ -538,6 +541,14 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
     # collections until the run ends (as ``vllm bench serve`` does with its heap).
     gc.collect()
     gc.freeze()
+    # Another busy thread of this process (the dashboard drawing its charts) holds the GIL
+    # for up to the switch interval (5 ms) each time the event loop wants it back after
+    # waiting on its sockets; a shorter interval keeps that wait out of TTFT, ITL and send
+    # lag (bench/benchmarks/gil_wakeup.py: p50 wake-up delay 6.1 ms -> 1.1 ms). Native runs
+    # keep the default: their threads compute, and more switching would slow them.
+    switch_interval = sys.getswitchinterval()
+    if use_async:
+        sys.setswitchinterval(min(switch_interval, SENDER_SWITCH_INTERVAL_S))
     try:
         try:
             for t in threads:
@@ -560,6 +571,7 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
         sampler_thread.join()
     finally:
         gc.unfreeze()
+        sys.setswitchinterval(switch_interval)
     if failures:
         raise failures[0]
     last = [(t_end - t0, SERIES_IN_FLIGHT, 0.0), (t_end - t0, SERIES_DONE, float(job._done))]

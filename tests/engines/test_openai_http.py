@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -343,14 +344,19 @@ def _run_config(url: str, model: str, client: str, **kw: Any) -> Any:
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_runner_sends_from_threads_or_one_event_loop(server: str, store: Any, client: str) -> None:
-    from bench.runner import start_run
+    from bench.runner import SENDER_SWITCH_INTERVAL_S, start_run
 
+    default_interval = sys.getswitchinterval()
     job = start_run(_run_config(server, "slow", client, requests=4), store)
     deadline = time.time() + 10
     while time.time() < deadline and job.snapshot().in_flight < 4:
         time.sleep(0.05)
     names = [t.name for t in threading.enumerate() if t.name.startswith(f"run{job.run_id}-")]
+    interval_during = sys.getswitchinterval()
     snap = job.wait(30)
+    # The asyncio sender shortens the GIL switch interval while it measures, then restores it.
+    assert sys.getswitchinterval() == default_interval
+    assert interval_during == (SENDER_SWITCH_INTERVAL_S if client == "asyncio" else default_interval)
     assert snap.status == "completed" and snap.done == 4 and snap.failed == 0, snap.error
     if client == "asyncio":  # four requests in flight, one sending thread
         assert sorted(names) == [f"run{job.run_id}-loop", f"run{job.run_id}-sampler"]
