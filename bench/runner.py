@@ -74,6 +74,7 @@ SERIES_MEM_ALLOCATED = "mem_allocated_gib"
 SERIES_MEM_RESERVED = "mem_reserved_gib"
 SERIES_MEM_PEAK = "mem_peak_gib"
 
+FIRST_SAMPLE_S = 0.25  # the live series' first sample, seconds after the start
 SENDER_SWITCH_INTERVAL_S = 0.0005  # the GIL switch interval while a run measures (see _measure)
 
 
@@ -490,7 +491,15 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
         last_t, last_tokens = t0, 0
         summary_every = 1
         for tick in itertools.count(1):
-            if stop_sampler.wait(cfg.sample_interval_s):
+            # The first sample comes early, so a short run's charts show its first wave in flight.
+            wait_s = min(cfg.sample_interval_s, FIRST_SAMPLE_S) if tick == 1 else cfg.sample_interval_s
+            if stop_sampler.wait(wait_s):
+                # The run ended: the output rate over the last, partial interval closes the series.
+                now = time.perf_counter()
+                with token_lock:
+                    tokens = job._tokens
+                if now - last_t >= FIRST_SAMPLE_S / 2:
+                    store.add_points(run_id, [(now - t0, SERIES_OUTPUT_TOK_S, (tokens - last_tokens) / (now - last_t))])
                 break
             now = time.perf_counter()
             with token_lock:

@@ -208,6 +208,7 @@ def line_chart(
     y_title: str,
     fill: bool = False,
     shape: str = "linear",
+    empty_message: str = "no sample yet (series are sampled about once a second)",
 ) -> go.Figure:
     """Lines for ``names`` ((series name, legend label), ...) against seconds since run start.
 
@@ -216,7 +217,7 @@ def line_chart(
     parts = [(label, series(ts, name)) for name, label in names]
     parts = [(label, s) for label, s in parts if not s.empty]
     if not parts:
-        return empty_figure(title, "no sample yet (series are sampled about once a second)")
+        return empty_figure(title, empty_message)
     fig = _figure(title)
     for i, (label, s) in enumerate(parts):
         s = downsample(s)
@@ -244,8 +245,14 @@ def in_flight_over_time(ts: pd.DataFrame, series_name: str = "in_flight") -> go.
     return line_chart(ts, [(series_name, "in flight")], "Requests in flight", "requests", shape="hv")
 
 
-def memory_over_time(ts: pd.DataFrame, names: Sequence[tuple[str, str]]) -> go.Figure:
-    return line_chart(ts, names, "Memory over time", "memory (GiB)")
+def memory_over_time(ts: pd.DataFrame, names: Sequence[tuple[str, str]], reported: bool = True) -> go.Figure:
+    """``reported=False``: the run is sampling and the engine has no memory to report (a remote server)."""
+    message = (
+        "no sample yet (series are sampled about once a second)"
+        if reported
+        else "this engine reports no memory (a remote server: see its telemetry)"
+    )
+    return line_chart(ts, names, "Memory over time", "memory (GiB)", empty_message=message)
 
 
 # --- comparing runs -------------------------------------------------------------------------

@@ -96,7 +96,7 @@ def live_figures(data: LiveData, summary: RunSummary | None = None) -> dict[str,
         ),
         "throughput": charts.throughput_over_time(data.timeseries, SERIES_OUTPUT_TOK_S),
         "in_flight": charts.in_flight_over_time(data.timeseries, SERIES_IN_FLIGHT),
-        "memory": charts.memory_over_time(data.timeseries, MEMORY_SERIES),
+        "memory": charts.memory_over_time(data.timeseries, MEMORY_SERIES, reported=_memory_reported(data.timeseries)),
     }
     extra = telemetry_series(data.timeseries)
     if extra:
@@ -104,6 +104,14 @@ def live_figures(data: LiveData, summary: RunSummary | None = None) -> dict[str,
             data.timeseries, [(n, n) for n in extra], "Engine telemetry", "value (unit in the series name)"
         )
     return figs
+
+
+def _memory_reported(ts: pd.DataFrame) -> bool:
+    """False once the run has sampled (the in-flight series exists) without any memory series."""
+    if ts.empty:
+        return True
+    names = set(ts["name"].unique())
+    return SERIES_IN_FLIGHT not in names or any(name in names for name, _ in MEMORY_SERIES)
 
 
 def telemetry_series(ts: pd.DataFrame) -> list[str]:

@@ -95,6 +95,14 @@ def test_line_charts_pick_their_series_and_stay_bounded() -> None:
     mem = charts.memory_over_time(ts, data.MEMORY_SERIES)
     assert len(mem.data) == 0  # no memory series in this frame: says so, draws nothing
     assert mem.layout.yaxis.visible is False
+    # A run that samples (in flight) without memory series: the engine reports none, not "yet".
+    assert data._memory_reported(ts) is False
+    remote = charts.memory_over_time(ts, data.MEMORY_SERIES, reported=False)
+    assert "reports no memory" in remote.layout.annotations[0].text
+    assert "no sample yet" in mem.layout.annotations[0].text
+    assert data._memory_reported(ts.head(0)) is True
+    with_mem = pd.concat([ts, pd.DataFrame([(0.0, data.MEMORY_SERIES[0][0], 1.0)], columns=ts.columns)])
+    assert data._memory_reported(with_mem) is True
 
 
 def _runs_frame(store: Store) -> pd.DataFrame:
