@@ -215,6 +215,16 @@ def sse_payloads(chunks: Iterable[bytes]) -> Iterator[str]:
     yield from decoder.close()
 
 
+async def asse_payloads(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """:func:`sse_payloads` for an asynchronous byte stream (aiohttp's ``content.iter_any()``)."""
+    decoder = SSEDecoder()
+    async for chunk in chunks:
+        for payload in decoder.feed(chunk):
+            yield payload
+    for payload in decoder.close():
+        yield payload
+
+
 @contextlib.contextmanager
 def http_errors(url: str, who: str = "the server") -> Iterator[None]:
     """Turn httpx's errors while talking to ``url`` into one-line :class:`RequestFailed`."""
@@ -391,15 +401,18 @@ class OpenAIEngine(Engine):
             return Availability(False, "httpx is not installed: pip install -r requirements.txt")
         return Availability(True)
 
-    def _make_client(self) -> Any:
-        import httpx
-
-        read = self.opts.timeout_s or get_settings().request_timeout_s
+    def _http_settings(self) -> tuple[float, dict[str, str], int]:
+        """(read timeout s, headers, pool size) shared by the threaded and the asyncio client."""
         headers = {"Accept": "text/event-stream, application/json"}
         key = api_key_from_env()
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        n = self.opts.max_connections
+        return self.opts.timeout_s or get_settings().request_timeout_s, headers, self.opts.max_connections
+
+    def _make_client(self) -> Any:
+        import httpx
+
+        read, headers, n = self._http_settings()
         limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
         # TCP_NODELAY, as aiohttp (vllm bench serve) sets it: httpcore writes the headers and
         # the body separately, and Nagle + delayed ACK would hold the body back ~40 ms.
@@ -558,12 +571,7 @@ class OpenAIEngine(Engine):
     async def aopen(self) -> None:
         import aiohttp
 
-        read = self.opts.timeout_s or get_settings().request_timeout_s
-        headers = {"Accept": "text/event-stream, application/json"}
-        key = api_key_from_env()
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        n = self.opts.max_connections
+        read, headers, n = self._http_settings()
         # aiohttp sets TCP_NODELAY itself; as in vllm bench serve: no total timeout, a read one.
         connector = aiohttp.TCPConnector(limit=n, limit_per_host=n, keepalive_timeout=60)
         timeout = aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=read)
@@ -589,25 +597,17 @@ class OpenAIEngine(Engine):
             raise EngineUnavailable(f"the {self.kind} engine has no open asynchronous session (aopen)")
         url = self._url_for_endpoint()
         parser = CompletionStream(self._tokenizer)
-        decoder = SSEDecoder()
         with aiohttp_errors(url):
             async with session.post(url, json=self.request_body(request)) as resp:
                 if resp.status >= 400:
                     raise RequestFailed(f"HTTP {resp.status} from {url}: {_error_message(await resp.read())}")
-                async for data in resp.content.iter_any():
-                    for payload in decoder.feed(data):
-                        if cancel is not None and cancel.is_set():
-                            return
-                        for chunk in parser.feed(payload):
-                            yield chunk
-                        if parser.done:
-                            break
+                async for payload in asse_payloads(resp.content.iter_any()):
+                    if cancel is not None and cancel.is_set():
+                        return  # leaving the async-with block closes the response
+                    for chunk in parser.feed(payload):
+                        yield chunk
                     if parser.done:
                         break
-                if not parser.done:
-                    for payload in decoder.close():
-                        for chunk in parser.feed(payload):
-                            yield chunk
         parser.check_complete(cancel)
 
 
