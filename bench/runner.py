@@ -352,15 +352,15 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
     run_id = job._run_id
     assert run_id is not None
     # Items are (seq, request, due offset from t0 or None: due when the slot frees).
-    todo: queue.Queue[tuple[int, GenerationRequest, float | None] | None] = queue.Queue()
+    # A closed loop queues every request up front, then one end mark per slot; an open loop
+    # queues nothing: its dispatcher adds each request at its due time.
     offsets: list[float] | None = None
+    upfront: list[tuple[int, GenerationRequest, float | None] | None] = []
     if cfg.request_rate is not None:
         offsets = arrival_offsets(len(requests), cfg.request_rate, cfg.burstiness, seed=cfg.workload.seed)
     else:
-        for seq, req in enumerate(requests):
-            todo.put((seq, req, None))
-        for _ in range(cfg.concurrency):
-            todo.put(None)
+        upfront = [(seq, req, None) for seq, req in enumerate(requests)] + [None] * cfg.concurrency
+    todo: queue.Queue[tuple[int, GenerationRequest, float | None] | None] = queue.Queue()
     token_lock = threading.Lock()
     stop_sampler = threading.Event()
     # Every sending thread is started and parked before the clock starts, so the first
@@ -433,8 +433,8 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
         ``astream``): no thread per in-flight request, so the client costs less CPU and
         no GIL hand-offs sit between a chunk's arrival and its timestamp."""
         slots: asyncio.Queue[tuple[int, GenerationRequest, float | None] | None] = asyncio.Queue()
-        while not todo.empty():
-            slots.put_nowait(todo.get_nowait())
+        for item in upfront:
+            slots.put_nowait(item)
 
         async def a_dispatcher() -> None:
             assert offsets is not None
@@ -538,6 +538,8 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
     if use_async:
         threads = [threading.Thread(target=run_loop, name=f"run{run_id}-loop", daemon=True)]
     else:
+        for item in upfront:
+            todo.put(item)
         threads = [
             threading.Thread(target=worker, name=f"run{run_id}-w{i}", daemon=True) for i in range(cfg.concurrency)
         ]
@@ -553,7 +555,7 @@ def _measure(job: Job, engine: Engine, requests: list[GenerationRequest], finish
     # Another busy thread of this process (the dashboard drawing its charts) holds the GIL
     # for up to the switch interval (5 ms) each time the event loop wants it back after
     # waiting on its sockets; a shorter interval keeps that wait out of TTFT, ITL and send
-    # lag (bench/benchmarks/gil_wakeup.py: p50 wake-up delay 6.1 ms -> 1.1 ms). Native runs
+    # lag (bench/benchmarks/gil_wakeup.py measures it; figures in the README). Native runs
     # keep the default: their threads compute, and more switching would slow them.
     switch_interval = sys.getswitchinterval()
     if use_async:
