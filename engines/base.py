@@ -97,7 +97,7 @@ class TimedResult:
     error: str | None = None
 
 
-class _Stamper:
+class Stamper:
     """Turns an engine's chunks into a :class:`TimedResult`: the single timing point,
     shared by :func:`timed_stream` and :func:`timed_astream`."""
 
@@ -107,8 +107,12 @@ class _Stamper:
         self.parts: list[str] = []
         self.result = TimedResult(start=time.perf_counter(), prompt_tokens=request.prompt_tokens)
 
-    def add(self, chunk: StreamChunk) -> None:
-        now = time.perf_counter()
+    def add(self, chunk: StreamChunk, now: float | None = None) -> None:
+        """Take one chunk; ``now`` is when it reached the caller (default: this moment).
+        A thread that runs ``stream`` for an event loop stamps the chunk as the engine
+        yields it and passes that time here."""
+        if now is None:
+            now = time.perf_counter()
         result = self.result
         if chunk.prompt_tokens is not None:
             result.prompt_tokens = chunk.prompt_tokens
@@ -155,7 +159,7 @@ def timed_stream(
     An engine error ends this request with its reason in ``error``; it never raises
     for a request-level failure (the run goes on).
     """
-    stamper = _Stamper(request, on_chunk)
+    stamper = Stamper(request, on_chunk)
     try:
         for chunk in engine.stream(request, cancel):
             stamper.add(chunk)
@@ -174,7 +178,7 @@ async def timed_astream(
 
     A task cancelled mid-request (the run was cancelled) ends the request as "cancelled".
     """
-    stamper = _Stamper(request, on_chunk)
+    stamper = Stamper(request, on_chunk)
     try:
         async for chunk in engine.astream(request, cancel):
             stamper.add(chunk)
@@ -245,6 +249,24 @@ class Engine:
 
     def stop(self) -> None:
         self.started = False
+
+    def sender_spec(self) -> dict[str, Any] | None:
+        """What a sender process needs to rebuild a client of this engine (picklable), or
+        None when requests must be sent from this process (the model is loaded here).
+        See :func:`client_from_spec` and :mod:`bench.sender`."""
+        return None
+
+    def base_sender_spec(self) -> dict[str, Any]:
+        """The part of every :meth:`sender_spec`: where the class lives, and the options."""
+        cls = type(self)
+        opts = self.options.model_dump()
+        return {"module": cls.__module__, "class": cls.__qualname__, "kind": self.kind, "options": opts}
+
+    def attach_sender(self, spec: dict[str, Any]) -> None:
+        """In a sender process: make this fresh engine a client of the one ``spec`` came from,
+        ready for :meth:`aopen` and :meth:`astream` (or :meth:`stream`), without loading
+        anything heavy."""
+        raise NotImplementedError(f"the {self.kind} engine cannot send from another process")
 
     def describe(self) -> dict[str, Any]:
         """Engine, model, accelerator, dtype, parameter count, versions: stored with each run."""
@@ -351,6 +373,14 @@ def create_engine(data: dict[str, Any] | EngineOptions) -> Engine:
     """Build (not start) an engine from options."""
     opts = parse_options(data)
     return engine_class(opts.kind)(opts)
+
+
+def client_from_spec(spec: dict[str, Any]) -> Engine:
+    """In a sender process: a client of the engine that gave ``spec`` (:meth:`Engine.sender_spec`)."""
+    cls = getattr(importlib.import_module(spec["module"]), spec["class"])
+    engine = cls(cls.options_model.model_validate(spec["options"]))
+    engine.attach_sender(spec)
+    return engine
 
 
 def list_engines() -> list[tuple[str, str, Availability]]:

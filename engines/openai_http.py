@@ -503,6 +503,21 @@ class OpenAIEngine(Engine):
     def tokenizer(self) -> Any | None:
         return self._tokenizer
 
+    # --- sending from other processes (bench.sender) ----------------------------------
+    def sender_spec(self) -> dict[str, Any] | None:
+        if not self.started or not self.base_url:
+            return None
+        return {**self.base_sender_spec(), "base_url": self.base_url, "served_name": self.served_name}
+
+    def attach_sender(self, spec: dict[str, Any]) -> None:
+        # No tokenizer in a sender process: chunks count as the server says (token ids,
+        # usage) or one per chunk, and the recorder recounts a request's text with the
+        # parent's tokenizer where the server's usage disagrees.
+        self._tokenizer = None
+        if not self.async_capable():
+            self._client = self._make_client()
+        self.started = True
+
     def describe(self) -> dict[str, Any]:
         info = super().describe()
         info.update(
@@ -719,6 +734,12 @@ class ServerEngine(OpenAIEngine):
     def health_url(self) -> str:
         """The URL that answers 200 while the server can serve."""
         raise NotImplementedError
+
+    def attach_sender(self, spec: dict[str, Any]) -> None:
+        self._url = spec["base_url"]  # a launched server's URL is known only after start
+        if hasattr(self, "model_name"):
+            self.model_name = spec["served_name"]
+        super().attach_sender(spec)
 
     def launch(
         self,

@@ -54,3 +54,12 @@ def store(tmp_path: Path) -> object:
 @pytest.fixture(scope="session")
 def project_root() -> Path:
     return _ROOT
+
+
+@pytest.fixture
+def fake_engine_kind(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Register the fake engine (tests/fakes.py) under kind ``fake`` for this test."""
+    from engines import base
+
+    monkeypatch.setitem(base.ENGINE_MODULES, "fake", "tests.fakes")
+    return "fake"

@@ -1,0 +1,124 @@
+"""What defines a run: :class:`RunConfig`, its bounds and help, stated once.
+
+The CLI's flags and the dashboard's run forms read their limits and help texts from
+these fields (``RunConfig.model_fields[name]``), so a bound lives in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from bench.workloads import WorkloadSpec
+from engines.base import EngineOptions, SamplingParams, parse_options
+from engines.errors import ConfigError
+
+Mode = Literal["latency", "concurrency", "profile"]
+MODES: tuple[str, ...] = ("latency", "concurrency", "profile")
+
+MAX_WORKERS = 16
+
+
+class RunConfig(BaseModel):
+    """Everything that defines a run; stored with it as JSON."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine: dict[str, Any] = Field(default_factory=lambda: {"kind": "native"})
+    mode: Mode = "concurrency"
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    requests: int = Field(8, ge=1, le=1_000_000, description="Measured requests")
+    concurrency: int = Field(1, ge=1, le=4096, description="Most requests in flight at once (all workers together)")
+    warmup: int = Field(
+        1,
+        ge=0,
+        le=1000,
+        description="Unrecorded requests sent one at a time before the clock starts (vllm bench's test request)",
+    )
+    request_rate: float | None = Field(
+        None,
+        gt=0.0,
+        le=1_000_000.0,
+        description="Open loop: arrivals per second, capped at the concurrency (empty or 0: closed loop)",
+    )
+    burstiness: float = Field(
+        1.0, gt=0.0, le=1000.0, description="Gamma shape of the arrival gaps: 1 = Poisson, below 1 burstier"
+    )
+    workers: int = Field(
+        1,
+        ge=1,
+        le=MAX_WORKERS,
+        description="Sender processes for HTTP engines; the schedule and the concurrency cap stay global",
+    )
+    temperature: float = Field(0.0, ge=0.0, le=5.0, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    ignore_eos: bool = Field(True, description="Every output is exactly output_len tokens long")
+    name: str = Field("", max_length=200, description="A label for the run")
+    sample_interval_s: float = Field(1.0, gt=0.0, le=60.0, description="Seconds between live samples")
+    # Each scrape costs the server CPU (about 15 ms on the vLLM CPU server), which off avoids.
+    server_metrics: bool = Field(True, description="Scrape the engine's own /metrics once a second")
+    profile_with_stack: bool = Field(True, description="Profile runs: Python stacks per operator (slower analysis)")
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_options(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return parse_options(v).model_dump()
+
+    @model_validator(mode="after")
+    def _latency_is_sequential(self) -> RunConfig:
+        if self.mode == "latency":
+            if self.request_rate is not None:
+                raise ValueError(
+                    "request_rate applies to concurrency and profile runs; a latency run sends one request at a time"
+                )
+            self.concurrency = 1
+        if self.workers > self.concurrency:
+            raise ValueError(
+                f"{self.workers} workers need a concurrency of at least {self.workers} (each keeps a slot busy)"
+            )
+        return self
+
+    @classmethod
+    def build(cls, **data: Any) -> RunConfig:
+        """Validate, turning pydantic errors into one-line :class:`ConfigError`."""
+        if data.get("request_rate") == 0:
+            data["request_rate"] = None  # 0 = closed loop, as the forms say
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            parts = []
+            for err in exc.errors():
+                loc = ".".join(str(x) for x in err["loc"]) or "config"
+                parts.append(f"{loc}: {str(err['msg']).removeprefix('Value error, ')}")
+            raise ConfigError("; ".join(parts)) from exc
+
+    @property
+    def engine_options(self) -> EngineOptions:
+        return parse_options(self.engine)
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=self.workload.output_len,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            ignore_eos=self.ignore_eos,
+            seed=self.workload.seed if self.temperature > 0 else None,
+        )
+
+
+def field_bounds(name: str, model: type[BaseModel] = RunConfig) -> dict[str, Any]:
+    """``min_value``, ``max_value`` and ``help`` of a numeric field, for a form widget.
+
+    ``gt`` bounds (exclusive) are given as the bound itself: forms step above it.
+    """
+    info = model.model_fields[name]
+    out: dict[str, Any] = {}
+    for meta in info.metadata:
+        for attr, key in (("ge", "min_value"), ("gt", "min_value"), ("le", "max_value"), ("lt", "max_value")):
+            value = getattr(meta, attr, None)
+            if value is not None:
+                out[key] = value
+    if info.description:
+        out["help"] = info.description
+    return out

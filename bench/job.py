@@ -1,0 +1,235 @@
+"""Background work with one state machine: :class:`BackgroundTask`, and runs as :class:`Job`.
+
+A :class:`BackgroundTask` is a worker thread, a lock, a status with the transitions it
+allows, a phase line, an error, a cancel event and a finished event. Only the worker
+writes; readers take :meth:`BackgroundTask.state` copies. The run job, the dashboard's
+engine slot and its compare task are all background tasks, so cancelling, waiting and
+reading state work the same everywhere.
+
+A run's statuses (the store uses the same words, plus ``interrupted`` for a run whose
+process ended without finishing it)::
+
+    pending -> loading -> running -> completed | failed | cancelled
+    pending | loading -> failed | cancelled
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from bench.config import RunConfig
+from bench.metrics import RunSummary
+from engines.errors import ConfigError
+
+
+class TransitionError(RuntimeError):
+    """A task was asked to move to a status its state machine does not allow from where it is."""
+
+
+class BackgroundTask:
+    """A thread with a status, a phase, an error and a cancel event (see the module docstring)."""
+
+    TRANSITIONS: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "pending": ("loading", "running", "completed", "failed", "cancelled"),
+        "loading": ("running", "completed", "failed", "cancelled"),
+        "running": ("completed", "failed", "cancelled"),
+        "completed": (),
+        "failed": (),
+        "cancelled": (),
+    }
+    ACTIVE: ClassVar[tuple[str, ...]] = ("pending", "loading", "running")
+
+    def __init__(self, name: str = "task") -> None:
+        self.id = uuid.uuid4().hex[:12]
+        self.name = name
+        self.cancel_event = threading.Event()
+        self._lock = threading.Lock()
+        self._finished = threading.Event()
+        self._status = "pending"
+        self._phase = "queued"
+        self._error: str | None = None
+        self._created = time.perf_counter()
+        self.thread: threading.Thread | None = None
+
+    # --- worker side ------------------------------------------------------------------
+    def start(self, target: Callable[[], None]) -> None:
+        """Run ``target`` on a daemon thread; the task is finished when it returns."""
+
+        def body() -> None:
+            try:
+                target()
+            finally:
+                if self.status in self.ACTIVE:  # a target that forgot to end the task
+                    self.transition("failed", error=self._error or "the task ended without a result")
+                self._finished.set()
+
+        self.thread = threading.Thread(target=body, name=self.name, daemon=True)
+        self.thread.start()
+
+    def transition(self, status: str, phase: str | None = None, error: str | None = None, **extra: Any) -> None:
+        """Move to ``status`` (raises :class:`TransitionError` when not allowed from here)."""
+        with self._lock:
+            if status != self._status and status not in self.TRANSITIONS.get(self._status, ()):
+                raise TransitionError(f"{self.name}: cannot go from {self._status} to {status}")
+            self._status = status
+            self._phase = phase if phase is not None else status
+            if error is not None:
+                self._error = error
+            for k, v in extra.items():
+                setattr(self, f"_{k}", v)
+
+    def set_phase(self, phase: str) -> None:
+        with self._lock:
+            self._phase = phase
+
+    def set_error(self, error: str) -> None:
+        with self._lock:
+            self._error = error
+
+    # --- caller side ------------------------------------------------------------------
+    @property
+    def status(self) -> str:
+        with self._lock:
+            return self._status
+
+    @property
+    def active(self) -> bool:
+        return self.status in self.ACTIVE
+
+    @property
+    def error(self) -> str | None:
+        with self._lock:
+            return self._error
+
+    def cancel(self) -> None:
+        self.cancel_event.set()
+
+    def finished(self) -> bool:
+        return self._finished.is_set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the task to finish; True when it has."""
+        return self._finished.wait(timeout)
+
+
+@dataclass(frozen=True)
+class JobSnapshot:
+    """What a run looks like at one moment; safe to hand to any thread."""
+
+    job_id: str
+    run_id: int | None
+    status: str  # pending | loading | running | completed | failed | cancelled
+    phase: str
+    done: int
+    total: int
+    failed: int
+    in_flight: int
+    elapsed_s: float
+    error: str | None
+    summary: RunSummary | None
+    mode: str
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return self.status in BackgroundTask.ACTIVE
+
+    @property
+    def fraction(self) -> float:
+        return self.done / self.total if self.total else 0.0
+
+
+class Job(BackgroundTask):
+    """A run. The runner (:mod:`bench.runner`) is its worker; pages and the CLI poll snapshots."""
+
+    def __init__(self, config: RunConfig, store: Any) -> None:
+        super().__init__("run")
+        self.config = config
+        self.store = store
+        self._run_id: int | None = None
+        self._t0: float | None = None
+        self._summary: RunSummary | None = None
+        # Set by the runner once sending starts: () -> (done, failed, in_flight)
+        self._progress: Callable[[], tuple[int, int, int]] | None = None
+        # Set by the runner: () -> the records so far (for a failed run's partial summary)
+        self._records: Callable[[], list[Any]] | None = None
+
+    @property
+    def run_id(self) -> int | None:
+        return self._run_id
+
+    def snapshot(self) -> JobSnapshot:
+        progress = self._progress
+        done, failed, in_flight = progress() if progress is not None else (0, 0, 0)
+        with self._lock:
+            elapsed = time.perf_counter() - (self._t0 or self._created)
+            if self._status not in ("loading", "running") and self._summary is not None:
+                elapsed = self._summary.duration_s
+            return JobSnapshot(
+                job_id=self.id,
+                run_id=self._run_id,
+                status=self._status,
+                phase=self._phase,
+                done=done,
+                total=self.config.requests,
+                failed=failed,
+                in_flight=in_flight if self._status == "running" else 0,
+                elapsed_s=elapsed,
+                error=self._error,
+                summary=self._summary,
+                mode=self.config.mode,
+                config=self.config.model_dump(),
+            )
+
+    def set_summary(self, summary: RunSummary | None) -> None:
+        with self._lock:
+            self._summary = summary
+
+    def wait(self, timeout: float | None = None) -> JobSnapshot:
+        self.join(timeout)
+        return self.snapshot()
+
+
+class JobManager:
+    """The jobs of one process (the dashboard keeps one in ``st.cache_resource``)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self._jobs: dict[str, Job] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, config: RunConfig, engine: Any = None) -> Job:
+        from bench.runner import start_run
+
+        with self._lock:
+            if any(j.active for j in self._jobs.values()):
+                raise ConfigError("a run is already in progress; stop it or wait for it to finish")
+            job = start_run(config, self.store, engine)
+            self._jobs[job.id] = job
+            return job
+
+    def active(self) -> Job | None:
+        with self._lock:
+            for job in self._jobs.values():
+                if job.active:
+                    return job
+        return None
+
+    def latest(self, mode: str | None = None) -> Job | None:
+        with self._lock:
+            jobs = [j for j in self._jobs.values() if mode is None or j.config.mode == mode]
+        return jobs[-1] if jobs else None
+
+    def get(self, job_id: str) -> Job | None:
+        return self._jobs.get(job_id)
+
+    def cancel_all(self, timeout: float = 5.0) -> None:
+        for job in list(self._jobs.values()):
+            job.cancel()
+        for job in list(self._jobs.values()):
+            job.join(timeout)

@@ -1,0 +1,411 @@
+"""What a run measured, off the sending loop: the recorder and the live series sampler.
+
+:class:`Recorder` is a queue-fed sink. Senders hand it finished requests
+(:class:`bench.sender.Completion`, perf_counter times) with one queue put; its own thread
+turns them into :class:`bench.metrics.RequestRecord` (times relative to the run's start,
+send lag = actual - due send time, negative when a request left early), writes them to
+SQLite in batches (one transaction per ~0.2 s or 500 requests) and keeps running
+accumulators: counts, token totals and a :class:`Distribution` per latency metric, so
+the live summary costs the same at request 100,000 as at request 10. The final summary
+is computed once, exactly, from all records (:func:`bench.metrics.summarize`).
+
+:class:`Sampler` writes the per-second series (output tok/s, in flight, done, memory,
+the engine's telemetry), polls the engine's health and refreshes the job's live summary.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench.metrics import RequestRecord, RunSummary, Stat
+from bench.sender import Completion
+from bench.store import Store
+from engines.accelerators import GIB
+from engines.base import Engine
+
+# Live series written about once a second (names in the store's time series table).
+SERIES_OUTPUT_TOK_S = "output_tok_s"
+SERIES_IN_FLIGHT = "in_flight"
+SERIES_DONE = "requests_done"
+SERIES_MEM_ALLOCATED = "mem_allocated_gib"
+SERIES_MEM_RESERVED = "mem_reserved_gib"
+SERIES_MEM_PEAK = "mem_peak_gib"
+
+FIRST_SAMPLE_S = 0.25  # the live series' first sample, seconds after the start
+WRITE_EVERY_S = 0.2
+WRITE_BATCH = 500
+
+
+class Distribution:
+    """A running distribution: exact count, mean, std, min and max, and percentiles from a
+    log-bucketed histogram with about 0.5 % relative error (mergeable, bounded in size: a
+    few hundred buckets whatever the number of values). Negative values keep their sign."""
+
+    GAMMA = 1.01
+    _LOG_G = math.log(GAMMA)
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.sum = 0.0
+        self.sumsq = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+        self.buckets: dict[int, int] = {}  # signed bucket index -> count (0: zero)
+
+    def add(self, x: float) -> None:
+        self.count += 1
+        self.sum += x
+        self.sumsq += x * x
+        if x < self.min:
+            self.min = x
+        if x > self.max:
+            self.max = x
+        if x == 0:
+            key = 0
+        else:
+            i = max(1, math.ceil(math.log(abs(x) * 1e6) / self._LOG_G))  # values >= 1e-6 resolved
+            key = i if x > 0 else -i
+        self.buckets[key] = self.buckets.get(key, 0) + 1
+
+    def merge(self, other: Distribution) -> None:
+        self.count += other.count
+        self.sum += other.sum
+        self.sumsq += other.sumsq
+        self.min = min(self.min, other.min)
+        self.max = max(self.max, other.max)
+        for k, n in other.buckets.items():
+            self.buckets[k] = self.buckets.get(k, 0) + n
+
+    def _value(self, key: int) -> float:
+        if key == 0:
+            return 0.0
+        i = abs(key)
+        mid = 2 * self.GAMMA**i / (self.GAMMA + 1) / 1e6  # the bucket's middle
+        return mid if key > 0 else -mid
+
+    def quantile(self, q: float) -> float | None:
+        if not self.count:
+            return None
+        rank = q / 100.0 * (self.count - 1)
+        seen = 0
+        for key in sorted(self.buckets):
+            seen += self.buckets[key]
+            if seen > rank:
+                return min(max(self._value(key), self.min), self.max)
+        return self.max
+
+    def stat(self) -> Stat:
+        if not self.count:
+            return Stat(0, None, None, None, None, None, None, None, None)
+        mean = self.sum / self.count
+        std = math.sqrt(max(0.0, self.sumsq / self.count - mean * mean))
+        p = [self.quantile(q) for q in (50, 90, 95, 99)]
+        return Stat(self.count, mean, std, self.min, self.max, *p)
+
+
+class Recorder:
+    """Queue-fed sink of finished requests: batched store writes and running accumulators."""
+
+    def __init__(
+        self,
+        store: Store,
+        run_id: int,
+        tokenizer: Any | None = None,
+        on_failure: Callable[[], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.tokenizer = tokenizer
+        self.on_failure = on_failure
+        self.t0: float | None = None
+        self._q: queue.SimpleQueue[Completion | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._records: list[RequestRecord] = []
+        self.done = 0
+        self.failed = 0
+        self.prompt_tokens = 0
+        self.output_tokens = 0
+        self.usage_mismatches = 0
+        self.first_start: float | None = None
+        self.last_end: float | None = None
+        self.dists = {k: Distribution() for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "send_lag_ms")}
+        self._thread: threading.Thread | None = None
+        self.write_error: str | None = None
+
+    # --- senders' side ----------------------------------------------------------------
+    def start(self) -> None:
+        """Start the recorder's thread (before the clock starts: ``t0`` is set when it does)."""
+        self._thread = threading.Thread(target=self._loop, name=f"run{self.run_id}-recorder", daemon=True)
+        self._thread.start()
+
+    def put(self, item: Completion) -> None:
+        """Hand over one finished request (any thread; never blocks)."""
+        self._q.put(item)
+
+    def close(self) -> None:
+        """Write what is still queued and stop the thread."""
+        if self._thread is not None:
+            self._q.put(None)
+            self._thread.join()
+            self._thread = None
+
+    # --- readers' side ----------------------------------------------------------------
+    def records(self) -> list[RequestRecord]:
+        with self._lock:
+            return list(self._records)
+
+    def live_summary(self, duration_s: float, **kw: Any) -> RunSummary | None:
+        """The summary so far from the accumulators (percentiles within ~0.5 %)."""
+        with self._lock:
+            if not self.done:
+                return None
+            completed = self.done - self.failed
+
+            def rate(x: float) -> float:
+                return x / duration_s if duration_s > 0 else 0.0
+
+            return RunSummary(
+                requests=self.done,
+                completed=completed,
+                failed=self.failed,
+                duration_s=duration_s,
+                prompt_tokens=self.prompt_tokens,
+                output_tokens=self.output_tokens,
+                request_throughput_rps=rate(completed),
+                output_throughput_tok_s=rate(self.output_tokens),
+                total_throughput_tok_s=rate(self.prompt_tokens + self.output_tokens),
+                ttft_ms=self.dists["ttft_ms"].stat(),
+                tpot_ms=self.dists["tpot_ms"].stat(),
+                itl_ms=self.dists["itl_ms"].stat(),
+                e2e_ms=self.dists["e2e_ms"].stat(),
+                usage_mismatches=self.usage_mismatches,
+                send_lag_ms=self.dists["send_lag_ms"].stat() if self.dists["send_lag_ms"].count else None,
+                **kw,
+            )
+
+    # --- the recorder's thread --------------------------------------------------------
+    def record(self, c: Completion) -> RequestRecord:
+        """A completion as a record, times relative to t0 (no clamp on the send lag)."""
+        t0 = self.t0 or 0.0
+        output_tokens = c.output_tokens
+        if c.text is not None and self.tokenizer is not None and c.error is None:
+            # The sender could not count this output's tokens (no tokenizer there) and the
+            # server's usage disagrees with its chunk count: count the text here.
+            output_tokens = max(output_tokens, _count_tokens(self.tokenizer, c.text))
+        return RequestRecord(
+            request_id=c.request_id,
+            start_s=c.start - t0,
+            end_s=c.end - t0,
+            chunk_times_s=[t - t0 for t in c.chunk_times],
+            prompt_tokens=c.prompt_tokens,
+            output_tokens=output_tokens,
+            error=c.error,
+            usage_output_tokens=c.usage_output_tokens,
+            first_any_token_s=None if c.first_any is None else c.first_any - t0,
+            send_lag_ms=(c.start - c.due) * 1000.0,
+        )
+
+    def _accumulate(self, rec: RequestRecord) -> None:
+        d = self.dists
+        self.done += 1
+        if rec.send_lag_ms is not None:
+            d["send_lag_ms"].add(rec.send_lag_ms)
+        self.first_start = rec.start_s if self.first_start is None else min(self.first_start, rec.start_s)
+        self.last_end = rec.end_s if self.last_end is None else max(self.last_end, rec.end_s)
+        if not rec.ok:
+            self.failed += 1
+            return
+        self.prompt_tokens += rec.prompt_tokens
+        self.output_tokens += rec.counted_output_tokens
+        self.usage_mismatches += rec.usage_mismatch
+        for name, value in (("ttft_ms", rec.ttft_ms), ("tpot_ms", rec.tpot_ms)):
+            if value is not None:
+                d[name].add(value)
+        d["e2e_ms"].add(rec.e2e_ms)
+        itl = d["itl_ms"]
+        times = rec.chunk_times_s
+        for i in range(1, len(times)):
+            itl.add((times[i] - times[i - 1]) * 1000.0)
+
+    def _loop(self) -> None:
+        pending: list[tuple[int, RequestRecord]] = []
+        last_write = time.monotonic()
+        stop = False
+        while not stop:
+            try:
+                item = self._q.get(timeout=WRITE_EVERY_S)
+            except queue.Empty:
+                item = ...
+            failed_now = False
+            batch = [] if item is ... else [item]
+            while len(batch) < WRITE_BATCH:  # take what else is queued, without waiting
+                try:
+                    batch.append(self._q.get_nowait())
+                except queue.Empty:
+                    break
+            recs = []
+            for c in batch:
+                if c is None:
+                    stop = True
+                    continue
+                rec = self.record(c)
+                recs.append(rec)
+                pending.append((c.seq, rec))
+                failed_now |= not rec.ok
+            if recs:
+                with self._lock:
+                    for rec in recs:
+                        self._accumulate(rec)
+                    self._records.extend(recs)
+            now = time.monotonic()
+            if pending and (stop or len(pending) >= WRITE_BATCH or now - last_write >= WRITE_EVERY_S):
+                self._write(pending)
+                pending = []
+                last_write = now
+            if failed_now and self.on_failure is not None:
+                self.on_failure()
+
+    def _write(self, pending: list[tuple[int, RequestRecord]]) -> None:
+        try:
+            self.store.add_samples(self.run_id, pending)
+        except Exception as exc:  # noqa: BLE001 - kept in memory; the run reports it at the end
+            self.write_error = f"could not store {len(pending)} requests: {type(exc).__name__}: {exc}"
+
+
+def _count_tokens(tokenizer: Any, text: str) -> int:
+    core = getattr(tokenizer, "backend_tokenizer", None)
+    if core is not None:
+        return len(core.encode(text, add_special_tokens=False).ids)
+    return len(tokenizer.encode(text, add_special_tokens=False))
+
+
+class Sampler:
+    """The per-second series of a run, its health polls and its live summary, on a thread."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        store: Store,
+        run_id: int,
+        interval_s: float,
+        live: Callable[[], tuple[int, int]],
+        recorder: Recorder,
+        server_metrics: bool,
+        on_tick: Callable[[float], None],
+        on_unhealthy: Callable[[str], None],
+    ) -> None:
+        self.engine, self.store, self.run_id = engine, store, run_id
+        self.interval_s = interval_s
+        self.live = live
+        self.recorder = recorder
+        self.server_metrics = server_metrics
+        self.on_tick = on_tick
+        self.on_unhealthy = on_unhealthy
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._begun = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.t0 = 0.0
+
+    def first_points(self) -> None:
+        """Series values at t=0 (before the clock starts)."""
+        first: list[tuple[float, str, float | None]] = [(0.0, SERIES_IN_FLIGHT, 0.0), (0.0, SERIES_DONE, 0.0)]
+        first.extend(memory_points(self.engine, 0.0))
+        first.extend(telemetry_points(self.engine, 0.0, self.server_metrics))
+        self.store.add_points(self.run_id, first)
+
+    def start(self) -> None:
+        """Start the sampler's thread; it samples from :meth:`begin` on."""
+        self._thread = threading.Thread(target=self._loop, name=f"run{self.run_id}-sampler", daemon=True)
+        self._thread.start()
+
+    def begin(self, t0: float) -> None:
+        """The run's clock started at ``t0`` (perf_counter)."""
+        self.t0 = t0
+        self._begun.set()
+
+    def poke(self) -> None:
+        """A request failed: check the engine's health now rather than at the next tick."""
+        self._wake.set()
+
+    def stop(self, t_end: float | None) -> None:
+        """Stop sampling; with ``t_end`` (the run started), write the closing points."""
+        self._stop.set()
+        self._wake.set()
+        self._begun.set()
+        if self._thread is not None:
+            self._thread.join()
+        if t_end is None:
+            return
+        t = t_end - self.t0
+        last = [(t, SERIES_IN_FLIGHT, 0.0), (t, SERIES_DONE, float(self.recorder.done))]
+        self.store.add_points(self.run_id, [*last, *telemetry_points(self.engine, t, self.server_metrics)])
+
+    def _health(self) -> None:
+        reason = self.engine.health()
+        if reason is not None:
+            self.on_unhealthy(reason)
+
+    def _loop(self) -> None:
+        self._begun.wait()
+        if self._stop.is_set() and not self.t0:
+            return
+        t0 = self.t0
+        last_t, last_tokens = t0, 0
+        next_tick = t0 + min(self.interval_s, FIRST_SAMPLE_S)
+        while True:
+            self._wake.wait(max(0.0, next_tick - time.perf_counter()))
+            if self._stop.is_set():
+                # The output rate over the last, partial interval closes the series.
+                now = time.perf_counter()
+                tokens, _ = self.live()
+                if now - last_t >= FIRST_SAMPLE_S / 2:
+                    rate = (tokens - last_tokens) / (now - last_t)
+                    self.store.add_points(self.run_id, [(now - t0, SERIES_OUTPUT_TOK_S, rate)])
+                return
+            if self._wake.is_set():  # poked by a failed request
+                self._wake.clear()
+                self._health()
+                continue
+            now = time.perf_counter()
+            tokens, in_flight = self.live()
+            points: list[tuple[float, str, float | None]] = [
+                (now - t0, SERIES_OUTPUT_TOK_S, (tokens - last_tokens) / (now - last_t)),
+                (now - t0, SERIES_IN_FLIGHT, float(in_flight)),
+                (now - t0, SERIES_DONE, float(self.recorder.done)),
+            ]
+            points.extend(memory_points(self.engine, now - t0))
+            points.extend(telemetry_points(self.engine, now - t0, self.server_metrics))
+            self.store.add_points(self.run_id, points)
+            self._health()
+            self.on_tick(now - t0)
+            last_t, last_tokens = now, tokens
+            next_tick = max(next_tick + self.interval_s, now + self.interval_s / 4)
+
+
+def telemetry_points(engine: Engine, t: float, enabled: bool = True) -> list[tuple[float, str, float | None]]:
+    if not enabled:
+        return []
+    try:
+        return [(t, name, float(v)) for name, v in engine.telemetry().items()]
+    except Exception:  # noqa: BLE001 - a failed scrape is a gap in the series, not a failed run
+        return []
+
+
+def memory_points(engine: Engine, t: float) -> list[tuple[float, str, float | None]]:
+    try:
+        mem = engine.memory()
+    except Exception:  # noqa: BLE001 - a telemetry hiccup must not end a run
+        return []
+    if mem is None:
+        return []
+    return [
+        (t, SERIES_MEM_ALLOCATED, mem.allocated_bytes / GIB),
+        (t, SERIES_MEM_RESERVED, mem.reserved_bytes / GIB),
+        (t, SERIES_MEM_PEAK, mem.peak_bytes / GIB),
+    ]

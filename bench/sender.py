@@ -1,0 +1,585 @@
+"""The sending core: one asyncio loop that sends a run's requests on a :mod:`bench.schedule`.
+
+:func:`send` is the only sender. Each slot takes the next ticket, waits until that
+request is due, streams it through :func:`engines.base.timed_astream` (the single
+timing point) and hands the finished request to ``emit`` as a :class:`Completion`,
+which costs a tuple and a queue put: no I/O, no JSON and no statistics on this loop
+(the recorder does those, off the loop). Engines without ``astream`` (the native
+engine, Triton's generate stream, ``async_client=false``) are adapted by
+:func:`thread_astream`: ``stream`` runs in an executor thread that stamps each chunk
+as the engine yields it, and the loop consumes the stamped chunks.
+
+Where it runs:
+
+- :class:`InProcessSender`: the loop in a thread of the calling process. For engines
+  whose model lives in this process (native).
+- :class:`ProcessSender`: HTTP engines. The loop runs in ``workers`` child processes of
+  their own (spawned: no torch, no Streamlit, no tokenizer there), so chart drawing,
+  tokenizers and the recorder never share the sending loop's GIL. Each child rebuilds a
+  client of the engine from :meth:`engines.base.Engine.sender_spec`, opens its session
+  and sends the warm-up requests through it, then waits for the common start. Tickets,
+  the start time and the cancel flag are shared between the children, so the schedule
+  is global: an open-loop rate holds across workers, and the concurrency cap is split
+  into slots (``concurrency`` slots over all workers). Children send their finished
+  requests to the parent in batches over a pipe; the live token and in-flight counts
+  are shared integers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import gc
+import multiprocessing as mp
+import pickle
+import queue
+import sys
+import threading
+import time
+import traceback
+import types
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from bench.schedule import LocalTickets, Strategy, Tickets
+from engines.base import Engine, GenerationRequest, Stamper, TimedResult, client_from_spec, timed_astream
+from engines.errors import MoEBenchError
+
+EMIT_BATCH_S = 0.05  # a child sends its finished requests to the parent this often (or per EMIT_BATCH_N)
+EMIT_BATCH_N = 256
+READY_TIMEOUT_S = 120.0  # a sender process must have opened its session and warmed up by then
+CANCEL_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One finished request as the sender saw it, on the perf_counter clock (absolute times).
+
+    ``text`` is kept only when the client could not count the output's tokens itself
+    (see :meth:`bench.recorder.Recorder` recounting).
+    """
+
+    seq: int
+    request_id: str
+    start: float
+    end: float
+    chunk_times: tuple[float, ...]
+    prompt_tokens: int
+    output_tokens: int
+    usage_output_tokens: int | None
+    first_any: float | None
+    due: float
+    error: str | None
+    text: str | None = None
+
+
+def completion(seq: int, req: GenerationRequest, res: TimedResult, due: float, keep_text: bool) -> Completion:
+    return Completion(
+        seq=seq,
+        request_id=req.request_id,
+        start=res.start,
+        end=res.end,
+        chunk_times=tuple(c.t for c in res.chunks),
+        prompt_tokens=int(res.prompt_tokens or 0),
+        output_tokens=res.output_tokens,
+        usage_output_tokens=res.usage_output_tokens,
+        first_any=res.first_any,
+        due=due,
+        error=res.error,
+        text=res.text if keep_text and res.usage_output_tokens != res.output_tokens else None,
+    )
+
+
+class Counters:
+    """Live counts of one sending loop: tokens streamed so far and requests in flight."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.in_flight = 0
+
+    def add_tokens(self, n: int) -> None:
+        self.tokens += n
+
+    def started(self) -> None:
+        self.in_flight += 1
+
+    def ended(self) -> None:
+        self.in_flight -= 1
+
+
+class _SharedCounters(Counters):
+    """:class:`Counters` of worker ``w`` written into arrays the parent reads."""
+
+    def __init__(self, tokens: Any, in_flight: Any, w: int) -> None:
+        super().__init__()
+        self._tok, self._fl, self._w = tokens, in_flight, w
+
+    def add_tokens(self, n: int) -> None:
+        self.tokens += n
+        self._tok[self._w] = self.tokens
+
+    def started(self) -> None:
+        self.in_flight += 1
+        self._fl[self._w] = self.in_flight
+
+    def ended(self) -> None:
+        self.in_flight -= 1
+        self._fl[self._w] = self.in_flight
+
+
+async def thread_astream(
+    engine: Engine, request: GenerationRequest, cancel: threading.Event | Any, executor: ThreadPoolExecutor
+) -> AsyncIterator[tuple[Any, float]]:
+    """``engine.stream`` run in an executor thread; yields (chunk, time the engine yielded it)."""
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue[Any] = asyncio.Queue()
+    end = object()
+
+    def produce() -> None:
+        try:
+            for chunk in engine.stream(request, cancel):
+                loop.call_soon_threadsafe(q.put_nowait, (chunk, time.perf_counter()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consuming coroutine
+            loop.call_soon_threadsafe(q.put_nowait, exc)
+        finally:
+            loop.call_soon_threadsafe(q.put_nowait, end)
+
+    fut = loop.run_in_executor(executor, produce)
+    try:
+        while True:
+            item = await q.get()
+            if item is end:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        if not fut.done():
+            # The task was cancelled mid-stream: the engine sees the run's cancel flag
+            # at its next token; do not wait for it here.
+            fut.add_done_callback(lambda f: f.exception())
+
+
+async def _timed_thread_stream(
+    engine: Engine,
+    request: GenerationRequest,
+    cancel: Any,
+    on_chunk: Callable[[Any], None],
+    executor: ThreadPoolExecutor,
+) -> TimedResult:
+    stamper = Stamper(request, on_chunk)
+    try:
+        async for chunk, t in thread_astream(engine, request, cancel, executor):
+            stamper.add(chunk, t)
+    except asyncio.CancelledError:
+        stamper.result.error = "cancelled"
+    except Exception as exc:  # noqa: BLE001 - a failed request is recorded, not raised
+        stamper.fail(exc)
+    return stamper.finish(cancel)
+
+
+async def send(
+    engine: Engine,
+    strategy: Strategy,
+    requests: Sequence[GenerationRequest],
+    tickets: Tickets,
+    t0: float,
+    cancel: Any,
+    emit: Callable[[Completion], None],
+    counters: Counters,
+    slots: Sequence[int],
+    keep_text: bool = False,
+) -> None:
+    """Send requests on ``strategy`` from the given ``slots`` until the tickets run out.
+
+    ``cancel`` (a threading or multiprocessing Event): no new request starts, and the
+    requests in flight are cancelled (each ends as a "cancelled" request).
+    """
+    use_async = engine.async_capable()
+    executor = None if use_async else ThreadPoolExecutor(max_workers=max(1, len(slots)), thread_name_prefix="send")
+
+    async def one(req: GenerationRequest) -> TimedResult:
+        on_chunk = _chunk_counter(counters)
+        if executor is None:
+            return await timed_astream(engine, req, cancel, on_chunk)
+        return await _timed_thread_stream(engine, req, cancel, on_chunk, executor)
+
+    async def slot(k: int) -> None:
+        free = t0 + strategy.slot_start(k)
+        while not cancel.is_set():
+            seq = tickets.take()
+            if seq is None:
+                return
+            due = t0 + strategy.due(seq, free - t0)
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if cancel.is_set():
+                return
+            counters.started()
+            res = await one(requests[seq])
+            counters.ended()
+            emit(completion(seq, requests[seq], res, due, keep_text))
+            free = res.end
+
+    tasks = [asyncio.create_task(slot(k)) for k in slots]
+    watch = asyncio.gather(*tasks, return_exceptions=True)
+    try:
+        while not watch.done():
+            await asyncio.wait([watch], timeout=CANCEL_POLL_S)
+            if cancel.is_set() and not watch.done():
+                # A cancel reaches requests waiting on a silent server too.
+                for task in tasks:
+                    task.cancel()
+                await asyncio.wait([watch])
+        for out in watch.result():
+            if isinstance(out, Exception):
+                raise out
+    finally:
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _chunk_counter(counters: Counters) -> Callable[[Any], None]:
+    add = counters.add_tokens
+
+    def on_chunk(chunk: Any) -> None:
+        add(chunk.tokens)
+
+    return on_chunk
+
+
+async def warm_up(engine: Engine, warmup: Sequence[GenerationRequest], cancel: Any) -> None:
+    """Send the warm-up requests one at a time through the sending loop's own session."""
+    executor = None if engine.async_capable() else ThreadPoolExecutor(max_workers=1)
+    try:
+        for req in warmup:
+            if cancel.is_set():
+                return
+            if executor is None:
+                res = await timed_astream(engine, req, cancel)
+            else:
+                res = await _timed_thread_stream(engine, req, cancel, lambda c: None, executor)
+            if res.error and not cancel.is_set():
+                raise MoEBenchError(f"warm-up request failed: {res.error}")
+    finally:
+        if executor is not None:
+            executor.shutdown(wait=False)
+
+
+def split_slots(n_slots: int, workers: int) -> list[list[int]]:
+    """Slot numbers of each worker: ``n_slots`` dealt round-robin, so any worker count covers them all."""
+    return [list(range(w, n_slots, workers)) for w in range(workers)]
+
+
+# --- in the calling process ---------------------------------------------------------
+class InProcessSender:
+    """The sending loop in a thread of this process (engines whose model is loaded here)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.counters = Counters()
+
+    def live(self) -> tuple[int, int]:
+        """(tokens streamed, requests in flight) so far."""
+        return self.counters.tokens, self.counters.in_flight
+
+    def run(
+        self,
+        strategy: Strategy,
+        requests: Sequence[GenerationRequest],
+        warmup: Sequence[GenerationRequest],
+        cancel: threading.Event,
+        emit: Callable[[Completion], None],
+        before_start: Callable[[], None],
+        on_start: Callable[[float], None],
+    ) -> None:
+        """Warm up, call ``before_start()``, stamp the start ``t0``, call ``on_start(t0)``
+        and send everything. Returns without starting when cancelled during warm-up."""
+        engine = self.engine
+
+        async def main() -> None:
+            await engine.aopen()
+            try:
+                await warm_up(engine, warmup, cancel)
+                if cancel.is_set():
+                    return
+                before_start()
+                t0 = time.perf_counter()
+                on_start(t0)
+                await send(
+                    engine, strategy, requests, LocalTickets(len(requests)), t0, cancel, emit, self.counters,
+                    range(strategy.slots),
+                )
+            finally:
+                await engine.aclose()
+
+        asyncio.run(main())
+
+
+# --- in sender processes ------------------------------------------------------------
+class SharedTickets:
+    """Tickets shared by every sender process of a run (a counter in shared memory)."""
+
+    def __init__(self, n: int, value: Any) -> None:
+        self.n = n
+        self._value = value
+
+    def take(self) -> int | None:
+        with self._value.get_lock():
+            seq = self._value.value
+            if seq >= self.n:
+                return None
+            self._value.value = seq + 1
+            return seq
+
+
+@dataclass
+class _Shared:
+    """What the parent and its sender processes share (multiprocessing primitives)."""
+
+    tickets: Any
+    t0: Any
+    go: Any
+    cancel: Any
+    tokens: Any
+    in_flight: Any
+
+
+def _child_main(
+    w: int,
+    spec: dict[str, Any],
+    strategy: Strategy,
+    requests: list[GenerationRequest],
+    warmup: list[GenerationRequest],
+    slots: list[int],
+    shared: _Shared,
+    conn: Connection,
+) -> None:
+    """A sender process: rebuild the engine's client, warm up, wait for the start, send."""
+    out: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+
+    def writer() -> None:  # pipe writes off the loop: a full pipe must not stall it
+        while (data := out.get()) is not None:
+            conn.send_bytes(data)
+
+    wthread = threading.Thread(target=writer, name="emit", daemon=True)
+    wthread.start()
+
+    def post(kind: str, payload: Any = None) -> None:
+        out.put(pickle.dumps((kind, payload), protocol=pickle.HIGHEST_PROTOCOL))
+
+    try:
+        engine = client_from_spec(spec)
+        counters = _SharedCounters(shared.tokens, shared.in_flight, w)
+        batch: list[Completion] = []
+
+        def flush() -> None:
+            if batch:
+                post("batch", list(batch))
+                batch.clear()
+
+        def emit(c: Completion) -> None:
+            batch.append(c)
+            if len(batch) >= EMIT_BATCH_N:
+                flush()
+
+        async def flusher() -> None:  # finished requests reach the parent within EMIT_BATCH_S
+            while True:
+                await asyncio.sleep(EMIT_BATCH_S)
+                flush()
+
+        async def main() -> None:
+            await engine.aopen()
+            try:
+                await warm_up(engine, warmup, shared.cancel)
+                # This process's heap is small and stays put: no collection pauses mid-stream
+                # (as vllm bench serve freezes its heap).
+                gc.collect()
+                gc.freeze()
+                post("ready")
+                # Nothing else runs on this loop yet: block until every worker is ready.
+                while not shared.go.wait(CANCEL_POLL_S):
+                    if shared.cancel.is_set():
+                        return
+                t0 = shared.t0.value
+                tickets = SharedTickets(len(requests), shared.tickets)
+                flushing = asyncio.create_task(flusher())
+                try:
+                    await send(engine, strategy, requests, tickets, t0, shared.cancel, emit, counters, slots, True)
+                finally:
+                    flushing.cancel()
+            finally:
+                await engine.aclose()
+
+        asyncio.run(main())
+        flush()
+        post("done")
+    except BaseException as exc:  # noqa: BLE001 - the parent reports it as the run's reason
+        reason = str(exc) if isinstance(exc, MoEBenchError) else f"{type(exc).__name__}: {exc}"
+        post("error", " ".join(reason.split()) or traceback.format_exc(limit=1))
+    finally:
+        out.put(None)
+        wthread.join(timeout=10)
+        conn.close()
+
+
+_MAIN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _main_not_reimported() -> Iterator[None]:
+    """Start a spawned child without importing this process's ``__main__`` there.
+
+    multiprocessing's spawn runs the parent's main script again in each child (to find
+    functions defined there). Nothing a sender process needs lives there, and the main
+    script may be the Streamlit runner or a script without a ``__main__`` guard, which
+    would run again. So the child is told of a main module with no file and no spec.
+    """
+    with _MAIN_LOCK:
+        main = sys.modules.get("__main__")
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            if main is not None:
+                sys.modules["__main__"] = main
+
+
+class ProcessSender:
+    """Runs the sending loop in ``workers`` spawned child processes (HTTP engines)."""
+
+    def __init__(self, spec: dict[str, Any], workers: int) -> None:
+        self.spec = spec
+        self.workers = workers
+        self._ctx = mp.get_context("spawn")
+        self._tokens = self._ctx.RawArray("q", workers)
+        self._in_flight = self._ctx.RawArray("q", workers)
+
+    def live(self) -> tuple[int, int]:
+        return sum(self._tokens), sum(self._in_flight)
+
+    def run(
+        self,
+        strategy: Strategy,
+        requests: Sequence[GenerationRequest],
+        warmup: Sequence[GenerationRequest],
+        cancel: threading.Event,
+        emit: Callable[[Completion], None],
+        before_start: Callable[[], None],
+        on_start: Callable[[float], None],
+    ) -> None:
+        """As :meth:`InProcessSender.run`, with the sending loops in child processes."""
+        ctx = self._ctx
+        shared = _Shared(
+            tickets=ctx.Value("q", 0),
+            t0=ctx.RawValue("d", 0.0),
+            go=ctx.Event(),
+            cancel=ctx.Event(),
+            tokens=self._tokens,
+            in_flight=self._in_flight,
+        )
+        # The children send text, never token ids: HTTP engines do not need them.
+        light = [dataclasses.replace(r, prompt_token_ids=None) for r in requests]
+        light_warm = [dataclasses.replace(r, prompt_token_ids=None) for r in warmup]
+        procs: list[Any] = []
+        conns: dict[Connection, int] = {}
+        try:
+            for w, slots in enumerate(split_slots(strategy.slots, self.workers)):
+                reader, writer = ctx.Pipe(duplex=False)
+                p = ctx.Process(
+                    target=_child_main,
+                    args=(w, self.spec, strategy, light, light_warm, slots, shared, writer),
+                    name=f"moebench-sender-{w}",
+                    daemon=True,
+                )
+                with _main_not_reimported():
+                    p.start()
+                writer.close()
+                procs.append(p)
+                conns[reader] = w
+            self._wait_ready(conns, procs, shared, cancel)
+            if cancel.is_set():
+                shared.cancel.set()
+                return
+            before_start()
+            t0 = time.perf_counter()
+            shared.t0.value = t0
+            shared.go.set()
+            on_start(t0)
+            self._collect(conns, shared, cancel, emit)
+        finally:
+            shared.cancel.set()  # a child still waiting for `go` leaves
+            for p in procs:
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=5)
+
+    def _wait_ready(self, conns: dict[Connection, int], procs: list[Any], shared: _Shared, cancel: Any) -> None:
+        waiting = set(conns)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while waiting:
+            if cancel.is_set():
+                return
+            if time.monotonic() > deadline:
+                raise MoEBenchError(f"sender processes not ready after {READY_TIMEOUT_S:.0f} s")
+            for c in wait(list(waiting), timeout=CANCEL_POLL_S):
+                kind, payload = self._recv(c, procs[conns[c]])
+                if kind == "error":
+                    raise MoEBenchError(f"sender process {conns[c]}: {payload}")
+                if kind == "ready":
+                    waiting.discard(c)
+
+    def _collect(
+        self, conns: dict[Connection, int], shared: _Shared, cancel: Any, emit: Callable[[Completion], None]
+    ) -> None:
+        open_ = set(conns)
+        errors: list[str] = []
+        while open_:
+            if cancel.is_set():
+                shared.cancel.set()
+            for c in wait(list(open_), timeout=CANCEL_POLL_S):
+                try:
+                    kind, payload = pickle.loads(c.recv_bytes())
+                except (EOFError, OSError):
+                    open_.discard(c)
+                    errors.append(f"sender process {conns[c]} ended without finishing")
+                    continue
+                if kind == "batch":
+                    for item in payload:
+                        emit(item)
+                elif kind == "error":
+                    errors.append(f"sender process {conns[c]}: {payload}")
+                    open_.discard(c)
+                elif kind == "done":
+                    open_.discard(c)
+        if errors:
+            shared.cancel.set()
+            raise MoEBenchError("; ".join(errors))
+
+    @staticmethod
+    def _recv(c: Connection, proc: Any) -> tuple[str, Any]:
+        try:
+            return pickle.loads(c.recv_bytes())
+        except (EOFError, OSError):
+            code = proc.exitcode
+            return "error", f"exited before it was ready (exit code {code})"
+
+
+def make_sender(engine: Engine, workers: int) -> InProcessSender | ProcessSender:
+    """Sender processes for engines that can be reached from another process, else in-process."""
+    spec = engine.sender_spec()
+    if spec is None:
+        if workers > 1:
+            raise MoEBenchError(
+                f"the {engine.kind} engine sends from the process that loaded the model; "
+                "workers > 1 applies to HTTP engines"
+            )
+        return InProcessSender(engine)
+    return ProcessSender(spec, workers)
+

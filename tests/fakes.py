@@ -1,0 +1,87 @@
+"""A fake engine with deterministic chunk timings, for schedule, sender and recorder tests.
+
+Request ``rNNN`` waits ``ttft_s`` and then yields ``max_tokens`` one-token chunks
+``itl_s`` apart (asynchronously when ``async_stream``, else from ``stream`` in a thread).
+With ``processes`` it offers a :meth:`sender_spec`, so runs send from sender processes
+as HTTP engines do. ``fail_every`` makes every n-th request fail after its first chunk.
+Registered as kind ``fake`` by the ``fake_engine_kind`` fixture (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Literal
+
+from engines.base import Engine, EngineOptions, GenerationRequest, StreamChunk, register_engine
+from engines.errors import RequestFailed
+
+
+class FakeOptions(EngineOptions):
+    kind: Literal["fake"] = "fake"  # type: ignore[assignment]
+    ttft_s: float = 0.005
+    itl_s: float = 0.002
+    async_stream: bool = True
+    processes: bool = False
+    fail_every: int = 0
+
+
+@register_engine
+class FakeEngine(Engine):
+    kind = "fake"
+    label = "fake (tests)"
+    options_model = FakeOptions
+
+    def __init__(self, options: EngineOptions) -> None:
+        super().__init__(options)
+        self.fo: FakeOptions = options  # type: ignore[assignment]
+        self.sent: list[str] = []
+        self.in_process_pid: int | None = None
+
+    def start(self, progress: Any = None) -> None:
+        self.started = True
+
+    def _fails(self, request: GenerationRequest) -> bool:
+        digits = "".join(ch for ch in request.request_id if ch.isdigit())
+        n = int(digits) if digits else 0
+        return bool(self.fo.fail_every) and not request.request_id.startswith("warmup") and (n + 1) % self.fo.fail_every == 0
+
+    def stream(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[StreamChunk]:
+        self.sent.append(request.request_id)
+        yield StreamChunk(text="", tokens=0, prompt_tokens=request.prompt_tokens or 4)
+        time.sleep(self.fo.ttft_s)
+        for i in range(request.sampling.max_tokens):
+            if cancel is not None and cancel.is_set():
+                return
+            if i:
+                time.sleep(self.fo.itl_s)
+            yield StreamChunk(text=" t", tokens=1)
+            if i == 0 and self._fails(request):
+                raise RequestFailed("scripted failure")
+
+    def async_capable(self) -> bool:
+        return self.fo.async_stream
+
+    async def astream(
+        self, request: GenerationRequest, cancel: threading.Event | None = None
+    ) -> AsyncIterator[StreamChunk]:
+        self.sent.append(request.request_id)
+        yield StreamChunk(text="", tokens=0, prompt_tokens=request.prompt_tokens or 4)
+        await asyncio.sleep(self.fo.ttft_s)
+        for i in range(request.sampling.max_tokens):
+            if cancel is not None and cancel.is_set():
+                return
+            if i:
+                await asyncio.sleep(self.fo.itl_s)
+            yield StreamChunk(text=" t", tokens=1)
+            if i == 0 and self._fails(request):
+                raise RequestFailed("scripted failure")
+        yield StreamChunk(text="", tokens=0, final=True, usage_output_tokens=request.sampling.max_tokens)
+
+    def sender_spec(self) -> dict[str, Any] | None:
+        return self.base_sender_spec() if self.fo.processes else None
+
+    def attach_sender(self, spec: dict[str, Any]) -> None:
+        self.started = True
