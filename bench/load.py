@@ -1,6 +1,7 @@
 """When each request is due: the load pattern of a run.
 
-Two patterns, with the conventions of ``vllm bench serve``:
+Two patterns, with the conventions of ``vllm bench serve`` (the strategies themselves are in
+:mod:`bench.schedule`):
 
 - **closed loop** (``request_rate`` None): ``concurrency`` slots, each sends its next
   request as soon as its previous one ends. A request is due the moment its slot frees.
@@ -19,34 +20,10 @@ server, set the pace.
 
 from __future__ import annotations
 
-import math
-import random
-
 # A run is called client-bound when the p90 send lag exceeds this many ms ...
 CLIENT_BOUND_MIN_MS = 10.0
 # ... and, for open loops, also this fraction of the mean interval between arrivals.
 CLIENT_BOUND_INTERVAL_FRACTION = 0.25
-
-
-def arrival_offsets(n: int, request_rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
-    """Due times in seconds from the run's start for ``n`` open-loop arrivals.
-
-    The first request is due at 0; each gap is drawn from Gamma(shape=burstiness,
-    scale=1/(request_rate*burstiness)), so the mean gap is 1/request_rate whatever
-    the burstiness. The same seed gives the same schedule.
-    """
-    if n <= 0:
-        return []
-    if not (request_rate > 0 and math.isfinite(request_rate)):
-        raise ValueError(f"request_rate must be a positive number of requests per second, not {request_rate}")
-    if not (burstiness > 0 and math.isfinite(burstiness)):
-        raise ValueError(f"burstiness must be a positive number, not {burstiness}")
-    rng = random.Random(seed)
-    scale = 1.0 / (request_rate * burstiness)
-    out = [0.0]
-    for _ in range(n - 1):
-        out.append(out[-1] + rng.gammavariate(burstiness, scale))
-    return out
 
 
 def client_bound_reason(send_lag_p90_ms: float | None, request_rate: float | None) -> str | None:

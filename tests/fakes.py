@@ -46,7 +46,9 @@ class FakeEngine(Engine):
     def _fails(self, request: GenerationRequest) -> bool:
         digits = "".join(ch for ch in request.request_id if ch.isdigit())
         n = int(digits) if digits else 0
-        return bool(self.fo.fail_every) and not request.request_id.startswith("warmup") and (n + 1) % self.fo.fail_every == 0
+        if not self.fo.fail_every or request.request_id.startswith("warmup"):
+            return False
+        return (n + 1) % self.fo.fail_every == 0
 
     def stream(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[StreamChunk]:
         self.sent.append(request.request_id)

@@ -1,0 +1,89 @@
+"""Arrival strategies on a fake clock: exact, no model, no real time."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from bench.schedule import (
+    ClosedLoop,
+    LocalTickets,
+    OpenLoop,
+    Sequential,
+    arrival_offsets,
+    simulate,
+    strategy_for,
+)
+from bench.sender import split_slots
+
+
+def _max_in_flight(plan: list) -> int:
+    events = sorted([(p.sent, 1) for p in plan] + [(p.end, -1) for p in plan], key=lambda e: (e[0], e[1]))
+    level = peak = 0
+    for _t, d in events:
+        level += d
+        peak = max(peak, level)
+    return peak
+
+
+def test_sequential_sends_each_request_when_the_last_one_ends() -> None:
+    plan = simulate(Sequential(), [1.0, 2.0, 0.5, 3.0])
+    expected = [(0.0, 0.0, 1.0), (1.0, 1.0, 3.0), (3.0, 3.0, 3.5), (3.5, 3.5, 6.5)]
+    assert [(p.due, p.sent, p.end) for p in plan] == expected
+    assert all(p.lag == 0 for p in plan)
+
+
+def test_closed_loop_keeps_every_slot_busy_and_never_more() -> None:
+    service = [3.0, 1.0, 1.0, 1.0, 2.0, 1.0]
+    plan = simulate(ClosedLoop(2), service)
+    # t=0: r0 (slot 0) and r1 (slot 1); r1 ends at 1 -> r2; r2 ends at 2 -> r3; r0 and r3 end at 3 -> r4, r5
+    expected = [(0, 0, 0.0), (1, 1, 0.0), (2, 1, 1.0), (3, 1, 2.0), (4, 0, 3.0), (5, 1, 3.0)]
+    assert [(p.seq, p.slot, p.sent) for p in plan] == expected
+    assert _max_in_flight(plan) == 2
+    assert all(p.due == p.sent for p in plan)  # due the moment a slot frees: no lag on a fake clock
+
+
+def test_open_loop_follows_the_arrivals_until_the_cap_makes_requests_wait() -> None:
+    strategy = OpenLoop(offsets=(0.0, 0.5, 1.0, 1.5, 2.0), rate=2.0, concurrency=2)
+    plan = simulate(strategy, [0.2, 2.0, 2.0, 0.1, 0.1])
+    sent = {p.seq: p.sent for p in plan}
+    assert sent[0] == 0.0 and sent[1] == 0.5 and sent[2] == 1.0
+    # r1 and r2 hold both slots until 2.5 and 3.0: r3 (due 1.5) waits for the first to free
+    assert sent[3] == 2.5 and plan[3].lag == pytest.approx(1.0)
+    assert sent[4] == 2.6 and plan[4].lag == pytest.approx(0.6)
+    assert _max_in_flight(plan) == 2
+
+
+def test_open_loop_below_saturation_has_no_lag() -> None:
+    strategy = OpenLoop.make(500, rate=10.0, burstiness=1.0, concurrency=64, seed=1)
+    plan = simulate(strategy, [0.05] * 500)
+    assert all(p.lag == 0 and p.sent == strategy.offsets[p.seq] for p in plan)
+
+
+def test_arrivals_have_the_asked_rate_and_are_reproducible() -> None:
+    offs = arrival_offsets(4000, request_rate=20.0, burstiness=1.0, seed=7)
+    assert offs[0] == 0.0 and all(b >= a for a, b in itertools.pairwise(offs))
+    assert 4000 / offs[-1] == pytest.approx(20.0, rel=0.05)
+    assert arrival_offsets(4000, 20.0, 1.0, seed=7) == offs
+
+
+def test_strategy_for_each_mode() -> None:
+    assert isinstance(strategy_for("latency", 5, 8, None, 1.0, 0), Sequential)
+    closed = strategy_for("concurrency", 5, 8, None, 1.0, 0)
+    assert isinstance(closed, ClosedLoop) and closed.slots == 8 and not closed.open_loop
+    opened = strategy_for("concurrency", 5, 8, 3.0, 0.5, 2)
+    assert isinstance(opened, OpenLoop) and opened.slots == 8 and len(opened.offsets) == 5
+    assert list(opened.offsets) == arrival_offsets(5, 3.0, 0.5, seed=2)
+    with pytest.raises(ValueError):
+        ClosedLoop(0)
+
+
+def test_tickets_are_handed_out_once_in_order() -> None:
+    t = LocalTickets(3)
+    assert [t.take(), t.take(), t.take(), t.take()] == [0, 1, 2, None]
+
+
+def test_slots_are_dealt_over_workers() -> None:
+    assert split_slots(5, 2) == [[0, 2, 4], [1, 3]]
+    assert sorted(itertools.chain(*split_slots(256, 3))) == list(range(256))

@@ -1,0 +1,211 @@
+"""The sending core, the recorder and the sender processes, driven by the fake engine
+(deterministic chunk timings: tests/fakes.py) and a real SQLite store."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from bench.metrics import RequestRecord, percentile, summarize
+from bench.recorder import Distribution, Recorder
+from bench.runner import RunConfig, start_run
+from bench.schedule import arrival_offsets
+from bench.sender import Completion
+from bench.store import Store
+
+
+def _run(store: Store, kind: str, wait: float = 60, **kw: object):  # type: ignore[no-untyped-def]
+    engine = {"kind": kind, **kw.pop("engine", {})}  # type: ignore[dict-item]
+    base: dict[str, object] = {
+        "engine": engine,
+        "mode": "concurrency",
+        "workload": {"source": "builtin", "output_len": 4},
+        "requests": 40,
+        "concurrency": 4,
+    }
+    base.update(kw)
+    job = start_run(RunConfig.build(**base), store)
+    return job, job.wait(wait)
+
+
+def _peak_overlap(recs: list[RequestRecord]) -> int:
+    events = sorted([(r.start_s, 1) for r in recs] + [(r.end_s, -1) for r in recs], key=lambda e: (e[0], e[1]))
+    level = peak = 0
+    for _t, d in events:
+        level += d
+        peak = max(peak, level)
+    return peak
+
+
+@pytest.mark.parametrize("processes,workers", [(False, 1), (True, 1), (True, 2)])
+@pytest.mark.parametrize("async_stream", [True, False])
+def test_every_request_is_sent_once_within_the_global_cap(
+    store: Store, fake_engine_kind: str, processes: bool, workers: int, async_stream: bool
+) -> None:
+    _, snap = _run(
+        store,
+        fake_engine_kind,
+        engine={"processes": processes, "async_stream": async_stream},
+        requests=60,
+        concurrency=5,
+        workers=workers,
+    )
+    assert snap.status == "completed", snap.error
+    recs = store.records(snap.run_id)  # type: ignore[arg-type]
+    assert sorted(r.request_id for r in recs) == sorted(f"r{i}" for i in range(60))
+    assert all(r.ok and r.output_tokens == 4 and len(r.chunk_times_s) == 4 for r in recs)
+    assert _peak_overlap(recs) <= 5  # the cap holds over all workers together
+    assert _peak_overlap(recs) >= 4  # and the slots were used
+    # The first wave leaves together (all 5 within a few ms of the start).
+    first = sorted(r.start_s for r in recs)[:5]
+    assert first[-1] - first[0] < 0.05
+    s = snap.summary
+    assert s is not None and s.completed == 60 and s.send_lag_ms is not None and s.send_lag_ms.count == 60
+
+
+def test_open_loop_rate_holds_across_sender_processes(store: Store, fake_engine_kind: str) -> None:
+    _, snap = _run(
+        store,
+        fake_engine_kind,
+        engine={"processes": True},
+        requests=30,
+        concurrency=8,
+        workers=2,
+        request_rate=40.0,
+        burstiness=1.0,
+        workload={"source": "builtin", "output_len": 3, "seed": 5},
+    )
+    assert snap.status == "completed", snap.error
+    due = arrival_offsets(30, 40.0, 1.0, seed=5)
+    for r in store.records(snap.run_id):  # type: ignore[arg-type]
+        i = int(r.request_id.lstrip("r"))
+        assert r.send_lag_ms is not None
+        assert r.start_s == pytest.approx(due[i] + r.send_lag_ms / 1000, abs=1e-6)
+        assert r.send_lag_ms > -0.01  # never ahead of the schedule
+
+
+def test_warm_up_is_sent_first_and_not_recorded(store: Store, fake_engine_kind: str) -> None:
+    from engines.base import create_engine
+
+    engine = create_engine({"kind": fake_engine_kind})
+    engine.start()
+    cfg = RunConfig.build(
+        engine={"kind": fake_engine_kind},
+        requests=6,
+        concurrency=3,
+        warmup=2,
+        workload={"source": "builtin", "output_len": 2},
+    )
+    snap = start_run(cfg, store, engine=engine).wait(30)
+    assert snap.status == "completed", snap.error
+    assert engine.sent[:2] == ["warmup0", "warmup1"] and sorted(engine.sent[2:]) == [f"r{i}" for i in range(6)]  # type: ignore[attr-defined]
+    assert len(store.records(snap.run_id)) == 6  # type: ignore[arg-type]
+    assert min(r.start_s for r in store.records(snap.run_id)) >= 0  # type: ignore[arg-type]
+
+
+def test_failed_requests_are_recorded_and_the_run_goes_on(store: Store, fake_engine_kind: str) -> None:
+    _, snap = _run(store, fake_engine_kind, engine={"processes": True, "fail_every": 4}, requests=20)
+    assert snap.status == "completed", snap.error
+    recs = store.records(snap.run_id)  # type: ignore[arg-type]
+    failed = sorted(int(r.request_id.lstrip("r")) for r in recs if not r.ok)
+    assert failed == [3, 7, 11, 15, 19] and all("scripted failure" in (r.error or "") for r in recs if not r.ok)
+    assert snap.summary is not None and snap.summary.failed == 5 and snap.summary.completed == 15
+
+
+def test_cancel_reaches_the_sender_processes(store: Store, fake_engine_kind: str) -> None:
+    job, _ = _run(
+        store,
+        fake_engine_kind,
+        wait=0,
+        engine={"processes": True, "itl_s": 0.05},
+        requests=400,
+        concurrency=4,
+        workers=2,
+        workload={"source": "builtin", "output_len": 20},
+    )
+    deadline = time.time() + 30
+    while time.time() < deadline and job.snapshot().done < 4:
+        time.sleep(0.05)
+    t = time.perf_counter()
+    job.cancel()
+    snap = job.wait(10)
+    assert time.perf_counter() - t < 5
+    assert snap.status == "cancelled"
+    recs = store.records(snap.run_id)  # type: ignore[arg-type]
+    assert 4 <= len(recs) < 400
+    assert any(r.error == "cancelled" for r in recs)  # the ones in flight end as cancelled
+
+
+def test_workers_on_an_in_process_engine_is_a_failed_run_with_the_reason(store: Store, fake_engine_kind: str) -> None:
+    _, snap = _run(store, fake_engine_kind, engine={"processes": False}, workers=2)
+    assert snap.status == "failed"
+    assert "sends from the process that loaded the model" in (snap.error or "")
+
+
+def test_recorder_keeps_a_negative_send_lag(store: Store) -> None:
+    rec = Recorder(store, run_id=1)
+    rec.t0 = 100.0
+    early = Completion(
+        seq=0, request_id="r0", start=100.010, end=100.5, chunk_times=(100.2, 100.3), prompt_tokens=4,
+        output_tokens=2, usage_output_tokens=2, first_any=100.2, due=100.015, error=None,
+    )
+    r = rec.record(early)
+    assert r.send_lag_ms == pytest.approx(-5.0)  # sent 5 ms early: shown, not clamped to 0
+    assert r.start_s == pytest.approx(0.010) and r.chunk_times_s == pytest.approx([0.2, 0.3])
+
+
+def test_recorder_recounts_text_when_usage_disagrees(store: Store, tiny_model: object) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    text = "the quick brown fox jumps over the lazy dog " * 3
+    n = len(tok.encode(text, add_special_tokens=False))
+    rec = Recorder(store, run_id=1, tokenizer=tok)
+    rec.t0 = 0.0
+    c = Completion(0, "r0", 0.0, 1.0, (0.1, 0.2), 4, 2, n, 0.1, 0.0, None, text)
+    assert rec.record(c).output_tokens == n  # 2 chunks, but the text holds n tokens
+
+
+def test_recorder_writes_in_batches_and_its_live_summary_matches_the_exact_one(store: Store) -> None:
+    run_id = store.create_run(mode="concurrency", engine="fake", model="m", accelerator="cpu", config={})
+    rec = Recorder(store, run_id)
+    rec.start()
+    rec.t0 = 0.0
+    rng = random.Random(3)
+    for i in range(3000):
+        start = rng.uniform(0, 50)
+        gaps = [rng.lognormvariate(-4, 0.5) for _ in range(8)]
+        chunks = [start + 0.02 + sum(gaps[: k + 1]) for k in range(8)]
+        rec.put(Completion(i, f"r{i}", start, chunks[-1] + 0.001, tuple(chunks), 16, 8, 8, chunks[0], start, None))
+    rec.close()
+    assert store.sample_count(run_id) == 3000
+    exact = summarize(rec.records())
+    live = rec.live_summary(exact.duration_s)
+    assert live is not None and live.completed == exact.completed == 3000
+    assert live.output_tokens == exact.output_tokens
+    for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        a, b = getattr(live, name), getattr(exact, name)
+        assert a.count == b.count and a.mean == pytest.approx(b.mean, rel=1e-9)
+        for q in ("p50", "p90", "p99"):
+            assert getattr(a, q) == pytest.approx(getattr(b, q), rel=0.02), (name, q)
+
+
+def test_distribution_percentiles_within_one_percent_with_signs() -> None:
+    rng = random.Random(11)
+    xs = [rng.gauss(0.5, 3.0) for _ in range(20000)] + [0.0] * 50
+    d = Distribution()
+    for x in xs:
+        d.add(x)
+    for q in (1, 10, 50, 90, 99):
+        exact = percentile(xs, q)
+        assert exact is not None
+        assert d.quantile(q) == pytest.approx(exact, rel=0.02, abs=0.01), q
+    other = Distribution()
+    for x in xs[:100]:
+        other.add(x)
+    merged = Distribution()
+    merged.merge(d)
+    merged.merge(other)
+    assert merged.count == d.count + 100 and len(d.buckets) < 2000
