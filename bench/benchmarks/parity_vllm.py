@@ -41,12 +41,16 @@ from engines.vllm import vllm_python
 # (label, MoE Bench summary path, vllm bench serve result key)
 ROWS: list[tuple[str, str, str]] = [
     ("TTFT median ms", "ttft_ms.p50", "median_ttft_ms"),
+    ("TTFT p90 ms", "ttft_ms.p90", "p90_ttft_ms"),
     ("TTFT p99 ms", "ttft_ms.p99", "p99_ttft_ms"),
     ("TPOT median ms", "tpot_ms.p50", "median_tpot_ms"),
+    ("TPOT p90 ms", "tpot_ms.p90", "p90_tpot_ms"),
     ("TPOT p99 ms", "tpot_ms.p99", "p99_tpot_ms"),
     ("ITL median ms", "itl_ms.p50", "median_itl_ms"),
+    ("ITL p90 ms", "itl_ms.p90", "p90_itl_ms"),
     ("ITL p99 ms", "itl_ms.p99", "p99_itl_ms"),
     ("E2E median ms", "e2e_ms.p50", "median_e2el_ms"),
+    ("E2E p90 ms", "e2e_ms.p90", "p90_e2el_ms"),
     ("E2E p99 ms", "e2e_ms.p99", "p99_e2el_ms"),
     ("requests/s", "request_throughput_rps", "request_throughput"),
     ("output tok/s", "output_throughput_tok_s", "output_throughput"),
@@ -70,16 +74,15 @@ def _get(summary: Any, path: str) -> float | None:
     return obj
 
 
-def run_ours(args: argparse.Namespace, base_url: str, model_name: str, store: Store) -> dict[str, Any]:
-    """One MoE Bench concurrency run against the server; the figures keyed like :data:`ROWS`."""
+def run_ours(args: argparse.Namespace, base_url: str, model_name: str, store: Store, kind: str) -> dict[str, Any]:
+    """One MoE Bench concurrency run against the server with the ``vllm`` or the ``openai``
+    engine; the figures keyed like :data:`ROWS`."""
+    if kind == "vllm":
+        engine: dict[str, Any] = {"kind": "vllm", "model": args.model, "served_model_name": model_name}
+    else:  # any OpenAI-compatible server: the served name, the local folder as client tokenizer
+        engine = {"kind": "openai", "model": model_name, "tokenizer": args.model_dir}
     config = RunConfig.build(
-        engine={
-            "kind": "vllm",
-            "model": args.model,
-            "base_url": base_url,
-            "served_model_name": model_name,
-            **args.engine_opt,
-        },
+        engine={**engine, "base_url": base_url, **args.engine_opt},
         mode="concurrency",
         workload={
             "source": "random",
@@ -91,7 +94,7 @@ def run_ours(args: argparse.Namespace, base_url: str, model_name: str, store: St
         concurrency=args.concurrency,
         warmup=1,  # vllm bench serve sends one test request first
         server_metrics=args.server_metrics,  # vllm bench serve does not scrape /metrics
-        name="parity: moe-bench",
+        name=f"parity: moe-bench {kind}",
     )
     job = start_run(config, store)
     snap = job.wait(900)
@@ -150,7 +153,7 @@ def run_theirs(
         "--percentile-metrics",
         "ttft,tpot,itl,e2el",
         "--metric-percentiles",
-        "50,99",
+        "50,90,99",
         "--disable-tqdm",
         "--save-result",
         "--save-detailed",
@@ -239,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rounds", type=int, default=2, help="ABBA rounds (each runs both clients once)")
     p.add_argument("--tolerance", type=float, default=0.05, help="allowed relative gap of the medians")
+    p.add_argument("--p90-tolerance", type=float, default=0.10, help="allowed relative gap of the p90s")
+    p.add_argument(
+        "--engines", nargs="+", default=["vllm", "openai"], choices=("vllm", "openai"), help="MoE Bench engine kinds"
+    )
     p.add_argument("--json", help="also write the figures to this JSON file")
     p.add_argument(
         "--server-metrics",
@@ -271,8 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     print("starting vLLM server..." if not args.base_url else f"using {args.base_url}", file=sys.stderr)
     engine.start()
     work = Path(tempfile.mkdtemp(prefix="parity-vllm-"))
+    args.model_dir = str(path)
     store = Store(work / "parity.sqlite")
-    ours: list[dict[str, Any]] = []
+    ours: dict[str, list[dict[str, Any]]] = {k: [] for k in args.engines}
     theirs: list[dict[str, Any]] = []
     stall_log = work / "stalls.txt"
     with stall_log.open("w") as fh:
@@ -280,29 +288,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         base_url, served = engine.base_url, engine.served_name  # type: ignore[attr-defined]
         for r in range(args.rounds):
-            order = ("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")
+            clients = [*args.engines, "theirs"]
+            order = clients if r % 2 == 0 else clients[::-1]
             for who in order:
                 print(f"round {r + 1}: {who}", file=sys.stderr, flush=True)
-                if who == "ours":
-                    ours.append(run_ours(args, base_url, served, store))
-                else:
+                if who == "theirs":
                     theirs.append(run_theirs(args, base_url, served, str(path), work, r))
+                else:
+                    ours[who].append(run_ours(args, base_url, served, store, who))
     finally:
         watchdog.kill()
         watchdog.wait()
         engine.stop()
 
     stalls = _stalls(stall_log)
-    worst = [_worst_stall(stalls, [o["_window"], t["_window"]]) for o, t in zip(ours, theirs, strict=True)]
+    windows = [[t["_window"], *(ours[k][i]["_window"] for k in args.engines)] for i, t in enumerate(theirs)]
+    worst = [_worst_stall(stalls, w) for w in windows]
     clean = [i for i, w in enumerate(worst) if w == 0.0]
-    used = clean if len(clean) >= 2 else list(range(len(ours)))
-    left_out = [i for i in range(len(ours)) if i not in used]
-    all_ours, all_theirs = ours, theirs
-    ours, theirs = [all_ours[i] for i in used], [all_theirs[i] for i in used]
-
-    def mean(rows: list[dict[str, Any]], label: str) -> float | None:
-        vals = [row[label] for row in rows if row[label] is not None]
-        return sum(vals) / len(vals) if vals else None
+    used = clean if len(clean) >= 2 else list(range(len(theirs)))
+    left_out = [i for i in range(len(theirs)) if i not in used]
 
     print(
         f"\nworkload: {args.num_prompts} prompts, {args.input_len} in / {args.output_len} out, "
@@ -315,49 +319,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"left out: rounds {what}, where the machine stalled over {args.stall_ms:.0f} ms (idle watchdog)")
     elif len(clean) < 2 and any(worst):
         print(f"note: fewer than 2 rounds ran without a machine stall over {args.stall_ms:.0f} ms; all rounds used")
-    print(
-        f"{'metric':<16}{'MoE Bench':>11}{'vllm bench':>11}{'ratio':>8}{'per-round ratios':>20}{'vllm vs itself':>16}"
-    )
+    used_theirs = [theirs[i] for i in used]
     out: dict[str, Any] = {}
-    gap = 0.0
-    noise = 0.0
-    for label, _, _ in ROWS:
-        a, b = mean(ours, label), mean(theirs, label)
-        pairs = [_ratio(o[label], t[label]) for o, t in zip(ours, theirs, strict=True)]
-        ratios = [r for r in pairs if r is not None and r > 0]
-        # Each round pairs two back-to-back runs; the geometric mean of the pair ratios
-        # cancels the drift that moves both runs of a round alike.
-        ratio = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else None
-        mine = [t[label] for t in theirs if t[label] is not None]
-        cv = statistics.pstdev(mine) / statistics.fmean(mine) if len(mine) > 1 and statistics.fmean(mine) else None
-        out[label] = {"moe_bench": a, "vllm_bench": b, "ratio": ratio, "round_ratios": pairs, "vllm_cv": cv}
-        if "median" in label and ratio is not None:
-            gap = max(gap, abs(ratio - 1.0))
-            noise = max(noise, cv or 0.0)
-
-        def f(v: float | None) -> str:
-            return "-" if v is None else f"{v:.2f}"
-
-        spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "-"
-        own = "-" if cv is None else f"{cv * 100:.0f} %"
-        print(f"{label:<16}{f(a):>11}{f(b):>11}{f(ratio):>8}{spread:>20}{own:>16}")
-    verdict = "PASS" if gap <= args.tolerance else "FAIL"
+    verdicts = []
+    for kind in args.engines:
+        rows, ok = _report(kind, [ours[kind][i] for i in used], used_theirs, args)
+        out[kind] = rows
+        verdicts.append(ok)
     print(
-        "\nratio: geometric mean over the rounds of ours / theirs (each round's two runs back to back); "
+        "\nratio: geometric mean over the rounds of ours / theirs (each round's runs back to back); "
         "vllm vs itself: the coefficient of variation of vllm bench's own figure across rounds."
     )
-    print(f"largest median gap {gap * 100:.1f} % (tolerance {args.tolerance * 100:.0f} %): {verdict}")
-    if noise > args.tolerance:
-        print(
-            f"note: vllm bench's own medians moved up to {noise * 100:.0f} % between rounds on this machine, "
-            "more than the tolerance; more --rounds narrow the ratio"
-        )
     if args.json:
         Path(args.json).write_text(
             json.dumps(
                 {
                     "rows": out,
-                    "rounds": {"ours": all_ours, "theirs": all_theirs},
+                    "rounds": {"ours": ours, "theirs": theirs},
                     "stalls": stalls,
                     "round_worst_stall_ms": worst,
                     "rounds_used": [i + 1 for i in used],
@@ -365,7 +343,59 @@ def main(argv: list[str] | None = None) -> int:
                 indent=2,
             )
         )
-    return 0 if verdict == "PASS" else 1
+    return 0 if all(verdicts) else 1
+
+
+def _report(
+    kind: str, ours: list[dict[str, Any]], theirs: list[dict[str, Any]], args: argparse.Namespace
+) -> tuple[dict[str, Any], bool]:
+    """Print one engine kind's table against vllm bench; (figures, verdict)."""
+
+    def mean(rows: list[dict[str, Any]], label: str) -> float | None:
+        vals = [row[label] for row in rows if row[label] is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    print(f"\nMoE Bench '{kind}' engine against vllm bench serve")
+    print(
+        f"{'metric':<16}{'MoE Bench':>11}{'vllm bench':>11}{'ratio':>8}{'per-round ratios':>20}{'vllm vs itself':>16}"
+    )
+    out: dict[str, Any] = {}
+    gap_median = gap_p90 = 0.0
+    noise = 0.0
+    for label, _, _ in ROWS:
+        a, b = mean(ours, label), mean(theirs, label)
+        pairs = [_ratio(o[label], t[label]) for o, t in zip(ours, theirs, strict=True)]
+        ratios = [r for r in pairs if r is not None and r > 0]
+        # Each round pairs runs made back to back; the geometric mean of the pair ratios
+        # cancels the drift that moves both runs of a round alike.
+        ratio = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else None
+        mine = [t[label] for t in theirs if t[label] is not None]
+        cv = statistics.pstdev(mine) / statistics.fmean(mine) if len(mine) > 1 and statistics.fmean(mine) else None
+        out[label] = {"moe_bench": a, "vllm_bench": b, "ratio": ratio, "round_ratios": pairs, "vllm_cv": cv}
+        if ratio is not None and "median" in label:
+            gap_median = max(gap_median, abs(ratio - 1.0))
+            noise = max(noise, cv or 0.0)
+        if ratio is not None and "p90" in label:
+            gap_p90 = max(gap_p90, abs(ratio - 1.0))
+
+        def f(v: float | None) -> str:
+            return "-" if v is None else f"{v:.2f}"
+
+        spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "-"
+        own = "-" if cv is None else f"{cv * 100:.0f} %"
+        print(f"{label:<16}{f(a):>11}{f(b):>11}{f(ratio):>8}{spread:>20}{own:>16}")
+    ok = gap_median <= args.tolerance and gap_p90 <= args.p90_tolerance
+    print(
+        f"largest median gap {gap_median * 100:.1f} % (tolerance {args.tolerance * 100:.0f} %), "
+        f"largest p90 gap {gap_p90 * 100:.1f} % (tolerance {args.p90_tolerance * 100:.0f} %): "
+        f"{'PASS' if ok else 'FAIL'}"
+    )
+    if noise > args.tolerance:
+        print(
+            f"note: vllm bench's own medians moved up to {noise * 100:.0f} % between rounds on this machine, "
+            "more than the tolerance; more --rounds narrow the ratio"
+        )
+    return out, ok
 
 
 if __name__ == "__main__":
