@@ -27,7 +27,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.metrics import RequestRecord, summarize
+from bench.metrics import summarize
+from bench.recorder import Recorder
 from bench.runner import (
     SERIES_DONE,
     SERIES_IN_FLIGHT,
@@ -36,14 +37,16 @@ from bench.runner import (
     SERIES_MEM_RESERVED,
     SERIES_OUTPUT_TOK_S,
 )
+from bench.sender import Completion
 from bench.store import Store
 from dashboard import charts, data
 
 
 def synthetic_run(
     store: Store, n: int, concurrency: int = 64, output_tokens: int = 64, seed: int = 0
-) -> tuple[int, float]:
-    """Write an ``n``-request completed run; return (run id, seconds spent writing)."""
+) -> tuple[int, float, Recorder]:
+    """Write an ``n``-request completed run through the recorder; return (run id, seconds
+    spent writing, the recorder with its running accumulators)."""
     rng = random.Random(seed)
     t_write = time.perf_counter()
     run_id = store.create_run(
@@ -55,24 +58,22 @@ def synthetic_run(
         concurrency=concurrency,
         name=f"render benchmark {n}",
     )
-    records: list[RequestRecord] = []
-    free_at = [0.0] * concurrency  # each worker sends its next request when the last one ends
-    batch: list[tuple[int, RequestRecord]] = []
+    # Written as a run writes them: finished requests through the recorder (batched writes).
+    recorder = Recorder(store, run_id)
+    recorder.start()
+    recorder.t0 = 0.0
+    free_at = [0.0] * concurrency  # each slot sends its next request when the last one ends
     for i in range(n):
         w = i % concurrency
         start = free_at[w]
         ttft = 0.02 + rng.expovariate(1 / 0.03)
         gap = 0.008 + rng.random() * 0.004
-        chunks = [start + ttft + k * gap for k in range(output_tokens)]
+        chunks = tuple(start + ttft + k * gap for k in range(output_tokens))
         free_at[w] = chunks[-1]
-        rec = RequestRecord(f"r{i}", start, chunks[-1], chunks, 128, output_tokens)
-        records.append(rec)
-        batch.append((i, rec))
-        if len(batch) == 5000:
-            store.add_samples(run_id, batch)
-            batch = []
-    if batch:
-        store.add_samples(run_id, batch)
+        done = Completion(i, f"r{i}", start, chunks[-1], chunks, 128, output_tokens, None, chunks[0], start, None)
+        recorder.put(done)
+    recorder.close()
+    records = recorder.records()
     duration = max(r.end_s for r in records)
     points: list[tuple[float, str, float | None]] = []
     for t in range(int(duration) + 1):
@@ -86,7 +87,7 @@ def synthetic_run(
         ]
     store.add_points(run_id, points)
     store.finish_run(run_id, "completed", summary=summarize(records, peak_memory_gib=1.3, max_concurrency=concurrency))
-    return run_id, time.perf_counter() - t_write
+    return run_id, time.perf_counter() - t_write, recorder
 
 
 def _time(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
@@ -104,8 +105,10 @@ def measure(sizes: Sequence[int], repeat: int) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="moebench-render-") as tmp:
         store = Store(Path(tmp) / "render.sqlite")
         for n in sizes:
-            run_id, write_s = synthetic_run(store, n)
+            run_id, write_s, recorder = synthetic_run(store, n)
             summary = store.get_run(run_id).summary  # type: ignore[union-attr]
+            # What the sampler does once a second during a run: the live summary from the accumulators.
+            live_summary, _ = _time(lambda rc=recorder, s=summary: rc.live_summary(s.duration_s), repeat)
 
             live_read, live = _time(lambda r=run_id: data.load_live(store, r), repeat)
             live_build, figs = _time(lambda lv=live, s=summary: data.live_figures(lv, s), repeat)
@@ -130,6 +133,7 @@ def measure(sizes: Sequence[int], repeat: int) -> list[dict[str, Any]]:
                     "live_read_ms": live_read,
                     "live_build_ms": live_build,
                     "live_json_ms": live_json,
+                    "live_summary_ms": live_summary,
                     "live_total_ms": live_read + live_build + live_json,
                     "results_build_ms": res_build,
                     "results_json_ms": res_json,
@@ -143,21 +147,24 @@ def measure(sizes: Sequence[int], repeat: int) -> list[dict[str, Any]]:
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     header = (
-        f"{'requests':>9} {'write s':>8} | {'live read':>9} {'build':>7} {'json':>7} {'total ms':>9} | "
+        f"{'requests':>9} {'write s':>8} | {'summary':>8} | "
+        f"{'live read':>9} {'build':>7} {'json':>7} {'total ms':>9} | "
         f"{'results build':>13} {'json':>7} {'total ms':>9} | {'points':>6}"
     )
     print(header)
     print("-" * len(header))
     for r in rows:
         print(
-            f"{r['requests']:>9,} {r['write_s']:>8.2f} | {r['live_read_ms']:>9.1f} {r['live_build_ms']:>7.1f} "
+            f"{r['requests']:>9,} {r['write_s']:>8.2f} | {r['live_summary_ms']:>8.1f} | "
+            f"{r['live_read_ms']:>9.1f} {r['live_build_ms']:>7.1f} "
             f"{r['live_json_ms']:>7.1f} {r['live_total_ms']:>9.1f} | {r['results_build_ms']:>13.1f} "
             f"{r['results_json_ms']:>7.1f} {r['results_total_ms']:>9.1f} | {r['points_drawn']:>6}"
         )
     print(
         "\nlive: one refresh of the live fragment (window of the newest "
         "requests + per-second series -> 6 figures -> JSON); results: the Results page's comparison bars, "
-        "scatter and one run's detail charts. Medians; 'write s' is the store's time to write the run."
+        "scatter and one run's detail charts. Medians; 'write s': the recorder's time to take and store the run; "
+        "'summary': the live summary from the recorder's accumulators (the runner's sampler thread, once a second)."
     )
 
 
