@@ -16,9 +16,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
+from bench.config import MODES, RunConfig
 from bench.metrics import RunSummary
-from bench.runner import MODES, Job, RunConfig, start_run
+from bench.runner import Job, start_run
 from bench.store import Store
+from bench.workloads import WorkloadSpec
 from engines.errors import MoEBenchError
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -43,7 +47,7 @@ def _positive(name: str) -> Any:
 
 
 def _rate(text: str) -> float | None:
-    """``--request-rate``: a positive number of requests per second, or inf for a closed loop."""
+    """``--request-rate``: requests per second; 0 or inf for a closed loop (None)."""
     if text.strip().lower() in ("inf", "infinity"):
         return None
     try:
@@ -51,9 +55,19 @@ def _rate(text: str) -> float | None:
     except ValueError:
         msg = f"--request-rate must be a number of requests per second, got '{text}'"
         raise argparse.ArgumentTypeError(msg) from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"--request-rate must be above 0 (or inf), got {text}")
-    return value
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"--request-rate must be 0 or above (0 or inf: closed loop), got {text}")
+    return value or None
+
+
+def _default(name: str, model: type[BaseModel] = RunConfig) -> Any:
+    return model.model_fields[name].default
+
+
+def _help(name: str, model: type[BaseModel] = RunConfig, extra: str = "") -> str:
+    """A run flag's help: the field's own description (argparse's % escaped), then ``extra``."""
+    text = (model.model_fields[name].description or "").replace("%", "%%")
+    return f"{text}{extra}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,32 +100,47 @@ def build_parser() -> argparse.ArgumentParser:
         help="an engine option (repeatable), e.g. max_num_seqs=64 or enable_prefix_caching=true; see `engines`",
     )
     r.add_argument("--mode", default="concurrency", choices=MODES)
-    r.add_argument("--requests", type=_positive("requests"), default=8, help="measured requests")
-    r.add_argument("--concurrency", type=_positive("concurrency"), default=1, help="max requests in flight")
+    r.add_argument("--requests", type=_positive("requests"), default=_default("requests"), help=_help("requests"))
     r.add_argument(
-        "--request-rate",
-        type=_rate,
-        default=None,
-        help="open loop: arrivals per second, capped at --concurrency in flight (default inf: closed loop)",
+        "--concurrency", type=_positive("concurrency"), default=_default("concurrency"), help=_help("concurrency")
     )
     r.add_argument(
-        "--burstiness", type=float, default=1.0, help="gamma shape of the arrival gaps (1 = Poisson, >1 more regular)"
+        "--workers",
+        type=_positive("workers"),
+        default=_default("workers"),
+        help=_help("workers", extra="; at most --concurrency (default %(default)s)"),
     )
+    r.add_argument(
+        "--request-rate", type=_rate, default=None, help=_help("request_rate", extra="; inf is a closed loop too")
+    )
+    r.add_argument("--burstiness", type=float, default=_default("burstiness"), help=_help("burstiness"))
     r.add_argument(
         "--no-server-metrics",
         action="store_true",
         help="do not scrape the server's /metrics during the run (each scrape costs the server CPU)",
     )
-    r.add_argument("--warmup", type=int, default=None, help="unrecorded warm-up requests (latency default 1)")
+    r.add_argument(
+        "--warmup", type=int, default=None, help=_help("warmup", extra=f"; default {_default('warmup')} in every mode")
+    )
     r.add_argument("--prompts", default="random", choices=("random", "builtin", "jsonl"), help="prompt source")
     r.add_argument("--prompt-file", help="JSONL file for --prompts jsonl ({'prompt': ..., 'output_len': ...})")
-    r.add_argument("--input-len", type=_positive("input-len"), default=32, help="random prompt length, tokens")
-    r.add_argument("--output-len", type=_positive("output-len"), default=16, help="output length, tokens")
-    r.add_argument("--temperature", type=float, default=0.0)
-    r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument(
+        "--input-len",
+        type=_positive("input-len"),
+        default=_default("input_len", WorkloadSpec),
+        help=_help("input_len", WorkloadSpec),
+    )
+    r.add_argument(
+        "--output-len",
+        type=_positive("output-len"),
+        default=_default("output_len", WorkloadSpec),
+        help=_help("output_len", WorkloadSpec),
+    )
+    r.add_argument("--temperature", type=float, default=_default("temperature"), help=_help("temperature"))
+    r.add_argument("--top-p", type=float, default=_default("top_p"), help=_help("top_p"))
     r.add_argument("--no-ignore-eos", action="store_true", help="allow stopping at EOS (outputs may be shorter)")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--name", default="", help="a label for the run")
+    r.add_argument("--seed", type=int, default=_default("seed", WorkloadSpec), help=_help("seed", WorkloadSpec))
+    r.add_argument("--name", default=_default("name"), help=_help("name"))
     r.add_argument("--csv", help="write the per-request CSV here")
     r.add_argument("--summary-csv", help="write the one-row summary CSV here")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -244,7 +273,7 @@ def _engine_opts(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    warmup = args.warmup if args.warmup is not None else (0 if args.mode == "concurrency" else 1)
+    optional = {} if args.warmup is None else {"warmup": args.warmup}  # unset: RunConfig's default
     config = RunConfig.build(
         engine=_engine_opts(args),
         mode=args.mode,
@@ -257,10 +286,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         },
         requests=args.requests,
         concurrency=args.concurrency,
+        workers=args.workers,
         request_rate=args.request_rate,
         burstiness=args.burstiness,
         server_metrics=not args.no_server_metrics,
-        warmup=warmup,
+        **optional,
         temperature=args.temperature,
         top_p=args.top_p,
         ignore_eos=not args.no_ignore_eos,

@@ -15,9 +15,9 @@ the measured ratios:
 :func:`run_offline_workload` runs vLLM's in-process ``LLM.generate`` on the same random
 prompts as an online run (see :func:`engines.vllm.run_offline`).
 
-CLI (until ``python -m bench`` wires them): ``python -m bench.compare engines ...`` and
-``python -m bench.compare offline ...``; :func:`add_compare_arguments` / :func:`cmd_compare_engines`
-and :func:`add_offline_arguments` / :func:`cmd_offline` plug into ``bench.cli``.
+CLI: ``python -m bench compare-engines ...`` and ``python -m bench offline ...``;
+:func:`add_compare_arguments` / :func:`cmd_compare_engines` and :func:`add_offline_arguments` /
+:func:`cmd_offline` plug into ``bench.cli``.
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ import argparse
 import json
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bench.config import RunConfig
 from bench.metrics import RunSummary
-from bench.runner import RunConfig, start_run
+from bench.runner import start_run
 from bench.store import Store
 from engines.errors import ConfigError, MoEBenchError
 
@@ -258,7 +259,7 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=RunConfig.model_fields["warmup"].default)
     p.add_argument("--base-url", help="use a running vLLM server instead of launching one")
     p.add_argument("--kv-cache-gib", type=float, default=1.0, help="VLLM_CPU_KVCACHE_SPACE (cpu)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -316,25 +317,3 @@ def cmd_offline(args: argparse.Namespace) -> int:
             f"load {res.load_seconds:.1f} s; vLLM {res.vllm_version})"
         )
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.compare")
-    parser.add_argument("--db", help="SQLite results file")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_compare_arguments(sub.add_parser("engines", help="native vs vLLM on the same workload"))
-    add_offline_arguments(sub.add_parser("offline", help="vLLM offline throughput (LLM.generate)"))
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "offline":
-            return cmd_offline(args)
-        from engines.settings import get_settings
-
-        return cmd_compare_engines(args, Store(args.db or get_settings().db_path))
-    except MoEBenchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -285,9 +285,6 @@ class Store:
             (json.dumps(info, default=str), model, run_id),
         )
 
-    def set_summary(self, run_id: int, summary: RunSummary) -> None:
-        self._conn().execute("UPDATE runs SET summary_json=? WHERE id=?", (json.dumps(summary.as_dict()), run_id))
-
     def mark_interrupted(self) -> int:
         """Mark ``running`` runs whose owning process is gone as ``interrupted``."""
         host = socket.gethostname()

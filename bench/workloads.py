@@ -45,10 +45,14 @@ class WorkloadSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     source: Literal["builtin", "random", "jsonl"] = "random"
-    input_len: int = Field(32, ge=1, le=131072)
-    output_len: int = Field(16, ge=1, le=32768)
+    input_len: int = Field(32, ge=1, le=131072, description="Prompt length in tokens (random prompts only)")
+    output_len: int = Field(
+        16, ge=1, le=32768, description="Tokens generated per request (max_tokens); exact when EOS is ignored"
+    )
     path: str | None = None
-    seed: int = 0
+    seed: int = Field(
+        0, ge=0, le=2**31 - 1, description="Seed of the random prompts (and of sampling when temperature > 0)"
+    )
 
     @model_validator(mode="after")
     def _path_for_jsonl(self) -> WorkloadSpec:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from bench.config import RunConfig
 from bench.metrics import METRIC_DEFINITIONS, RunSummary
 from bench.runner import (
     ARTIFACT_BREAKDOWN,
@@ -33,7 +34,6 @@ from bench.runner import (
     SERIES_MEM_PEAK,
     SERIES_MEM_RESERVED,
     SERIES_OUTPUT_TOK_S,
-    RunConfig,
 )
 from bench.store import OPERATOR_CSV_COLUMNS, REQUEST_CSV_COLUMNS, RunRow, Store, import_bundle_file
 from dashboard import charts

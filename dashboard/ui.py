@@ -14,10 +14,11 @@ from typing import Any
 
 import streamlit as st
 
+from bench.config import RunConfig, field_bounds
 from bench.metrics import METRIC_DEFINITIONS, RunSummary
-from bench.runner import SERIES_OUTPUT_TOK_S, Job, JobSnapshot, RunConfig
+from bench.runner import SERIES_OUTPUT_TOK_S, Job, JobSnapshot
 from bench.store import RunRow
-from bench.workloads import parse_jsonl
+from bench.workloads import WorkloadSpec, parse_jsonl
 from dashboard import data, services
 from engines.errors import MoEBenchError, WorkloadError
 from engines.settings import get_settings
@@ -36,9 +37,14 @@ PLOTLY_CONFIG: dict[str, Any] = {"displaylogo": False, "modeBarButtonsToRemove":
 # widgets that a run does not draw; app.py re-assigns these keys on every run).
 SAMPLING_DEFAULTS: dict[str, Any] = {"s.temperature": 0.0, "s.top_p": 1.0, "s.max_tokens": 16}
 RUN_DEFAULTS: dict[str, dict[str, Any]] = {
-    "latency": {"requests": 10, "concurrency": 1, "warmup": 1},
-    "concurrency": {"requests": 32, "concurrency": 4, "warmup": 0},
+    "latency": {"requests": 10, "concurrency": 1},
+    "concurrency": {"requests": 32, "concurrency": 4},
 }
+# The field's help, plus what the form cannot show: which engines use it, and its upper limit.
+WORKERS_HELP = (
+    f"{RunConfig.model_fields['workers'].description}. Only meaningful for engines reached over HTTP "
+    "(vLLM, Triton, LMDeploy, OpenAI-compatible), not for the in-process native engine; at most the concurrency."
+)
 STATUS_ICONS = {
     "completed": ":material/check_circle:",
     "running": ":material/progress_activity:",
@@ -60,7 +66,8 @@ def init_state() -> None:
                 f"{mode}.input_len": 32,
                 f"{mode}.requests": values["requests"],
                 f"{mode}.concurrency": values["concurrency"],
-                f"{mode}.warmup": values["warmup"],
+                f"{mode}.warmup": RunConfig.model_fields["warmup"].default,
+                f"{mode}.workers": RunConfig.model_fields["workers"].default,
                 f"{mode}.request_rate": 0.0,
                 f"{mode}.burstiness": 1.0,
                 f"{mode}.server_metrics": True,
@@ -202,46 +209,29 @@ def workload_form(mode: str) -> dict[str, Any] | None:
     )
     c2.number_input(
         "Input length (tokens)",
-        min_value=1,
-        max_value=131072,
         step=16,
         key=k + "input_len",
         disabled=source != "random",
-        help="Used by random prompts only.",
+        **field_bounds("input_len", WorkloadSpec),
     )
-    c2.number_input(
-        "Output length (tokens)",
-        min_value=1,
-        max_value=32768,
-        step=8,
-        key="s.max_tokens",
-        help="max_tokens per request",
-    )
-    c3.number_input("Requests", min_value=1, max_value=1_000_000, step=1, key=k + "requests", help="measured requests")
+    c2.number_input("Output length (tokens)", step=8, key="s.max_tokens", **field_bounds("output_len", WorkloadSpec))
+    c2.number_input("Warm-up requests", step=1, key=k + "warmup", **field_bounds("warmup"))
+    c3.number_input("Requests", step=1, key=k + "requests", **field_bounds("requests"))
     if mode == "concurrency":
-        c3.number_input("Concurrency", min_value=1, max_value=4096, step=1, key=k + "concurrency", help="max in flight")
+        c3.number_input("Concurrency", step=1, key=k + "concurrency", **field_bounds("concurrency"))
+        c3.number_input(
+            "Sender processes", step=1, key=k + "workers", **{**field_bounds("workers"), "help": WORKERS_HELP}
+        )
+        # 0 is offered: RunConfig.build reads it as a closed loop (the field itself excludes 0).
         c1.number_input(
-            "Request rate (req/s, 0 = closed loop)",
-            min_value=0.0,
-            max_value=1_000_000.0,
-            step=1.0,
-            key=k + "request_rate",
-            help="0: closed loop (each slot sends its next request when the last one ends). Above 0: an open loop "
-            "of Poisson/gamma arrivals at this mean rate, at most 'Concurrency' in flight, as vllm bench serve's "
-            "--request-rate with --max-concurrency.",
+            "Request rate (req/s, 0 = closed loop)", step=1.0, key=k + "request_rate", **field_bounds("request_rate")
         )
         c1.number_input(
             "Burstiness",
-            min_value=0.01,
-            max_value=1000.0,
             step=0.25,
             key=k + "burstiness",
             disabled=float(st.session_state.get(k + "request_rate") or 0) <= 0,
-            help="Gamma shape of the arrival gaps: 1 = Poisson, below 1 burstier, above 1 more regular.",
-        )
-    else:
-        c3.number_input(
-            "Warm-up requests", min_value=0, max_value=1000, step=1, key=k + "warmup", help="sent first, not recorded"
+            **field_bounds("burstiness"),
         )
     path: str | None = None
     if source == "jsonl":
@@ -264,9 +254,9 @@ def workload_form(mode: str) -> dict[str, Any] | None:
         path = str(saved)
     with st.expander("Sampling and run options"):
         s1, s2, s3, s4 = st.columns(4)
-        s1.number_input("Temperature", min_value=0.0, max_value=5.0, step=0.1, key="s.temperature")
-        s2.number_input("top_p", min_value=0.01, max_value=1.0, step=0.05, key="s.top_p")
-        s3.number_input("Seed", min_value=0, max_value=2**31 - 1, step=1, key=k + "seed")
+        s1.number_input("Temperature", step=0.1, key="s.temperature", **field_bounds("temperature"))
+        s2.number_input("top_p", step=0.05, key="s.top_p", **field_bounds("top_p"))
+        s3.number_input("Seed", step=1, key=k + "seed", **field_bounds("seed", WorkloadSpec))
         s4.checkbox("Ignore EOS (exact output length)", key=k + "ignore_eos")
         n1, n2 = st.columns([3, 2], vertical_alignment="bottom")
         n1.text_input("Run name (optional)", key=k + "name", max_chars=80)
@@ -288,9 +278,10 @@ def workload_form(mode: str) -> dict[str, Any] | None:
         },
         "requests": int(ss[k + "requests"]),
         "concurrency": int(ss[k + "concurrency"]) if mode == "concurrency" else 1,
-        "request_rate": float(ss[k + "request_rate"]) or None if mode == "concurrency" else None,
+        "workers": int(ss[k + "workers"]) if mode == "concurrency" else 1,
+        "request_rate": float(ss[k + "request_rate"]) if mode == "concurrency" else None,  # 0: closed loop
         "burstiness": float(ss[k + "burstiness"]) if mode == "concurrency" else 1.0,
-        "warmup": int(ss[k + "warmup"]) if mode == "latency" else 0,
+        "warmup": int(ss[k + "warmup"]),
         "temperature": float(ss["s.temperature"]),
         "top_p": float(ss["s.top_p"]),
         "ignore_eos": bool(ss[k + "ignore_eos"]),

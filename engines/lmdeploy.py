@@ -5,8 +5,6 @@
   (flags as in LMDeploy 0.18's CLI) with the interpreter that has lmdeploy
   (``MOEBENCH_LMDEPLOY_PYTHON``, else this one), then talks to it through the OpenAI client.
 - **connect** (``base_url``): any running LMDeploy server (``http://host:23333/v1``).
-- **pipeline**: :func:`run_pipeline` runs ``lmdeploy.pipeline`` in a worker process for offline
-  throughput, when lmdeploy is installed.
 
 LMDeploy has no CPU backend: on a machine without CUDA, Ascend or Cambricon the managed
 mode is unavailable and says why. TurboMind runs on CUDA only; Ascend (``--device ascend``)
@@ -174,43 +172,3 @@ class LMDeployEngine(ServerEngine):
         info = super().describe()
         info.update(engine="lmdeploy", backend=self.lopts.backend)
         return info
-
-
-_PIPELINE = r"""
-import json, sys, time
-from lmdeploy import GenerationConfig, pipeline, PytorchEngineConfig, TurbomindEngineConfig
-spec = json.loads(sys.argv[1])
-cfg = (PytorchEngineConfig(tp=spec["tp"], device_type=spec["device"]) if spec["backend"] == "pytorch"
-       else TurbomindEngineConfig(tp=spec["tp"]))
-pipe = pipeline(spec["model"], backend_config=cfg)
-gen = GenerationConfig(max_new_tokens=spec["max_tokens"], ignore_eos=True)
-t0 = time.perf_counter()
-outs = pipe(spec["prompts"], gen_config=gen)
-elapsed = time.perf_counter() - t0
-out_tokens = sum(o.generate_token_len for o in outs)
-in_tokens = sum(o.input_token_len for o in outs)
-print(json.dumps({"requests": len(outs), "elapsed_s": elapsed, "output_tokens": out_tokens,
-                  "prompt_tokens": in_tokens}))
-"""
-
-
-def run_pipeline(model: str, prompts: list[str], max_tokens: int, accelerator: str, backend: str = "pytorch",
-                 tp: int = 1, timeout_s: float = 3600) -> dict[str, Any]:  # fmt: skip
-    """``lmdeploy.pipeline`` in a worker process: offline throughput (requests/s, tokens/s)."""
-    import json
-
-    avail = managed_availability(accelerator)
-    if not avail.ok:
-        raise EngineUnavailable(f"cannot run the LMDeploy pipeline: {avail.reason}")
-    spec = {"model": model, "prompts": prompts, "max_tokens": max_tokens, "backend": backend, "tp": tp,
-            "device": DEVICES[accelerator]}  # fmt: skip
-    out = subprocess.run([lmdeploy_python(), "-c", _PIPELINE, json.dumps(spec)], capture_output=True, text=True,
-                         timeout=timeout_s, check=False)  # fmt: skip
-    if out.returncode != 0:
-        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        raise EngineUnavailable(f"the LMDeploy pipeline failed: {last}")
-    res = json.loads(out.stdout.strip().splitlines()[-1])
-    el = res["elapsed_s"]
-    res.update(request_throughput_rps=res["requests"] / el, output_throughput_tok_s=res["output_tokens"] / el,
-               total_throughput_tok_s=(res["output_tokens"] + res["prompt_tokens"]) / el)  # fmt: skip
-    return res

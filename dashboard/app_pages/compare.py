@@ -7,8 +7,9 @@ import streamlit as st
 
 from bench import reference as ref
 from bench.compare import MEMORY_EFFICIENCY_DEFINITION, peak_kv_usage_pct
-from bench.runner import RunConfig
+from bench.config import RunConfig, field_bounds
 from bench.store import RunRow
+from bench.workloads import WorkloadSpec
 from dashboard import charts, data, services, ui
 from engines.base import engine_class
 from engines.errors import MoEBenchError
@@ -125,7 +126,6 @@ def _start_compare() -> None:
             },
             requests=int(ss["c.run.requests"]),
             concurrency=int(ss["c.run.concurrency"]),
-            warmup=1,
             sample_interval_s=0.25,  # finer KV-cache sampling: short runs would miss their peak
         )
         task.start(config, vllm_opts)
@@ -142,17 +142,18 @@ with st.expander("Run native vs vLLM here", icon=":material/play_circle:", expan
     vllm_avail = engine_class("vllm").availability()
     f1, f2, f3, f4 = st.columns(4)
     f1.selectbox("Mode", ["concurrency", "latency"], key="c.run.mode")
-    f2.number_input("Requests", min_value=1, max_value=100_000, step=1, key="c.run.requests")
+    f2.number_input("Requests", step=1, key="c.run.requests", **field_bounds("requests"))
     f3.number_input(
         "Concurrency",
-        min_value=1,
-        max_value=4096,
         step=1,
         key="c.run.concurrency",
         disabled=ss["c.run.mode"] == "latency",
+        **field_bounds("concurrency"),
     )
-    f1.number_input("Input length (tokens)", min_value=1, max_value=131072, step=16, key="c.run.input_len")
-    f2.number_input("Output length (tokens)", min_value=1, max_value=32768, step=8, key="c.run.output_len")
+    f1.number_input("Input length (tokens)", step=16, key="c.run.input_len", **field_bounds("input_len", WorkloadSpec))
+    f2.number_input(
+        "Output length (tokens)", step=8, key="c.run.output_len", **field_bounds("output_len", WorkloadSpec)
+    )
     f4.number_input(
         "vLLM CPU KV cache (GiB)",
         min_value=0.25,

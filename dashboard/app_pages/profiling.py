@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from bench.config import field_bounds
+from bench.workloads import WorkloadSpec
 from dashboard import charts, data, services, ui
 from engines.errors import MoEBenchError
 
@@ -19,6 +21,10 @@ st.caption(
     "tokens reach the experts, and where the memory goes. The native engine gives all of it; a vLLM server "
     "started with a profiler folder (`profiler_dir`) records only its trace; other engines cannot be profiled."
 )
+
+# Profile runs stay small (see _form): at most this many requests and output tokens each.
+PROFILE_MAX_REQUESTS = 1000
+PROFILE_MAX_OUTPUT_LEN = 4096
 
 store = services.get_store()
 slot = services.get_engine_slot()
@@ -55,21 +61,27 @@ def _form() -> dict:
     )
     c2.number_input(
         "Input length (tokens)",
-        min_value=1,
-        max_value=131072,
         step=16,
         key="p.input_len",
         disabled=source != "random",
-        help="Used by random prompts only.",
+        **field_bounds("input_len", WorkloadSpec),
     )
-    c2.number_input("Output length (tokens)", min_value=1, max_value=4096, step=8, key="p.output_len")
+    # Tighter than RunConfig: the profiler keeps every operator event of every decode step in
+    # memory until the run ends, and the trace and its analysis grow with them.
+    c2.number_input(
+        "Output length (tokens)",
+        step=8,
+        key="p.output_len",
+        **{**field_bounds("output_len", WorkloadSpec), "max_value": PROFILE_MAX_OUTPUT_LEN},
+    )
     c3.number_input(
-        "Requests", min_value=1, max_value=1000, step=1, key="p.requests", help="Profiled requests: keep it small."
+        "Requests",
+        step=1,
+        key="p.requests",
+        **{**field_bounds("requests"), "max_value": PROFILE_MAX_REQUESTS, "help": "Profiled requests: keep it small."},
     )
-    c3.number_input("Concurrency", min_value=1, max_value=256, step=1, key="p.concurrency", help="max in flight")
-    c4.number_input(
-        "Warm-up requests", min_value=0, max_value=100, step=1, key="p.warmup", help="sent first, not profiled"
-    )
+    c3.number_input("Concurrency", step=1, key="p.concurrency", **field_bounds("concurrency"))
+    c4.number_input("Warm-up requests", step=1, key="p.warmup", **field_bounds("warmup"))
     c4.checkbox(
         "Record Python stacks",
         key="p.with_stack",

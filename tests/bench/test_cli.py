@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.store import REQUEST_CSV_COLUMNS, SUMMARY_CSV_COLUMNS
+from bench.config import RunConfig
+from bench.schedule import arrival_offsets
+from bench.store import REQUEST_CSV_COLUMNS, SUMMARY_CSV_COLUMNS, Store
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,8 +86,11 @@ def test_issue_command_prints_summary_and_writes_both_csvs(tmp_path: Path, tiny_
         (["run", "--prompts", "jsonl"], "a jsonl workload needs a path"),
         (["export", "99", "--csv", "x.csv"], "no run with id 99"),
         (["run", "--request-rate", "fast"], "--request-rate must be a number of requests per second, got 'fast'"),
-        (["run", "--request-rate", "0"], "--request-rate must be above 0 (or inf), got 0"),
+        (["run", "--request-rate", "-1"], "--request-rate must be 0 or above (0 or inf: closed loop), got -1"),
         (["run", "--mode", "latency", "--request-rate", "2"], "request_rate applies to concurrency and profile runs"),
+        (["run", "--workers", "3", "--concurrency", "2"], "3 workers need a concurrency of at least 3"),
+        (["run", "--workers", "0"], "--workers must be at least 1, got 0"),
+        (["run", "--workers", "17", "--concurrency", "32"], "workers: Input should be less than or equal to 16"),
     ],
 )
 def test_bad_inputs_exit_non_zero_with_one_line(tmp_path: Path, tiny_model: Path, args: list[str], reason: str) -> None:
@@ -97,6 +102,32 @@ def test_bad_inputs_exit_non_zero_with_one_line(tmp_path: Path, tiny_model: Path
 
 
 @pytest.mark.slow
+def test_workers_and_default_warmup_reach_the_stored_config(tmp_path: Path, tiny_model: Path) -> None:
+    """The run is recorded (then fails: no such model) with the flags' values in its config."""
+    db = tmp_path / "db.sqlite"
+    p = cli("run", "--model", "/no/such/model", "--workers", "2", "--concurrency", "4", db=db)
+    assert p.returncode == 1, p.stderr
+    (run,) = Store(db).list_runs()
+    assert run.config["workers"] == 2 and run.config["concurrency"] == 4
+    assert run.config["warmup"] == RunConfig.model_fields["warmup"].default == 1  # concurrency runs warm up too
+
+
+def test_run_flags_take_their_defaults_and_help_from_run_config(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.cli import _rate, build_parser
+
+    args = build_parser().parse_args(["run"])
+    assert args.workers == RunConfig.model_fields["workers"].default == 1
+    assert args.warmup is None  # left to RunConfig
+    assert args.requests == RunConfig.model_fields["requests"].default
+    assert _rate("0") is None and _rate("inf") is None and _rate("2.5") == 2.5  # 0 and inf: closed loop
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in ("workers", "warmup", "request_rate"):
+        assert str(RunConfig.model_fields[name].description) in text, name
+
+
+@pytest.mark.slow
 def test_open_loop_run_prints_its_load_and_send_lag(tmp_path: Path, tiny_model: Path) -> None:
     out = tmp_path / "req.csv"
     args = ["run", "--request-rate", "8", "--burstiness", "2", "--requests", "4", "--concurrency", "2"]
@@ -104,7 +135,11 @@ def test_open_loop_run_prints_its_load_and_send_lag(tmp_path: Path, tiny_model: 
     assert p.returncode == 0, p.stderr
     assert "open loop, 8 req/s, burstiness 2" in p.stdout and "send lag" in p.stdout
     rows = list(csv.DictReader(out.open()))
-    assert len(rows) == 4 and all(float(r["send_lag_ms"]) >= 0 for r in rows)
+    assert len(rows) == 4
+    due = arrival_offsets(4, 8.0, 2.0, seed=0)
+    for r in rows:  # each request left at its due time plus its (unclamped) lag
+        i = int(r["request_id"].lstrip("r"))
+        assert float(r["start_s"]) == pytest.approx(due[i] + float(r["send_lag_ms"]) / 1000, abs=2e-4)
 
 
 @pytest.mark.slow

@@ -195,6 +195,90 @@ def test_bad_jsonl_upload_is_a_clear_error(app_test: Callable[..., Any], fresh_d
     assert "Upload a JSONL prompt file" in _texts(at)
 
 
+def test_run_forms_take_their_bounds_and_help_from_run_config(
+    app_test: Callable[..., Any], fresh_data_dir: Path
+) -> None:
+    from annotated_types import Le
+
+    from bench.config import RunConfig, field_bounds
+    from bench.workloads import WorkloadSpec
+
+    widgets = {
+        "concurrency.requests": ("requests", RunConfig),
+        "concurrency.concurrency": ("concurrency", RunConfig),
+        "concurrency.workers": ("workers", RunConfig),
+        "concurrency.warmup": ("warmup", RunConfig),
+        "concurrency.request_rate": ("request_rate", RunConfig),
+        "concurrency.burstiness": ("burstiness", RunConfig),
+        "concurrency.input_len": ("input_len", WorkloadSpec),
+        "concurrency.seed": ("seed", WorkloadSpec),
+        "s.max_tokens": ("output_len", WorkloadSpec),
+        "s.temperature": ("temperature", RunConfig),
+        "s.top_p": ("top_p", RunConfig),
+    }
+    at = app_test("app_pages/concurrency.py")
+    _no_exception(at)
+    for key, (name, model) in widgets.items():
+        widget, bounds = at.number_input(key=key), field_bounds(name, model)
+        assert (widget.min, widget.max) == (bounds["min_value"], bounds["max_value"]), key
+        assert widget.help.startswith(bounds.get("help", "")), key
+    # Read straight off the field too (not only through field_bounds): the Requests box stops at RunConfig's le.
+    (le,) = [m.le for m in RunConfig.model_fields["requests"].metadata if isinstance(m, Le)]
+    assert at.number_input(key="concurrency.requests").max == le
+    # Every mode warms up by RunConfig's default; one sender process unless asked.
+    assert at.number_input(key="concurrency.warmup").value == RunConfig.model_fields["warmup"].default == 1
+    assert at.number_input(key="concurrency.workers").value == 1
+    assert "HTTP" in at.number_input(key="concurrency.workers").help
+
+    at.switch_page("app_pages/latency.py").run()
+    assert at.number_input(key="latency.warmup").max == field_bounds("warmup")["max_value"]
+    at.switch_page("app_pages/compare.py").run()
+    assert at.number_input(key="c.run.concurrency").max == field_bounds("concurrency")["max_value"]
+    at.switch_page("app_pages/profiling.py").run()
+    assert at.number_input(key="p.concurrency").max == field_bounds("concurrency")["max_value"]
+    assert at.number_input(key="p.requests").max < field_bounds("requests")["max_value"]  # profiles stay small
+
+
+def _submit_concurrency_form() -> None:
+    """The concurrency run form, submitted on every run to a manager that keeps the config."""
+    import streamlit as st
+
+    from dashboard import ui
+
+    class Slot:
+        def state(self) -> object:
+            return type("State", (), {"options": {"kind": "native"}})()
+
+        def engine(self) -> object:
+            return object()
+
+    class Manager:
+        def submit(self, config: object, engine: object = None) -> None:
+            st.session_state["submitted"] = config.model_dump()  # type: ignore[attr-defined]
+
+    ui.init_state()
+    fields = ui.workload_form("concurrency")
+    if fields is not None:
+        ui.submit_run(Slot(), Manager(), fields)
+
+
+def test_run_form_passes_workers_and_warmup_into_the_config() -> None:
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_function(_submit_concurrency_form, default_timeout=30).run()
+    _no_exception(at)
+    assert at.session_state["submitted"]["warmup"] == 1 and at.session_state["submitted"]["workers"] == 1
+    assert at.session_state["submitted"]["request_rate"] is None  # 0 on the form: closed loop
+    at.number_input(key="concurrency.concurrency").set_value(4).run()
+    at.number_input(key="concurrency.workers").set_value(3).run()
+    at.number_input(key="concurrency.warmup").set_value(2).run()
+    _no_exception(at)
+    submitted = at.session_state["submitted"]
+    assert (submitted["workers"], submitted["concurrency"], submitted["warmup"]) == (3, 4, 2)
+    at.number_input(key="concurrency.workers").set_value(5).run()  # more workers than slots: one-line refusal
+    assert len(at.error) == 1 and "5 workers need a concurrency of at least 5" in at.error[0].value
+
+
 def test_concurrency_run_completes_and_appears_on_results(
     app_test: Callable[..., Any], tiny_model: Path, session_store: Store
 ) -> None:
