@@ -4,7 +4,9 @@ Each request runs ``model.generate`` in its own thread (the seed's 8.4.1 model o
 concurrency: no batching across requests) and streams every new token through a
 queue as soon as the decode step produced it. ``ignore_eos`` sets
 ``min_new_tokens = max_tokens`` so the output is exactly ``max_tokens`` tokens long.
-A cancel event stops generation at the next decode step.
+A cancel event stops generation at the next decode step. Token ids become text through
+:class:`IncrementalDetokenizer`, whose work per token is bounded, so detokenizing stays
+linear in the output length on the thread that stamps the chunks.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 from engines.accelerators import Accelerator, Availability, MemoryStats, get_accelerator
@@ -30,6 +32,73 @@ from engines.profiling import ProfileSession, generate_scope
 from engines.routing import RoutingRecorder
 
 _END = object()
+_REPLACEMENT = "\ufffd"  # what a decoder writes for bytes that are not (yet) a whole UTF-8 character
+
+
+class IncrementalDetokenizer:
+    """Token ids in, text deltas out, decoding only a short window of recent ids.
+
+    Decoding every id so far on every step is quadratic in the output length. This
+    follows the scheme of vLLM's and TGI's detokenizers: the window holds the ids of
+    the last emitted delta (context, since decoders such as SentencePiece's treat the
+    start of a string differently) followed by the pending ids; the delta is the
+    window's text past what was emitted. Then the pending ids become the context and
+    the older ones are dropped, so the ids decoded per :meth:`add` are bounded by
+    ``hold_limit`` and the size of the last additions, not by the output length.
+
+    Special tokens, and ids the tokenizer does not know (a model's vocabulary may be
+    larger than its tokenizer's), are dropped, as ``decode(..., skip_special_tokens=True)``
+    does. Text ending in U+FFFD (a character whose other bytes come in later tokens) is
+    held back until it completes. Output that is not valid UTF-8 could hold text back
+    indefinitely, so past ``hold_limit`` pending ids all but that last character goes
+    out. For byte-level BPE tokenizers the deltas and :meth:`flush` join to exactly
+    ``tokenizer.decode(ids, skip_special_tokens=True)``.
+    """
+
+    def __init__(self, tokenizer: Any, hold_limit: int = 8) -> None:
+        self.tokenizer = tokenizer
+        # At least 3: the held character's first byte must be among the pending ids (a
+        # byte-level token holds one byte or more, a split character at most 3 bytes) so
+        # that dropping the ids before them keeps its bytes together.
+        self.hold_limit = max(3, hold_limit)
+        self._special = frozenset(tokenizer.all_special_ids)
+        self._window: list[int] = []  # context ids, then pending ids
+        self._read = 0  # where the pending ids start
+        self._context = ""  # the context ids' text
+        self._held = 0  # trailing characters of the context not emitted yet (0 or 1)
+
+    def add(self, ids: Iterable[int]) -> str:
+        """Take the next ids; return the text they complete (``""`` while a character is split)."""
+        ids = list(ids)
+        tokens = self.tokenizer.convert_ids_to_tokens(ids)
+        new = [i for i, t in zip(ids, tokens, strict=True) if t is not None and i not in self._special]
+        if not new:
+            return ""
+        self._window.extend(new)
+        text = self._decode(self._window)
+        if not text.endswith(_REPLACEMENT):
+            return self._advance(text, held=0)
+        if len(self._window) - self._read <= self.hold_limit:
+            return ""
+        return self._advance(text, held=1)
+
+    def flush(self) -> str:
+        """Everything not emitted yet, an unfinished character's U+FFFD included (end of stream)."""
+        return self._advance(self._decode(self._window), held=0)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True) if ids else ""
+
+    def _advance(self, text: str, held: int) -> str:
+        """Emit ``text`` past what went out, less ``held`` final characters; pending ids become the context."""
+        start = len(self._context) - self._held
+        delta = text[start : len(text) - held]
+        held = min(held, max(len(text) - start, 0))  # 0 when that character went out already
+        del self._window[: self._read]
+        self._read = len(self._window)
+        self._context = self._decode(self._window)
+        self._held = held if self._context.endswith(_REPLACEMENT) else 0
+        return delta
 
 
 class NativeOptions(EngineOptions):
@@ -222,20 +291,13 @@ class NativeEngine(Engine):
         worker = threading.Thread(target=_run, name=f"native-gen-{request.request_id}", daemon=True)
         worker.start()
         yield StreamChunk(text="", tokens=0, prompt_tokens=int(input_ids.shape[1]))
-        tok = self._tokenizer
-        ids: list[int] = []
-        emitted = ""
+        detok = IncrementalDetokenizer(self._tokenizer)  # no flush at the end: an unfinished character is not text
         try:
             while True:
                 item = out_q.get()
                 if item is _END:
                     break
-                ids.extend(item)
-                text = tok.decode(ids, skip_special_tokens=True)
-                # Hold back an incomplete UTF-8 sequence until its next byte arrives.
-                delta = text[len(emitted) :] if not text.endswith("\ufffd") else ""
-                emitted += delta
-                yield StreamChunk(text=delta, tokens=len(item))
+                yield StreamChunk(text=detok.add(item), tokens=len(item))
             if errors:
                 exc = errors[0]
                 raise RuntimeError(f"generate failed: {type(exc).__name__}: {exc}") from exc
