@@ -6,7 +6,7 @@ series, never for every request of a run.
 
 Also here, for the Profiling page: profile artifacts -> frames (operator table, bottleneck
 breakdown, expert routing, memory timeline), importing the H200 example runs; and, for the
-Compare page, :class:`CompareTask`, the background thread that runs native vs vLLM.
+Compare page, :class:`CompareTask`, which runs native vs vLLM as a background task.
 """
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 
 from bench.config import RunConfig
+from bench.job import BackgroundTask, error_reason
 from bench.metrics import METRIC_DEFINITIONS, RunSummary
 from bench.runner import (
     ARTIFACT_BREAKDOWN,
@@ -601,57 +602,90 @@ class CompareState:
         return self.status == "running"
 
 
-class CompareTask:
-    """Runs :func:`bench.compare.compare_engines` in a background thread; pages read ``state()``.
+class CompareRun(BackgroundTask):
+    """One native-vs-vLLM comparison: ``pending -> running -> done | failed | cancelled``.
 
-    The thread never touches Streamlit: it only replaces the immutable :class:`CompareState`.
+    :class:`CompareTask` moves it to ``running`` before starting it, so its state is never ``pending``.
+    """
+
+    TRANSITIONS: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "pending": ("running", "failed", "cancelled"),
+        "running": ("done", "failed", "cancelled"),
+        "done": (),
+        "failed": (),
+        "cancelled": (),
+    }
+    ACTIVE: ClassVar[tuple[str, ...]] = ("pending", "running")
+
+    def __init__(self, number: int) -> None:
+        super().__init__("compare")
+        self.number = number
+        self._native_run_id: int | None = None
+        self._vllm_run_id: int | None = None
+        self._notes: tuple[str, ...] = ()
+
+    def snapshot(self) -> CompareState:
+        with self._lock:
+            return CompareState(
+                status=self._status,
+                message=self._phase,
+                fraction=self._fraction,
+                error=self._error,
+                native_run_id=self._native_run_id,
+                vllm_run_id=self._vllm_run_id,
+                notes=self._notes,
+                task=self.number,
+                started_at=self.created_at,
+            )
+
+
+class CompareTask:
+    """Runs :func:`bench.compare.compare_engines` in the background; pages read ``state()``.
+
+    Each comparison is one :class:`CompareRun` (a :class:`bench.job.BackgroundTask`); this object
+    keeps the latest. The worker never touches Streamlit: pages read immutable :class:`CompareState`.
     """
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._lock = threading.Lock()
-        self._state = CompareState()
-        self._cancel = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # guards which comparison is current
+        self._run: CompareRun | None = None
+
+    def _current(self) -> CompareRun | None:
+        with self._lock:
+            return self._run
 
     def state(self) -> CompareState:
-        with self._lock:
-            return self._state
+        run = self._current()
+        return run.snapshot() if run is not None else CompareState()
 
-    def _set(self, **changes: Any) -> None:
-        with self._lock:
-            self._state = replace(self._state, **changes)
+    @property
+    def running(self) -> bool:
+        return self.state().running
 
     def start(self, config: RunConfig, vllm_options: dict[str, Any] | None = None) -> None:
         """Start native then vLLM on ``config``'s workload; :class:`ConfigError` while one is running."""
+        options = dict(vllm_options or {})
         with self._lock:
-            if self._state.running:
+            if self._run is not None and self._run.active:
                 raise ConfigError("a native-vs-vLLM comparison is already running")
-            self._cancel = threading.Event()
-            self._state = CompareState(
-                status="running", message="starting", task=self._state.task + 1, started_at=time.time()
-            )
-        self._thread = threading.Thread(
-            target=self._run, args=(config, dict(vllm_options or {}), self._cancel), name="compare", daemon=True
-        )
-        self._thread.start()
+            run = CompareRun(self._run.number + 1 if self._run is not None else 1)
+            run.transition("running", phase="starting")  # before its thread starts: readers never see "pending"
+            self._run = run
+        run.start(lambda: self._compare(run, config, options))
 
-    def _run(self, config: RunConfig, vllm_options: dict[str, Any], cancel: threading.Event) -> None:
+    def _compare(self, run: CompareRun, config: RunConfig, vllm_options: dict[str, Any]) -> None:
         from bench.compare import compare_engines
 
-        def progress(msg: str, frac: float) -> None:
-            self._set(message=msg, fraction=max(0.0, min(1.0, float(frac))))
-
+        cancel = run.cancel_event
         try:
-            result = compare_engines(config, self.store, vllm_options, progress=progress, cancel=cancel)
+            result = compare_engines(config, self.store, vllm_options, progress=run.report, cancel=cancel)
         except Exception as exc:  # noqa: BLE001 - every failure is the comparison's one-line reason
-            reason = str(exc) if isinstance(exc, MoEBenchError) else f"{type(exc).__name__}: {exc}"
-            status = "cancelled" if cancel.is_set() else "failed"
-            self._set(status=status, message=status, error=" ".join(reason.split()))
+            run.transition("cancelled" if cancel.is_set() else "failed", error=error_reason(exc))
             return
-        self._set(
-            status="cancelled" if cancel.is_set() else "done",
-            message="done",
+        run.transition(
+            "cancelled" if cancel.is_set() else "done",
+            phase="done",
             fraction=1.0,
             native_run_id=result.native_run_id,
             vllm_run_id=result.vllm_run_id,
@@ -659,10 +693,12 @@ class CompareTask:
         )
 
     def cancel(self) -> None:
-        self._cancel.set()
+        run = self._current()
+        if run is not None:
+            run.cancel()
 
     def wait(self, timeout: float | None = None) -> CompareState:
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
+        run = self._current()
+        if run is not None:
+            run.join(timeout)
         return self.state()

@@ -4,25 +4,27 @@ The store, the job manager and the loaded engine live here, once per process and
 database, so leaving a page or reloading the browser neither stops nor loses a run.
 Pages read them (snapshots) and call their methods; they never replace them.
 
-:class:`EngineSlot` holds the one loaded engine. Loading and unloading happen in a
-background thread that reports progress into an immutable :class:`EngineState`;
-the thread never touches Streamlit.
+:class:`EngineSlot` holds the one loaded engine. Each load and unload is a
+:class:`bench.job.BackgroundTask` (an :class:`EngineOperation`) whose worker reports progress;
+pages read it as an immutable :class:`EngineState`. The worker never touches Streamlit.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import streamlit as st
 
+from bench.job import BackgroundTask, error_reason
 from bench.runner import JobManager
 from bench.store import Store
 from engines.accelerators import MemoryStats, get_accelerator
 from engines.base import Engine, create_engine, engine_class, parse_options
-from engines.errors import AcceleratorUnavailable, ConfigError, EngineUnavailable, MoEBenchError
+from engines.errors import AcceleratorUnavailable, ConfigError, EngineUnavailable
 from engines.settings import get_settings
 
 
@@ -47,27 +49,112 @@ class EngineState:
         return self.status in ("loading", "stopping")
 
 
+class EngineOperation(BackgroundTask):
+    """One load or unload of the slot's engine, as a background task.
+
+    A load goes ``pending -> loading -> ready | failed``; an unload ``pending -> stopping -> empty``
+    (a stop that raises still ends ``empty``, with the reason as the error). The slot moves a new
+    operation to ``loading`` or ``stopping`` before starting it, so its state is never ``pending``.
+    """
+
+    TRANSITIONS: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "pending": ("loading", "stopping", "failed"),
+        "loading": ("ready", "failed"),
+        "stopping": ("empty", "failed"),
+        "ready": (),
+        "failed": (),
+        "empty": (),
+    }
+    ACTIVE: ClassVar[tuple[str, ...]] = ("pending", "loading", "stopping")
+
+    def __init__(self, name: str, options: dict[str, Any] | None) -> None:
+        super().__init__(name)
+        self._options = options
+        self._info: dict[str, Any] = {}
+        self._engine: Engine | None = None
+
+    @property
+    def engine(self) -> Engine | None:
+        """The started engine, once this load is ready."""
+        with self._lock:
+            return self._engine if self._status == "ready" else None
+
+    def snapshot(self) -> EngineState:
+        with self._lock:
+            return EngineState(
+                self._status, self._phase, self._fraction, self._error, self._options, self._info, self._since
+            )  # fmt: skip
+
+
+def _load(op: EngineOperation, engine: Engine, old: Engine | None) -> None:
+    """Worker of a load: stop the previous engine, start ``engine``, end ``op`` ready or failed."""
+    try:
+        if old is not None:
+            op.report("stopping the previous engine", 0.0)
+            old.stop()
+        engine.start(op.report)
+        info = engine.describe()
+        op.transition("ready", phase="ready", fraction=1.0, info=info, engine=engine)
+    except Exception as exc:  # noqa: BLE001 - any load failure is shown as the slot's one-line error
+        reason = error_reason(exc)
+        try:
+            engine.stop()
+        except Exception as stop_exc:  # noqa: BLE001 - keep the load error; add the stop error to it
+            reason += f" (and stopping it failed: {type(stop_exc).__name__}: {stop_exc})"
+        op.transition("failed", phase="load failed", error=reason)
+
+
+def _unload(op: EngineOperation, engine: Engine | None) -> None:
+    """Worker of an unload: stop ``engine`` (if any) and end ``op`` empty."""
+    error = None
+    try:
+        if engine is not None:
+            engine.stop()
+    except Exception as exc:  # noqa: BLE001 - shown to the user as the slot's error
+        error = f"stopping the engine failed: {type(exc).__name__}: {exc}"
+    op.transition("empty", phase="no model loaded", error=error, options=None)
+
+
 class EngineSlot:
-    """The engine the dashboard benchmarks with: at most one, loaded in the background."""
+    """The engine the dashboard benchmarks with: at most one, loaded in the background.
+
+    Each load or unload is one :class:`EngineOperation`; the slot keeps the latest and
+    reads its state (and its engine, once ready) from it.
+    """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._engine: Engine | None = None
-        self._state = EngineState(since=time.time())
-        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # guards which operation is current
+        self._op: EngineOperation | None = None
+        self._created = time.time()
+
+    def _current(self) -> EngineOperation | None:
+        with self._lock:
+            return self._op
 
     def state(self) -> EngineState:
-        with self._lock:
-            return self._state
+        op = self._current()
+        return op.snapshot() if op is not None else EngineState(since=self._created)
 
     def engine(self) -> Engine | None:
         """The started engine, or None while none is ready."""
-        with self._lock:
-            return self._engine if self._state.ready else None
+        op = self._current()
+        return op.engine if op is not None else None
 
-    def _set(self, **changes: Any) -> None:
+    def _begin(
+        self, name: str, status: str, phase: str, options: dict[str, Any] | None
+    ) -> tuple[EngineOperation, Engine | None]:
+        """Make the next operation current; return it and the engine the current one holds."""
         with self._lock:
-            self._state = replace(self._state, **changes)
+            current = self._op
+            if current is not None and current.active:
+                raise ConfigError("the engine is busy loading or unloading; wait for it to finish")
+            old = current.engine if current is not None else None
+            if options is None and current is not None:
+                options = current.snapshot().options
+            op = EngineOperation(name, options)
+            op.transition(status, phase=phase)  # before its thread starts: readers never see "pending"
+            self._op = op
+            return op, old
 
     def load(self, options: dict[str, Any]) -> None:
         """Validate ``options`` now (errors raise here, as one line) and load in the background.
@@ -83,68 +170,19 @@ class EngineSlot:
         if not acc.ok:
             raise AcceleratorUnavailable(f"accelerator '{opts.accelerator}' is unavailable: {acc.reason}")
         engine = create_engine(opts)
-        with self._lock:
-            if self._state.busy:
-                raise ConfigError("the engine is busy loading or unloading; wait for it to finish")
-            old = self._engine
-            self._engine = None
-            self._state = EngineState(
-                "loading", "starting", 0.0, None, opts.model_dump(), {}, time.time()
-            )  # fmt: skip
-        self._thread = threading.Thread(target=self._load, args=(engine, old), name="engine-load", daemon=True)
-        self._thread.start()
-
-    def _load(self, engine: Engine, old: Engine | None) -> None:
-        try:
-            if old is not None:
-                self._set(message="stopping the previous engine", fraction=0.0)
-                old.stop()
-
-            def progress(msg: str, frac: float) -> None:
-                self._set(message=msg, fraction=max(0.0, min(1.0, float(frac))))
-
-            engine.start(progress)
-            info = engine.describe()
-            with self._lock:
-                self._engine = engine
-                self._state = EngineState(
-                    "ready", "ready", 1.0, None, self._state.options, info, time.time()
-                )  # fmt: skip
-        except Exception as exc:  # noqa: BLE001 - any load failure is shown as the slot's one-line error
-            reason = str(exc) if isinstance(exc, MoEBenchError) else f"{type(exc).__name__}: {exc}"
-            reason = " ".join(reason.split())
-            try:
-                engine.stop()
-            except Exception as stop_exc:  # noqa: BLE001 - keep the load error; add the stop error to it
-                reason += f" (and stopping it failed: {type(stop_exc).__name__}: {stop_exc})"
-            self._set(status="failed", message="load failed", error=reason, since=time.time())
+        op, old = self._begin("engine-load", "loading", "starting", opts.model_dump())
+        op.start(lambda: _load(op, engine, old))
 
     def unload(self) -> None:
-        """Stop the engine in the background; a no-op when none is loaded."""
-        with self._lock:
-            if self._state.busy:
-                raise ConfigError("the engine is busy loading or unloading; wait for it to finish")
-            engine = self._engine
-            self._engine = None
-            self._state = EngineState("stopping", "unloading", 0.0, None, self._state.options, {}, time.time())
-
-        def _stop() -> None:
-            error = None
-            try:
-                if engine is not None:
-                    engine.stop()
-            except Exception as exc:  # noqa: BLE001 - shown to the user as the slot's error
-                error = f"stopping the engine failed: {type(exc).__name__}: {exc}"
-            self._set(status="empty", message="no model loaded", error=error, options=None, since=time.time())
-
-        self._thread = threading.Thread(target=_stop, name="engine-unload", daemon=True)
-        self._thread.start()
+        """Stop the engine in the background (the slot ends empty even when none was loaded)."""
+        op, engine = self._begin("engine-unload", "stopping", "unloading", None)
+        op.start(lambda: _unload(op, engine))
 
     def wait(self, timeout: float | None = None) -> EngineState:
         """Wait for a load/unload in progress (tests and scripts)."""
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
+        op = self._current()
+        if op is not None:
+            op.join(timeout)
         return self.state()
 
     def memory(self) -> MemoryStats | None:
