@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.config import MODES, Mode, RunConfig
-from bench.job import Job, JobManager, JobSnapshot
+from bench.job import Job, JobManager, JobSnapshot, error_reason
 from bench.metrics import summarize
 from bench.recorder import (
     FIRST_SAMPLE_S,
@@ -52,7 +52,6 @@ from bench.store import Store
 from bench.workloads import build_requests
 from engines.accelerators import GIB
 from engines.base import Engine, create_engine
-from engines.errors import MoEBenchError
 from engines.settings import get_settings
 
 __all__ = [
@@ -114,8 +113,7 @@ def _execute(job: Job, engine: Engine | None, owns_engine: bool) -> None:
         store.finish_run(run_id, "cancelled", error="cancelled before any request was sent")
         job.transition("cancelled")
     except Exception as exc:  # noqa: BLE001 - every failure becomes the run's one-line reason
-        reason = str(exc) if isinstance(exc, MoEBenchError) else f"{type(exc).__name__}: {exc}"
-        reason = " ".join(reason.split())
+        reason = error_reason(exc)
         records = job._records() if job._records is not None else []
         summary = summarize(records, max_concurrency=cfg.concurrency) if records else None
         store.finish_run(run_id, "failed", summary=summary, error=reason)
