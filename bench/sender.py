@@ -16,8 +16,9 @@ Where it runs:
 - :class:`ProcessSender`: HTTP engines. The loop runs in ``workers`` child processes of
   their own (spawned: no torch, no Streamlit, no tokenizer there), so chart drawing,
   tokenizers and the recorder never share the sending loop's GIL. Each child rebuilds a
-  client of the engine from :meth:`engines.base.Engine.sender_spec`, opens its session
-  and sends the warm-up requests through it, then waits for the common start. Tickets,
+  client of the engine from :meth:`engines.base.Engine.sender_spec`, opens its session,
+  sends the warm-up requests through it and opens one connection per slot (so the first
+  wave does not time TCP set-up), then waits for the common start. Tickets,
   the start time and the cancel flag are shared between the children, so the schedule
   is global: an open-loop rate holds across workers, and the concurrency cap is split
   into slots (``concurrency`` slots over all workers). Children send their finished
@@ -306,6 +307,7 @@ class InProcessSender:
             await engine.aopen()
             try:
                 await warm_up(engine, warmup, cancel)
+                await engine.aconnect(strategy.slots)
                 if cancel.is_set():
                     return
                 before_start()
@@ -397,6 +399,7 @@ def _child_main(
             await engine.aopen()
             try:
                 await warm_up(engine, warmup, shared.cancel)
+                await engine.aconnect(len(slots))
                 # This process's heap is small and stays put: no collection pauses mid-stream
                 # (as vllm bench serve freezes its heap).
                 gc.collect()

@@ -239,6 +239,11 @@ class Engine:
         """Set up what :meth:`astream` needs on the running event loop (e.g. an HTTP session)."""
         return None
 
+    async def aconnect(self, n: int) -> None:
+        """Open up to ``n`` connections for :meth:`astream` ahead of time (HTTP engines), so
+        a run's first wave does not pay for connection set-up inside its measured time."""
+        return None
+
     async def aclose(self) -> None:
         """Release what :meth:`aopen` set up, on the same event loop."""
         return None

@@ -599,6 +599,25 @@ class OpenAIEngine(Engine):
             async with self._asession.get(f"{self.base_url}/models", timeout=aiohttp.ClientTimeout(total=10)) as resp:
                 await resp.read()
 
+    async def aconnect(self, n: int) -> None:
+        # Concurrent cheap requests open the connections; they stay pooled (keep-alive) for
+        # the first wave. A server with a short keep-alive may close some before the clock
+        # starts: those requests then open theirs, as without this.
+        import asyncio
+
+        import aiohttp
+
+        session = self._asession
+        if session is None or n <= 1:
+            return
+
+        async def one() -> None:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with session.get(f"{self.base_url}/models", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                    await resp.read()
+
+        await asyncio.gather(*(one() for _ in range(min(n, self.opts.max_connections))))
+
     async def aclose(self) -> None:
         session, self._asession = self._asession, None
         if session is not None:
