@@ -43,7 +43,8 @@ METRIC_DEFINITIONS: dict[str, str] = {
     "the client's own count, and a run counts the requests where the two differ in usage_mismatches. TPOT, token "
     "totals and throughputs use the server's count where there is one (as vllm bench serve does), else the client's.",
     "send_lag_ms": "Actual send time minus due send time, per request, in ms. Open loop (request_rate): due at its "
-    "scheduled arrival; closed loop: due when its slot freed (the slot's previous request ended). A p90 above "
+    "scheduled arrival; closed loop: due when its slot freed (the slot's previous request ended). Not clamped: a "
+    "request sent early shows a negative lag. A p90 above "
     "max(10 ms, a quarter of the mean arrival interval) marks the run client-bound.",
     "request_rate": "Target arrival rate of an open-loop run, requests/s (empty: closed loop); arrival gaps are "
     "gamma-distributed with shape burstiness (1 = Poisson).",

@@ -209,3 +209,4 @@ def test_distribution_percentiles_within_one_percent_with_signs() -> None:
     merged.merge(d)
     merged.merge(other)
     assert merged.count == d.count + 100 and len(d.buckets) < 2000
+

@@ -1,0 +1,193 @@
+"""A large run started from the real dashboard, watched in Chromium: is the page still responsive?
+
+Starts the zero-compute stub server (:mod:`bench.benchmarks.stub_server`, events ``--itl-ms``
+apart) and the dashboard (``streamlit run dashboard/app.py``, a temporary data folder),
+then drives the page with Playwright: loads the ``openai`` engine on the stub's URL, starts
+a concurrency run of ``--requests`` requests, and while it runs records
+
+- how often the live progress line changes (the live fragment redraws once a second),
+- how long switching to another page and back takes (a user's click, mid-run),
+
+then checks that the store holds every request and the summary shows. Prints the figures
+and saves screenshots to ``--out``. Needs Chromium at /usr/bin/chromium (``make browser``).
+Figures, not a test; exit status 1 only when the run did not store every request.
+
+    python -m bench.benchmarks.dashboard_live [--requests 10000] [--concurrency 64] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.benchmarks.stub_server import start_stub_server
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_dashboard(data_dir: Path, log: Path) -> tuple[str, subprocess.Popen[bytes]]:
+    port = _free_port()
+    env = {**os.environ, "MOEBENCH_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
+    argv = [
+        sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboard" / "app.py"),
+        "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
+    ]  # fmt: skip
+    out = log.open("wb")
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as resp:
+                if resp.read().strip() == b"ok":
+                    return url, proc
+        except OSError:
+            time.sleep(0.3)
+    raise SystemExit(f"the dashboard did not start; see {log}")
+
+
+def _idle(page: Any) -> None:
+    page.wait_for_timeout(300)
+    page.locator('[data-testid="stStatusWidget"]').wait_for(state="hidden", timeout=60_000)
+
+
+def _goto(page: Any, title: str) -> float:
+    """Open a page from the sidebar; seconds until its heading shows and the script run ends."""
+    t = time.perf_counter()
+    page.locator('[data-testid="stSidebarNav"]').get_by_role("link", name=title, exact=True).click()
+    page.locator('[data-testid="stMain"]').get_by_role("heading", name=title, exact=True).first.wait_for()
+    _idle(page)
+    return time.perf_counter() - t
+
+
+def _set_number(page: Any, label: str, value: int) -> None:
+    box = page.locator('[data-testid="stMain"]').get_by_role("spinbutton", name=label, exact=True)
+    for _ in range(3):
+        box.fill(str(value))
+        box.press("Enter")
+        time.sleep(0.7)
+        _idle(page)
+        if box.input_value() == str(value):
+            return
+    raise SystemExit(f"{label} did not take {value}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.benchmarks.dashboard_live", description=__doc__.split("\n")[0])
+    p.add_argument("--requests", type=int, default=10_000)
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--itl-ms", type=float, default=5.0, help="the stub's gap between events")
+    p.add_argument("--out", default="dashboard-live", help="folder for screenshots and logs")
+    args = p.parse_args(argv)
+    from playwright.sync_api import sync_playwright
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = Path(tempfile.mkdtemp(prefix="dashboard-live-"))
+    stub_url, stub = start_stub_server(itl_ms=args.itl_ms)
+    url, dash = _start_dashboard(data, out / "streamlit.log")
+    progress_times: list[float] = []
+    switches: list[float] = []
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+            page = browser.new_page(viewport={"width": 1500, "height": 1000})
+            page.set_default_timeout(120_000)
+            page.goto(url)
+            main = page.locator('[data-testid="stMain"]')
+            main.get_by_role("heading", name="Engine & Model").wait_for()
+            _idle(page)
+            main.get_by_label("Engine kind").click()
+            page.get_by_role("option", name="OpenAI-compatible HTTP server").click()
+            _idle(page)
+            box = main.get_by_role("textbox", name="Base url")
+            box.fill(stub_url)
+            box.press("Enter")
+            _idle(page)
+            main.get_by_role("button", name="Load", exact=True).click()
+            page.locator('[data-testid="stSidebar"]').get_by_text("ready").first.wait_for()
+            _goto(page, "Concurrency")
+            _set_number(page, "Requests", args.requests)
+            _set_number(page, "Concurrency", args.concurrency)
+            _set_number(page, "Output length (tokens)", args.output_len)
+            main.get_by_role("button", name="Start run").click()
+            progress = main.get_by_text(f"/{args.requests:,} requests").first
+            try:
+                progress.wait_for(timeout=30_000)
+            except Exception:  # noqa: BLE001 - the count may be shown without a thousands separator
+                progress = main.get_by_text(f"/{args.requests} requests").first
+                progress.wait_for(timeout=30_000)
+            t_start = time.perf_counter()
+            last, shot = "", False
+            while True:
+                text = main.inner_text()
+                if "· completed" in text or "· failed" in text:
+                    break
+                try:
+                    now = progress.inner_text(timeout=2_000)
+                except Exception:  # noqa: BLE001 - redrawn under us; read again
+                    now = last
+                if now != last:
+                    progress_times.append(time.perf_counter())
+                    last = now
+                elapsed = time.perf_counter() - t_start
+                if not shot and elapsed > 5:
+                    page.screenshot(path=str(out / "live.png"), full_page=True)
+                    shot = True
+                if elapsed > 8 and len(switches) < 2 and elapsed > 8 + 6 * len(switches):
+                    switches.append(_goto(page, "Results") + _goto(page, "Concurrency"))
+                    progress = main.get_by_text("requests").first
+                page.wait_for_timeout(200)
+            run_s = time.perf_counter() - t_start
+            _idle(page)
+            page.screenshot(path=str(out / "done.png"), full_page=True)
+            status = "completed" if "· completed" in main.inner_text() else "failed"
+            browser.close()
+    finally:
+        if dash.poll() is None:
+            os.killpg(dash.pid, signal.SIGTERM)
+            dash.wait(15)
+        stub.stop()
+    db = data / "moebench.sqlite"
+    with sqlite3.connect(db) as conn:
+        run_id, n_samples = conn.execute(
+            "SELECT r.id, (SELECT COUNT(*) FROM samples s WHERE s.run_id = r.id) FROM runs r ORDER BY r.id DESC LIMIT 1"
+        ).fetchone()
+    gaps = [b - a for a, b in itertools.pairwise(progress_times)]
+    print(f"run {run_id}: {status} in {run_s:.1f} s (seen from the browser); {n_samples}/{args.requests} rows stored")
+    if gaps:
+        print(
+            f"live progress changed {len(progress_times)} times: gap p50 {statistics.median(gaps):.2f} s, "
+            f"max {max(gaps):.2f} s"
+        )
+    for s in switches:
+        print(f"mid-run page switch (Concurrency -> Results -> Concurrency): {s:.2f} s")
+    print(f"screenshots: {out / 'live.png'}, {out / 'done.png'}")
+    return 0 if n_samples == args.requests and status == "completed" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
