@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import gc
 import multiprocessing as mp
+import os
 import pickle
 import queue
 import sys
@@ -367,7 +368,11 @@ def _child_main(
 
     def writer() -> None:  # pipe writes off the loop: a full pipe must not stall it
         while (data := out.get()) is not None:
-            conn.send_bytes(data)
+            try:
+                conn.send_bytes(data)
+            except OSError:  # the parent is gone: stop sending
+                shared.cancel.set()
+                return
 
     wthread = threading.Thread(target=writer, name="emit", daemon=True)
     wthread.start()
@@ -390,10 +395,14 @@ def _child_main(
             if len(batch) >= EMIT_BATCH_N:
                 flush()
 
+        parent = os.getppid()
+
         async def flusher() -> None:  # finished requests reach the parent within EMIT_BATCH_S
             while True:
                 await asyncio.sleep(EMIT_BATCH_S)
                 flush()
+                if os.getppid() != parent:  # the parent died (killed): no one records; stop
+                    shared.cancel.set()
 
         async def main() -> None:
             await engine.aopen()
@@ -407,7 +416,7 @@ def _child_main(
                 post("ready")
                 # Nothing else runs on this loop yet: block until every worker is ready.
                 while not shared.go.wait(CANCEL_POLL_S):
-                    if shared.cancel.is_set():
+                    if shared.cancel.is_set() or os.getppid() != parent:
                         return
                 t0 = shared.t0.value
                 tickets = SharedTickets(len(requests), shared.tickets)

@@ -185,6 +185,7 @@ def run_ours(
         rps=s["request_throughput_rps"],
         ttft_p50=s["ttft_ms"]["p50"],
         ttft_p99=s["ttft_ms"]["p99"],
+        itl_p50=s["itl_ms"]["p50"],
         lag_p50=_pct(lags, 0.50),
         lag_p99=_pct(lags, 0.99),
         usage_mismatches=s.get("usage_mismatches"),
@@ -258,6 +259,7 @@ def run_theirs(args: argparse.Namespace, url: str, concurrency: int, model_dir: 
         rps=data.get("request_throughput"),
         ttft_p50=data.get("median_ttft_ms"),
         ttft_p99=data.get("p99_ttft_ms"),
+        itl_p50=data.get("median_itl_ms"),
     )
     return out
 
@@ -287,6 +289,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stub-processes", type=int, default=1, help="stub server processes (SO_REUSEPORT)")
     p.add_argument("--itl-ms", type=float, default=0.0, help="the stub's delay between events, ms")
+    p.add_argument(
+        "--ttft-ms",
+        type=float,
+        default=0.0,
+        help="the stub's delay before the first event, ms (with --itl-ms: a deterministic server, so both "
+        "clients should read the same TTFT and ITL)",
+    )
     p.add_argument("--timeout", type=float, default=300.0, help="limit for each client run, s")
     p.add_argument("--json", help="also write every run's figures to this JSON file")
     args = p.parse_args(argv)
@@ -303,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="client-capacity-"))
     url, server = start_stub_server(
-        model=MODEL, processes=args.stub_processes, itl_ms=args.itl_ms, log_path=work / "stub.log"
+        model=MODEL, processes=args.stub_processes, itl_ms=args.itl_ms, ttft_ms=args.ttft_ms, log_path=work / "stub.log"
     )
     print(f"stub server {url} ({args.stub_processes} process(es)); work folder {work}", file=sys.stderr)
     results: dict[int, dict[str, list[dict[str, Any]]]] = {}
@@ -343,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nconcurrency {c}")
         print(
             f"{'client':<12}{'req/s':>9}{'ratio':>8}{'ratio spread':>14}{'per-round ratios':>20}"
-            f"{'send lag p50/p99 ms':>21}{'TTFT p50/p99 ms':>18}{'failed':>8}{'client CPU s':>14}{'stub busy':>11}"
+            f"{'send lag p50/p99 ms':>21}{'TTFT p50/p99, ITL p50 ms':>26}"
+            f"{'failed':>8}{'client CPU s':>14}{'stub busy':>11}"
         )
         for name in clients:
             rows = by_client[name]
@@ -363,12 +373,12 @@ def main(argv: list[str] | None = None) -> int:
                 spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "-"
                 per_round = " ".join(_f(x, 2) for x in pairs)
                 lag = f"{_f(_mean(rows, 'lag_p50'), 2)} / {_f(_mean(rows, 'lag_p99'), 1)}"
-            ttft = f"{_f(_mean(rows, 'ttft_p50'))} / {_f(_mean(rows, 'ttft_p99'))}"
+            ttft = f"{_f(_mean(rows, 'ttft_p50'))} / {_f(_mean(rows, 'ttft_p99'))} / {_f(_mean(rows, 'itl_p50'), 2)}"
             failed = sum(int(r.get("failed") or 0) for r in rows) + sum(1 for r in rows if r.get("error"))
             busy = _f(_mean(rows, "stub_busy"), 0) + " %"
             print(
                 f"{name:<12}{_f(_mean(rows, 'rps'), 0):>9}{ratio_s:>8}{spread:>14}{per_round:>20}"
-                f"{lag:>21}{ttft:>18}{failed:>8}{_f(_mean(rows, 'client_cpu_s')):>14}{busy:>11}"
+                f"{lag:>21}{ttft:>26}{failed:>8}{_f(_mean(rows, 'client_cpu_s')):>14}{busy:>11}"
             )
         for name in clients:
             for i, row in enumerate(by_client[name]):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 
 import pytest
 
@@ -202,6 +203,10 @@ def test_distribution_percentiles_within_one_percent_with_signs() -> None:
         exact = percentile(xs, q)
         assert exact is not None
         assert d.quantile(q) == pytest.approx(exact, rel=0.02, abs=0.01), q
+    batch = Distribution()
+    batch.add_many(xs)  # the vectorized path buckets exactly as one value at a time
+    assert batch.buckets == d.buckets and batch.count == d.count and (batch.min, batch.max) == (d.min, d.max)
+    assert batch.sum == pytest.approx(d.sum) and batch.sumsq == pytest.approx(d.sumsq)
     other = Distribution()
     for x in xs[:100]:
         other.add(x)
@@ -210,3 +215,38 @@ def test_distribution_percentiles_within_one_percent_with_signs() -> None:
     merged.merge(other)
     assert merged.count == d.count + 100 and len(d.buckets) < 2000
 
+
+
+@pytest.mark.slow
+def test_sender_processes_stop_when_their_parent_is_killed(tmp_path: Path, tiny_model: object) -> None:
+    """A CLI killed mid-run (SIGKILL: no clean-up runs) leaves no sender process sending."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from bench.benchmarks.stub_server import start_stub_server
+
+    url, stub = start_stub_server(itl_ms=20.0)
+    try:
+        argv = [
+            sys.executable, "-m", "bench", "run", "--engine", "openai", "--base-url", url,
+            "--requests", "100000", "--concurrency", "4", "--workers", "2", "--output-len", "64",
+            "--prompts", "builtin", "--quiet", "--db", str(tmp_path / "db.sqlite"),
+        ]  # fmt: skip
+        cli = subprocess.Popen(argv, env=os.environ.copy(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 60
+        senders: list[psutil.Process] = []
+        while time.time() < deadline and len(senders) < 2:
+            senders = [p for p in psutil.Process(cli.pid).children(recursive=True) if "spawn" in " ".join(p.cmdline())]
+            time.sleep(0.2)
+        assert len(senders) == 2, "the sender processes did not start"
+        time.sleep(1.0)  # sending
+        os.kill(cli.pid, signal.SIGKILL)
+        cli.wait(10)
+        _, alive = psutil.wait_procs(senders, timeout=10)
+        assert not alive, f"sender processes still running after their parent died: {alive}"
+    finally:
+        stub.stop()
