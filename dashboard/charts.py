@@ -38,7 +38,12 @@ TEMPLATE_NAME = "moebench"
 def _register_template() -> None:
     # Layout only: plotly_white's per-trace-type defaults would be deep-copied into every
     # figure (about 20 ms each) and none of our traces needs them.
-    tpl = go.layout.Template(layout=pio.templates["plotly_white"].layout)
+    # Only the parts of plotly_white's layout our 2-D charts use: the template is copied into
+    # every figure, and polar/ternary/scene/geo/colorscale defaults made that copy most of a
+    # live redraw's build time (heat maps set their colorscale themselves).
+    base = pio.templates["plotly_white"].layout.to_plotly_json()
+    keep = ("autotypenumbers", "hovermode", "hoverlabel", "xaxis", "yaxis", "shapedefaults", "annotationdefaults")
+    tpl = go.layout.Template(layout={k: base[k] for k in keep if k in base})
     tpl.layout.colorway = list(COLORS)
     tpl.layout.font = {"family": "Inter, 'Source Sans Pro', 'Segoe UI', sans-serif", "size": 13, "color": "#1F2937"}
     tpl.layout.title = {"font": {"size": 15, "color": "#111827"}, "x": 0.0, "xanchor": "left"}
@@ -56,9 +61,10 @@ _register_template()
 
 
 def _figure(title: str, height: int = 320) -> go.Figure:
-    fig = go.Figure()
-    fig.update_layout(template=TEMPLATE_NAME, title=title, height=height)
-    return fig
+    # The template goes in with the layout: a bare go.Figure() would first deep-copy plotly's
+    # default template (every trace type's defaults), then replace it (half of a live
+    # redraw's build time at 100k requests: bench.benchmarks.dashboard_render).
+    return go.Figure(layout={"template": TEMPLATE_NAME, "title": title, "height": height})
 
 
 def empty_figure(title: str, message: str = "waiting for data", height: int = 320) -> go.Figure:
