@@ -61,8 +61,9 @@ CANCEL_POLL_S = 0.05
 class Completion:
     """One finished request as the sender saw it, on the perf_counter clock (absolute times).
 
-    ``text`` is kept only when the client could not count the output's tokens itself
-    (see :meth:`bench.recorder.Recorder` recounting).
+    ``text`` is kept only when the sender guessed the output's token count (one per chunk:
+    no server count, no tokenizer in a sender process) and the server's usage does not
+    confirm it; the recorder then counts the text (:meth:`bench.recorder.Recorder.record`).
     """
 
     seq: int
@@ -92,7 +93,7 @@ def completion(seq: int, req: GenerationRequest, res: TimedResult, due: float, k
         first_any=res.first_any,
         due=due,
         error=res.error,
-        text=res.text if keep_text and res.usage_output_tokens != res.output_tokens else None,
+        text=res.text if keep_text and res.estimated and res.usage_output_tokens != res.output_tokens else None,
     )
 
 

@@ -73,6 +73,8 @@ class StreamChunk:
     prompt_tokens: int | None = None
     usage_output_tokens: int | None = None
     reasoning: bool = False  # a reasoning_content chunk (reasoning models), not answer content
+    # ``tokens`` is a guess (one per chunk: no server count and no client tokenizer here)
+    estimated: bool = False
 
 
 @dataclass
@@ -95,6 +97,7 @@ class TimedResult:
     usage_output_tokens: int | None = None
     reasoning_tokens: int = 0
     error: str | None = None
+    estimated: bool = False  # some chunk's token count was a guess (see StreamChunk.estimated)
 
 
 class Stamper:
@@ -119,6 +122,8 @@ class Stamper:
         if chunk.usage_output_tokens is not None:
             result.usage_output_tokens = chunk.usage_output_tokens
         carries = chunk.tokens > 0 or bool(chunk.text)
+        if chunk.estimated:
+            result.estimated = True
         if carries and result.first_any is None:
             result.first_any = now
         if chunk.reasoning:

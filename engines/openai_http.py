@@ -694,18 +694,20 @@ class CompletionStream:
             server_n = int(usage["completion_tokens"]) - self.usage_out
             self.usage_out = int(usage["completion_tokens"])
         out = []
+        guess = self.content_count.tokenizer is None  # no tokenizer: one token per chunk
         if reasoning:
             n = self.reasoning_count.add(reasoning, True)
-            if server_n is not None and not text:
-                n = server_n
-            out.append(StreamChunk(text=reasoning, tokens=n, reasoning=True))
+            exact = server_n is not None and not text
+            if exact:
+                n = server_n  # type: ignore[assignment]
+            out.append(StreamChunk(text=reasoning, tokens=n, reasoning=True, estimated=guess and not exact))
             if not text:
                 return out
         # The server's count, when it gives one, spares the client tokenizer's CPU (which
         # a client shares with the server it measures on a small machine).
         n = server_n if server_n is not None else self.content_count.add(text, _carries_token(choice))
         if text or n:
-            out.append(StreamChunk(text=text, tokens=n))
+            out.append(StreamChunk(text=text, tokens=n, estimated=guess and server_n is None))
         return out
 
     def check_complete(self, cancel: threading.Event | None) -> None:

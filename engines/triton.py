@@ -357,10 +357,10 @@ class TritonEngine(ServerEngine):
             text = obj[o.output_name]
             text = text if isinstance(text, str) else json.dumps(text)
             if o.tokens_name and o.tokens_name in obj:
-                n = int(obj[o.tokens_name])
+                n, guess = int(obj[o.tokens_name]), False
             else:  # the tokenizer's count of the text so far; one per response without one
-                n = counter.add(text, True)
-            yield StreamChunk(text=text, tokens=n)
+                n, guess = counter.add(text, True), counter.tokenizer is None
+            yield StreamChunk(text=text, tokens=n, estimated=guess)
 
     # --- telemetry and health ---------------------------------------------------------
     def telemetry(self) -> dict[str, float]:

@@ -64,12 +64,15 @@ def test_concurrency_run_streams_with_server_metrics(triton: TritonEngine, tmp_p
 def test_connect_mode_reaches_the_same_server(triton: TritonEngine) -> None:
     from engines.base import GenerationRequest, SamplingParams, timed_stream
 
-    other = create_engine({"kind": "triton", "base_url": triton.base_url, "model": "tiny-deepseek-v3"})
+    # The managed server's metrics port is a free one, not Triton's default 8002: name it.
+    other = create_engine(
+        {"kind": "triton", "base_url": triton.base_url, "model": "tiny-deepseek-v3", "metrics_url": triton.metrics_url}
+    )
     other.start()
     try:
         res = timed_stream(other, GenerationRequest("c", "hello", SamplingParams(max_tokens=5)))
         assert res.error is None and res.output_tokens == 5
-        # The connect-mode client found the server's metrics port by itself: its gauges arrive.
+        # The connect-mode client scrapes the server's metrics: its gauges arrive.
         telemetry = other.telemetry()
         assert telemetry["server_requests_waiting"] == 0 and telemetry["server_cpu_mem_gib"] > 0
     finally:
