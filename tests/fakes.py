@@ -87,3 +87,13 @@ class FakeEngine(Engine):
 
     def attach_sender(self, spec: dict[str, Any]) -> None:
         self.started = True
+
+
+def peak_overlap(intervals: list[tuple[float, float]]) -> int:
+    """The most (start, end) intervals open at one moment (an end before a start at a tie)."""
+    events = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals])
+    level = peak = 0
+    for _t, d in events:
+        level += d
+        peak = max(peak, level)
+    return peak

@@ -46,11 +46,10 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.benchmarks.parity_vllm import _VLLM_SERVE
+from bench.benchmarks.parity_vllm import vllm_bench_argv
 from bench.benchmarks.stub_server import start_stub_server
 from engines.launch import ManagedProcess
 from engines.settings import PROJECT_ROOT
-from engines.vllm import vllm_python
 
 MODEL = "tiny-deepseek-v3"  # the served name; its preset gives both clients the tiny tokenizer
 
@@ -199,50 +198,9 @@ def run_ours(
 def run_theirs(args: argparse.Namespace, url: str, concurrency: int, model_dir: str, work: Path, tag: str) -> dict:
     """One ``vllm bench serve`` run; its figures from its ``--save-result`` JSON."""
     result = work / f"vllm-{tag}.json"
-    argv = [
-        vllm_python(),
-        "-c",
-        _VLLM_SERVE,
-        "--backend",
-        "openai",
-        "--base-url",
-        url.removesuffix("/v1"),
-        "--endpoint",
-        "/v1/completions",
-        "--model",
-        model_dir,
-        "--served-model-name",
-        MODEL,
-        "--tokenizer",
-        model_dir,
-        "--dataset-name",
-        "random",
-        "--random-input-len",
-        str(args.input_len),
-        "--random-output-len",
-        str(args.output_len),
-        "--num-prompts",
-        str(args.num_prompts),
-        "--max-concurrency",
-        str(concurrency),
-        "--request-rate",
-        "inf",
-        "--seed",
-        str(args.seed),
-        "--ignore-eos",
-        "--temperature",
-        "0",
-        "--percentile-metrics",
-        "ttft,tpot,itl,e2el",
-        "--metric-percentiles",
-        "50,99",
-        "--disable-tqdm",
-        "--save-result",
-        "--result-dir",
-        str(work),
-        "--result-filename",
-        result.name,
-    ]
+    argv = vllm_bench_argv(
+        url, MODEL, model_dir, args.input_len, args.output_len, args.num_prompts, concurrency, args.seed, result
+    )
     env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
     cpu0 = _children_cpu_s()
     error = _run(argv, f"vllm-bench-{tag}", work / f"vllm-{tag}.log", args.timeout, env=env)

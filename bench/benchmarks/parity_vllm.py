@@ -67,6 +67,34 @@ _VLLM_SERVE = (
 )
 
 
+def vllm_bench_argv(
+    base_url: str,
+    served_name: str,
+    model_dir: str,
+    input_len: int,
+    output_len: int,
+    num_prompts: int,
+    concurrency: int,
+    seed: int,
+    result: Path,
+    request_rate: str = "inf",
+    detailed: bool = False,
+) -> list[str]:
+    """``vllm bench serve`` (from the vLLM environment) on the random dataset, exact output
+    lengths, saving its result JSON to ``result``: the reference client of the benchmarks."""
+    argv = [
+        vllm_python(), "-c", _VLLM_SERVE,
+        "--backend", "openai", "--base-url", base_url.rstrip("/").removesuffix("/v1"), "--endpoint", "/v1/completions",
+        "--model", model_dir, "--served-model-name", served_name, "--tokenizer", model_dir,
+        "--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+        "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency), "--request-rate", request_rate,
+        "--seed", str(seed), "--ignore-eos", "--temperature", "0",
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99", "--disable-tqdm",
+        "--save-result", "--result-dir", str(result.parent), "--result-filename", result.name,
+    ]  # fmt: skip
+    return [*argv, "--save-detailed"] if detailed else argv
+
+
 def _get(summary: Any, path: str) -> float | None:
     obj = summary
     for part in path.split("."):
@@ -117,51 +145,11 @@ def run_theirs(
     args: argparse.Namespace, base_url: str, model_name: str, model_dir: str, work: Path, n: int
 ) -> dict[str, Any]:
     """One ``vllm bench serve`` run in the vLLM environment; the figures keyed like :data:`ROWS`."""
-    root = base_url.rstrip("/").removesuffix("/v1")
     result = work / f"vllm-serve-{n}.json"
-    argv = [
-        vllm_python(),
-        "-c",
-        _VLLM_SERVE,
-        "--backend",
-        "openai",
-        "--base-url",
-        root,
-        "--endpoint",
-        "/v1/completions",
-        "--model",
-        model_dir,
-        "--served-model-name",
-        model_name,
-        "--tokenizer",
-        model_dir,
-        "--dataset-name",
-        "random",
-        "--random-input-len",
-        str(args.input_len),
-        "--random-output-len",
-        str(args.output_len),
-        "--num-prompts",
-        str(args.num_prompts),
-        "--max-concurrency",
-        str(args.concurrency),
-        "--seed",
-        str(args.seed),
-        "--ignore-eos",
-        "--temperature",
-        "0",
-        "--percentile-metrics",
-        "ttft,tpot,itl,e2el",
-        "--metric-percentiles",
-        "50,90,99",
-        "--disable-tqdm",
-        "--save-result",
-        "--save-detailed",
-        "--result-dir",
-        str(work),
-        "--result-filename",
-        result.name,
-    ]
+    argv = vllm_bench_argv(
+        base_url, model_name, model_dir, args.input_len, args.output_len, args.num_prompts, args.concurrency,
+        args.seed, result, detailed=True,
+    )  # fmt: skip
     env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
     proc = ManagedProcess(argv, name="vllm-bench-serve", env=env, log_path=work / f"vllm-serve-{n}.log").start()
     code = proc.wait(900)

@@ -16,15 +16,11 @@ from bench.schedule import (
     strategy_for,
 )
 from bench.sender import split_slots
+from tests.fakes import peak_overlap
 
 
 def _max_in_flight(plan: list) -> int:
-    events = sorted([(p.sent, 1) for p in plan] + [(p.end, -1) for p in plan], key=lambda e: (e[0], e[1]))
-    level = peak = 0
-    for _t, d in events:
-        level += d
-        peak = max(peak, level)
-    return peak
+    return peak_overlap([(p.sent, p.end) for p in plan])
 
 
 def test_sequential_sends_each_request_when_the_last_one_ends() -> None:

@@ -15,6 +15,7 @@ from bench.runner import RunConfig, start_run
 from bench.schedule import arrival_offsets
 from bench.sender import Completion
 from bench.store import Store
+from tests.fakes import peak_overlap
 
 
 def _run(store: Store, kind: str, wait: float = 60, **kw: object):  # type: ignore[no-untyped-def]
@@ -32,12 +33,7 @@ def _run(store: Store, kind: str, wait: float = 60, **kw: object):  # type: igno
 
 
 def _peak_overlap(recs: list[RequestRecord]) -> int:
-    events = sorted([(r.start_s, 1) for r in recs] + [(r.end_s, -1) for r in recs], key=lambda e: (e[0], e[1]))
-    level = peak = 0
-    for _t, d in events:
-        level += d
-        peak = max(peak, level)
-    return peak
+    return peak_overlap([(r.start_s, r.end_s) for r in recs])
 
 
 @pytest.mark.parametrize("processes,workers", [(False, 1), (True, 1), (True, 2)])
