@@ -36,7 +36,7 @@ PAGES = {
 }
 
 page = st.navigation(PAGES)
-ui.init_state()
+ui.init_state(page.url_path)
 with st.sidebar:
     st.markdown("### :material/speed: MoE Bench")
     st.caption("DeepSeek MoE inference benchmarks")

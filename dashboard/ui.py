@@ -56,7 +56,10 @@ STATUS_ICONS = {
 }
 
 
-def init_state() -> None:
+_KEEP = "_keep."  # prefix of the plain copies of form values (see init_state)
+
+
+def init_state(page: str | None = None) -> None:
     """Defaults for the persistent UI choices, and keep them across page switches."""
     defaults: dict[str, Any] = dict(SAMPLING_DEFAULTS)
     for mode, values in RUN_DEFAULTS.items():
@@ -76,14 +79,28 @@ def init_state() -> None:
                 f"{mode}.name": "",
             }
         )
+    ss = st.session_state
+    # Streamlit drops the state of widgets a run did not draw. Re-saving a key keeps it across
+    # page switches, but not when a live fragment reran while the page was away (seen: a run
+    # form came back with the values it had before the user's last edit). So every form value
+    # is also copied under a plain key no widget owns, and on the first run after a page
+    # switch (when no widget of these forms can have been edited) the copies win.
+    switched = page is not None and ss.get("_page") != page
+    if page is not None:
+        ss["_page"] = page
+    for key in [k for k in ss.keys() if isinstance(k, str) and k.startswith(_KEEP)]:
+        name = key[len(_KEEP) :]
+        if switched or name not in ss:
+            ss[name] = ss[key]
     for key, value in defaults.items():
-        if key not in st.session_state:
-            st.session_state[key] = value
-    for key in list(st.session_state.keys()):
+        if key not in ss:
+            ss[key] = value
+    for key in list(ss.keys()):
         if isinstance(key, str) and key.split(".", 1)[0] in {"s", "e", "latency", "concurrency", "r", "c", "p"}:
             if key.endswith(".upload") or ".btn." in key:
                 continue  # buttons and uploads cannot be set through session_state
-            st.session_state[key] = st.session_state[key]
+            ss[key] = ss[key]
+            ss[_KEEP + key] = ss[key]
 
 
 def show_error(exc: BaseException) -> None:

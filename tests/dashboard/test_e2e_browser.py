@@ -207,7 +207,7 @@ def test_load_run_watch_download(browser_page: Any, server: str, moebench_data: 
     seen_done: set[str] = set()
     seen_points: list[int] = []
     deadline = time.monotonic() + 180
-    shot_live = False
+    shot_live = detoured = False
     while time.monotonic() < deadline:
         text = main.inner_text()
         if "· completed" in text:
@@ -220,6 +220,17 @@ def test_load_run_watch_download(browser_page: Any, server: str, moebench_data: 
         if not shot_live and seen_points[-1] > 2:
             _shot(page, "concurrency-live")
             shot_live = True
+        elif shot_live and not detoured:
+            # Leaving the page mid-run and coming back keeps the run form (the live fragment's
+            # reruns while the page was away once put every field back to its default).
+            detoured = True
+            _goto(page, "Results")
+            page.wait_for_timeout(1500)
+            _goto(page, "Concurrency")
+            form = {"Requests": REQUESTS, "Concurrency": CONCURRENCY, "Output length (tokens)": OUTPUT_LEN}
+            for label, value in form.items():
+                assert main.get_by_role("spinbutton", name=label, exact=True).input_value() == str(value), label
+            progress = main.get_by_text(f"/{REQUESTS} requests").first
         page.wait_for_timeout(700)
     else:
         raise AssertionError("the run did not complete within 180 s")
