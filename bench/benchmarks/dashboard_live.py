@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--itl-ms", type=float, default=5.0, help="the stub's gap between events")
-    p.add_argument("--out", default="dashboard-live", help="folder for screenshots and logs")
+    p.add_argument("--out", default="tests/artifacts/dashboard-live", help="folder for screenshots and logs")
     args = p.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
