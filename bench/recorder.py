@@ -155,8 +155,6 @@ class Recorder:
         self.prompt_tokens = 0
         self.output_tokens = 0
         self.usage_mismatches = 0
-        self.first_start: float | None = None
-        self.last_end: float | None = None
         self.dists = {k: Distribution() for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "send_lag_ms")}
         self._gaps: list[float] = []  # ITL gaps of the batch being taken, added to the sketch at once
         self._thread: threading.Thread | None = None
@@ -240,8 +238,6 @@ class Recorder:
         self.done += 1
         if rec.send_lag_ms is not None:
             d["send_lag_ms"].add(rec.send_lag_ms)
-        self.first_start = rec.start_s if self.first_start is None else min(self.first_start, rec.start_s)
-        self.last_end = rec.end_s if self.last_end is None else max(self.last_end, rec.end_s)
         if not rec.ok:
             self.failed += 1
             return

@@ -41,14 +41,14 @@ import threading
 import time
 import traceback
 import types
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from bench.schedule import LocalTickets, Strategy, Tickets
-from engines.base import Engine, GenerationRequest, Stamper, TimedResult, client_from_spec, timed_astream
+from engines.base import Engine, GenerationRequest, TimedResult, client_from_spec, timed_astream
 from engines.errors import MoEBenchError
 
 EMIT_BATCH_S = 0.05  # a child sends its finished requests to the parent this often (or per EMIT_BATCH_N)
@@ -167,22 +167,23 @@ async def thread_astream(
             fut.add_done_callback(lambda f: f.exception())
 
 
-async def _timed_thread_stream(
+def _executor(engine: Engine, threads: int) -> ThreadPoolExecutor | None:
+    """Threads for an engine without ``astream`` (its ``stream`` runs there); None for the others."""
+    if engine.async_capable():
+        return None
+    return ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="send")
+
+
+def _timed(
     engine: Engine,
     request: GenerationRequest,
     cancel: Any,
-    on_chunk: Callable[[Any], None],
-    executor: ThreadPoolExecutor,
-) -> TimedResult:
-    stamper = Stamper(request, on_chunk)
-    try:
-        async for chunk, t in thread_astream(engine, request, cancel, executor):
-            stamper.add(chunk, t)
-    except asyncio.CancelledError:
-        stamper.result.error = "cancelled"
-    except Exception as exc:  # noqa: BLE001 - a failed request is recorded, not raised
-        stamper.fail(exc)
-    return stamper.finish(cancel)
+    on_chunk: Callable[[Any], None] | None,
+    executor: ThreadPoolExecutor | None,
+) -> Awaitable[TimedResult]:
+    """One request through the single timing point, by ``astream`` or by ``stream`` in ``executor``."""
+    stamped = None if executor is None else thread_astream(engine, request, cancel, executor)
+    return timed_astream(engine, request, cancel, on_chunk, stamped)
 
 
 async def send(
@@ -202,14 +203,11 @@ async def send(
     ``cancel`` (a threading or multiprocessing Event): no new request starts, and the
     requests in flight are cancelled (each ends as a "cancelled" request).
     """
-    use_async = engine.async_capable()
-    executor = None if use_async else ThreadPoolExecutor(max_workers=max(1, len(slots)), thread_name_prefix="send")
+    executor = _executor(engine, len(slots))
+    add_tokens = counters.add_tokens
 
-    async def one(req: GenerationRequest) -> TimedResult:
-        on_chunk = _chunk_counter(counters)
-        if executor is None:
-            return await timed_astream(engine, req, cancel, on_chunk)
-        return await _timed_thread_stream(engine, req, cancel, on_chunk, executor)
+    def on_chunk(chunk: Any) -> None:
+        add_tokens(chunk.tokens)
 
     async def slot(k: int) -> None:
         free = t0 + strategy.slot_start(k)
@@ -224,7 +222,7 @@ async def send(
             if cancel.is_set():
                 return
             counters.started()
-            res = await one(requests[seq])
+            res = await _timed(engine, requests[seq], cancel, on_chunk, executor)
             counters.ended()
             emit(completion(seq, requests[seq], res, due, keep_text))
             free = res.end
@@ -247,26 +245,14 @@ async def send(
             executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _chunk_counter(counters: Counters) -> Callable[[Any], None]:
-    add = counters.add_tokens
-
-    def on_chunk(chunk: Any) -> None:
-        add(chunk.tokens)
-
-    return on_chunk
-
-
 async def warm_up(engine: Engine, warmup: Sequence[GenerationRequest], cancel: Any) -> None:
     """Send the warm-up requests one at a time through the sending loop's own session."""
-    executor = None if engine.async_capable() else ThreadPoolExecutor(max_workers=1)
+    executor = _executor(engine, 1)
     try:
         for req in warmup:
             if cancel.is_set():
                 return
-            if executor is None:
-                res = await timed_astream(engine, req, cancel)
-            else:
-                res = await _timed_thread_stream(engine, req, cancel, lambda c: None, executor)
+            res = await _timed(engine, req, cancel, None, executor)
             if res.error and not cancel.is_set():
                 raise MoEBenchError(f"warm-up request failed: {res.error}")
     finally:

@@ -178,15 +178,22 @@ async def timed_astream(
     request: GenerationRequest,
     cancel: threading.Event | None = None,
     on_chunk: Callable[[TimedChunk], None] | None = None,
+    stamped: AsyncIterator[tuple[StreamChunk, float]] | None = None,
 ) -> TimedResult:
     """:func:`timed_stream` over :meth:`Engine.astream`, for many requests on one event loop.
 
+    ``stamped`` replaces ``engine.astream`` with (chunk, time) pairs stamped where the engine
+    yielded them (an engine's threaded ``stream`` run for the loop: ``bench.sender``).
     A task cancelled mid-request (the run was cancelled) ends the request as "cancelled".
     """
     stamper = Stamper(request, on_chunk)
     try:
-        async for chunk in engine.astream(request, cancel):
-            stamper.add(chunk)
+        if stamped is None:
+            async for chunk in engine.astream(request, cancel):
+                stamper.add(chunk)
+        else:
+            async for chunk, t in stamped:
+                stamper.add(chunk, t)
     except asyncio.CancelledError:
         stamper.result.error = "cancelled"
     except Exception as exc:  # noqa: BLE001 - a failed request is recorded, not raised
