@@ -68,30 +68,33 @@ def _start_dashboard(data_dir: Path, log: Path) -> tuple[str, subprocess.Popen[b
     raise SystemExit(f"the dashboard did not start; see {log}")
 
 
-def _idle(page: Any) -> None:
+def wait_idle(page: Any) -> None:
+    """Wait until the script run finishes (Streamlit's status widget goes away)."""
     page.wait_for_timeout(300)
     page.locator('[data-testid="stStatusWidget"]').wait_for(state="hidden", timeout=60_000)
 
 
-def _goto(page: Any, title: str) -> float:
+def goto_page(page: Any, title: str) -> float:
     """Open a page from the sidebar; seconds until its heading shows and the script run ends."""
     t = time.perf_counter()
     page.locator('[data-testid="stSidebarNav"]').get_by_role("link", name=title, exact=True).click()
     page.locator('[data-testid="stMain"]').get_by_role("heading", name=title, exact=True).first.wait_for()
-    _idle(page)
+    wait_idle(page)
     return time.perf_counter() - t
 
 
-def _set_number(page: Any, label: str, value: int) -> None:
+def set_number(page: Any, label: str, value: int) -> None:
+    """Type a number and let the app rerun with it. On a loaded machine the rerun may not have
+    started when the status widget is first checked, so wait a moment, then check the value took."""
     box = page.locator('[data-testid="stMain"]').get_by_role("spinbutton", name=label, exact=True)
     for _ in range(3):
         box.fill(str(value))
         box.press("Enter")
         time.sleep(0.7)
-        _idle(page)
+        wait_idle(page)
         if box.input_value() == str(value):
             return
-    raise SystemExit(f"{label} did not take {value}")
+    raise AssertionError(f"{label} did not take the value {value}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,20 +122,20 @@ def main(argv: list[str] | None = None) -> int:
             page.goto(url)
             main = page.locator('[data-testid="stMain"]')
             main.get_by_role("heading", name="Engine & Model").wait_for()
-            _idle(page)
+            wait_idle(page)
             main.get_by_label("Engine kind").click()
             page.get_by_role("option", name="OpenAI-compatible HTTP server").click()
-            _idle(page)
+            wait_idle(page)
             box = main.get_by_role("textbox", name="Base url")
             box.fill(stub_url)
             box.press("Enter")
-            _idle(page)
+            wait_idle(page)
             main.get_by_role("button", name="Load", exact=True).click()
             page.locator('[data-testid="stSidebar"]').get_by_text("ready").first.wait_for()
-            _goto(page, "Concurrency")
-            _set_number(page, "Requests", args.requests)
-            _set_number(page, "Concurrency", args.concurrency)
-            _set_number(page, "Output length (tokens)", args.output_len)
+            goto_page(page, "Concurrency")
+            set_number(page, "Requests", args.requests)
+            set_number(page, "Concurrency", args.concurrency)
+            set_number(page, "Output length (tokens)", args.output_len)
             main.get_by_role("button", name="Start run").click()
             progress = main.get_by_text(f"/{args.requests:,} requests").first
             try:
@@ -158,11 +161,11 @@ def main(argv: list[str] | None = None) -> int:
                     page.screenshot(path=str(out / "live.png"), full_page=True)
                     shot = True
                 if elapsed > 8 and len(switches) < 2 and elapsed > 8 + 6 * len(switches):
-                    switches.append(_goto(page, "Results") + _goto(page, "Concurrency"))
+                    switches.append(goto_page(page, "Results") + goto_page(page, "Concurrency"))
                     progress = main.get_by_text("requests").first
                 page.wait_for_timeout(200)
             run_s = time.perf_counter() - t_start
-            _idle(page)
+            wait_idle(page)
             page.screenshot(path=str(out / "done.png"), full_page=True)
             status = "completed" if "· completed" in main.inner_text() else "failed"
             browser.close()

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from bench.benchmarks.dashboard_live import goto_page, set_number, wait_idle
 from bench.store import REQUEST_CSV_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,32 +120,6 @@ def _main(page: Any) -> Any:
     return page.locator('[data-testid="stMain"]')
 
 
-def _wait_idle(page: Any) -> None:
-    """Wait until the script run finishes (Streamlit's status widget goes away)."""
-    page.wait_for_timeout(300)
-    page.locator('[data-testid="stStatusWidget"]').wait_for(state="hidden", timeout=60_000)
-
-
-def _goto(page: Any, title: str) -> None:
-    page.locator('[data-testid="stSidebarNav"]').get_by_role("link", name=title, exact=True).click()
-    _main(page).get_by_role("heading", name=title, exact=True).first.wait_for()
-    _wait_idle(page)
-
-
-def _set_number(page: Any, label: str, value: int) -> None:
-    """Type a number and let the app rerun with it. On a loaded machine the rerun may not have
-    started when the status widget is first checked, so wait a moment, then check the value took."""
-    box = _main(page).get_by_role("spinbutton", name=label, exact=True)
-    for _ in range(3):
-        box.fill(str(value))
-        box.press("Enter")
-        time.sleep(0.7)
-        _wait_idle(page)
-        if box.input_value() == str(value):
-            return
-    raise AssertionError(f"{label} did not take the value {value}")
-
-
 def _shot(page: Any, name: str) -> Path:
     """A screenshot of the whole page (the main area scrolls inside the window, so grow the window)."""
     path = ARTIFACTS / f"{name}.png"
@@ -179,7 +154,7 @@ def test_load_run_watch_download(browser_page: Any, server: str, moebench_data: 
     page.goto(server)
     main = _main(page)
     main.get_by_role("heading", name="Engine & Model").wait_for()
-    _wait_idle(page)
+    wait_idle(page)
     import torch
 
     main.get_by_role("button", name="Load", exact=True).wait_for()
@@ -189,18 +164,18 @@ def test_load_run_watch_download(browser_page: Any, server: str, moebench_data: 
     # Load the tiny model (the default preset) on the CPU.
     main.get_by_role("button", name="Load", exact=True).click()
     main.get_by_text("Parameters", exact=True).wait_for(timeout=120_000)
-    _wait_idle(page)
+    wait_idle(page)
     assert "ready" in page.locator('[data-testid="stSidebar"]').inner_text()
     assert re.search(r"Parameters\s+[\d.]+ M\b", main.inner_text())  # the tiny model: about 1.5 M
     _shot(page, "engine")
 
     # A concurrency run, watched live.
-    _goto(page, "Concurrency")
-    _set_number(page, "Requests", REQUESTS)
-    _set_number(page, "Concurrency", CONCURRENCY)
-    _set_number(page, "Output length (tokens)", OUTPUT_LEN)
+    goto_page(page, "Concurrency")
+    set_number(page, "Requests", REQUESTS)
+    set_number(page, "Concurrency", CONCURRENCY)
+    set_number(page, "Output length (tokens)", OUTPUT_LEN)
     time.sleep(1.0)
-    _wait_idle(page)
+    wait_idle(page)
     main.get_by_role("button", name="Start run").click()
     progress = main.get_by_text(f"/{REQUESTS} requests").first
     progress.wait_for(timeout=60_000)
@@ -224,9 +199,9 @@ def test_load_run_watch_download(browser_page: Any, server: str, moebench_data: 
             # Leaving the page mid-run and coming back keeps the run form (the live fragment's
             # reruns while the page was away once put every field back to its default).
             detoured = True
-            _goto(page, "Results")
+            goto_page(page, "Results")
             page.wait_for_timeout(1500)
-            _goto(page, "Concurrency")
+            goto_page(page, "Concurrency")
             form = {"Requests": REQUESTS, "Concurrency": CONCURRENCY, "Output length (tokens)": OUTPUT_LEN}
             for label, value in form.items():
                 assert main.get_by_role("spinbutton", name=label, exact=True).input_value() == str(value), label
@@ -237,7 +212,7 @@ def test_load_run_watch_download(browser_page: Any, server: str, moebench_data: 
     assert len(seen_done) >= 2, f"the progress never moved while running: {seen_done}"
     grew = [b for a, b in itertools.pairwise(seen_points) if b > a]
     assert grew, f"the live latency chart never gained points while running: {seen_points}"
-    _wait_idle(page)
+    wait_idle(page)
     final = 0
     for _ in range(40):  # the last redraw after completion may still be on its way
         final = _latency_points(page)
@@ -250,7 +225,7 @@ def test_load_run_watch_download(browser_page: Any, server: str, moebench_data: 
 
     # An uploaded JSONL prompt file is validated: a bad line is a clear error, a good file is saved.
     main.get_by_text("Upload JSONL").click()
-    _wait_idle(page)
+    wait_idle(page)
     upload = main.locator('[data-testid="stFileUploaderDropzoneInput"]')
     upload.set_input_files(
         files=[{"name": "bad.jsonl", "mimeType": "application/octet-stream", "buffer": b'{"prompt": "hi"}\n{oops\n'}]
@@ -271,18 +246,18 @@ def test_load_run_watch_download(browser_page: Any, server: str, moebench_data: 
     # Reloading the browser keeps the engine and shows the finished run again.
     page.reload()
     _main(page).get_by_role("heading", name="Concurrency").wait_for()
-    _wait_idle(page)
+    wait_idle(page)
     assert "· completed" in _main(page).inner_text()
     assert "ready" in page.locator('[data-testid="stSidebar"]').inner_text()
 
     # Results: select the run, download its per-request CSV.
-    _goto(page, "Results")
+    goto_page(page, "Results")
     main = _main(page)
     picker = main.get_by_label("Select runs to compare, inspect, export or delete")
     picker.click()
     page.get_by_role("option").first.click()
     page.keyboard.press("Escape")
-    _wait_idle(page)
+    wait_idle(page)
     main.get_by_role("tab", name="Export").click()
     with page.expect_download() as info:
         main.get_by_role("button", name="Per-request CSV").click()
@@ -299,18 +274,18 @@ def test_load_run_watch_download(browser_page: Any, server: str, moebench_data: 
     main.get_by_role("tab", name="Run details").click()
     _shot(page, "results-details")
 
-    _goto(page, "Compare with the book")
+    goto_page(page, "Compare with the book")
     assert "no measured vLLM run yet" in _main(page).inner_text()
     _shot(page, "compare")
-    _goto(page, "Latency")
+    goto_page(page, "Latency")
     _shot(page, "latency")
 
     # Profiling: import the H200 example runs and look at their GPU (device time) breakdown.
-    _goto(page, "Profiling")
+    goto_page(page, "Profiling")
     main = _main(page)
     main.get_by_role("button", name="Import the H200 example runs").click()
     main.get_by_text("Imported 3 example run(s)").wait_for()
-    _wait_idle(page)
+    wait_idle(page)
     assert "h200-profile" in main.inner_text() and "imported example" in main.inner_text()
     main.get_by_role("tab", name="Bottlenecks").click()
     page.wait_for_function(
