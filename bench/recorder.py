@@ -27,6 +27,7 @@ from bench.sender import Completion
 from bench.store import Store
 from engines.accelerators import GIB
 from engines.base import Engine
+from engines.openai_http import count_tokens
 
 # Live series written about once a second (names in the store's time series table).
 SERIES_OUTPUT_TOK_S = "output_tok_s"
@@ -219,7 +220,7 @@ class Recorder:
         if c.text is not None and self.tokenizer is not None and c.error is None:
             # The sender could not count this output's tokens (no tokenizer there) and the
             # server's usage disagrees with its chunk count: count the text here.
-            output_tokens = max(output_tokens, _count_tokens(self.tokenizer, c.text))
+            output_tokens = max(output_tokens, count_tokens(self.tokenizer, c.text))
         return RequestRecord(
             request_id=c.request_id,
             start_s=c.start - t0,
@@ -296,13 +297,6 @@ class Recorder:
             self.store.add_samples(self.run_id, pending)
         except Exception as exc:  # noqa: BLE001 - kept in memory; the run reports it at the end
             self.write_error = f"could not store {len(pending)} requests: {type(exc).__name__}: {exc}"
-
-
-def _count_tokens(tokenizer: Any, text: str) -> int:
-    core = getattr(tokenizer, "backend_tokenizer", None)
-    if core is not None:
-        return len(core.encode(text, add_special_tokens=False).ids)
-    return len(tokenizer.encode(text, add_special_tokens=False))
 
 
 class Sampler:

@@ -300,6 +300,17 @@ def sse_object(payload: str, source: str = "") -> dict[str, Any]:
     return obj
 
 
+def count_tokens(tokenizer: Any, text: str) -> int:
+    """Tokens in ``text`` (no special tokens added), through a Hugging Face fast tokenizer's
+    Rust core when it has one (skipping the Python wrapper's per-call cost)."""
+    if not text:
+        return 0
+    core = getattr(tokenizer, "backend_tokenizer", None)
+    if core is not None:
+        return len(core.encode(text, add_special_tokens=False).ids)
+    return len(tokenizer.encode(text, add_special_tokens=False))
+
+
 class TextCounter:
     """Client-side token counts of one stream: the growth of the token count of all text so far.
 
@@ -316,19 +327,13 @@ class TextCounter:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        # A Hugging Face fast tokenizer's Rust core skips the Python wrapper's per-call cost.
-        self._core = getattr(tokenizer, "backend_tokenizer", None)
         self.tail = ""
         self.tail_tokens = 0  # tokens in self.tail
         self.total = 0  # tokens in all text so far
         self.counted = 0
 
     def _len(self, text: str) -> int:
-        if not text:
-            return 0
-        if self._core is not None:
-            return len(self._core.encode(text, add_special_tokens=False).ids)
-        return len(self.tokenizer.encode(text, add_special_tokens=False))
+        return count_tokens(self.tokenizer, text)
 
     def add(self, delta: str, carries_token: bool) -> int:
         floor = 1 if (delta or carries_token) else 0
