@@ -45,7 +45,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, overload
 
 from bench.schedule import LocalTickets, Strategy, Tickets
 from engines.base import Engine, GenerationRequest, TimedResult, client_from_spec, timed_astream
@@ -55,6 +55,16 @@ EMIT_BATCH_S = 0.05  # a child sends its finished requests to the parent this of
 EMIT_BATCH_N = 256
 READY_TIMEOUT_S = 120.0  # a sender process must have opened its session and warmed up by then
 CANCEL_POLL_S = 0.05
+# A slot whose request could not reach the server waits before its next one: 50 ms,
+# doubling up to 1 s, until a request reaches it again. A server that is down is not
+# hammered, its run is not burnt through in milliseconds as a column of "failed"
+# requests, and the health check has time to end the run with the server's own reason.
+UNREACHABLE_BACKOFF_S = (0.05, 1.0)
+UNREACHABLE_GIVE_UP_S = 15.0  # no request reached the server for this long: the run stops
+
+
+class ServerGone(MoEBenchError):
+    """The server could not be reached for :data:`UNREACHABLE_GIVE_UP_S`: the run stops with this reason."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,32 @@ class Completion:
     due: float
     error: str | None
     text: str | None = None
+
+
+class CycledRequests(Sequence[GenerationRequest]):
+    """``n`` requests that cycle a pool of prompts (a duration-bound run's cap can be large);
+    request ``i`` is the pool's ``i % len(pool)`` under the id ``{prefix}{i}``."""
+
+    def __init__(self, pool: Sequence[GenerationRequest], n: int, prefix: str = "r") -> None:
+        if not pool:
+            raise ValueError("an empty prompt pool")
+        self.pool, self.n, self.prefix = list(pool), n, prefix
+
+    def __len__(self) -> int:
+        return self.n
+
+    @overload
+    def __getitem__(self, i: int) -> GenerationRequest: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[GenerationRequest]: ...
+    def __getitem__(self, i: int | slice) -> GenerationRequest | list[GenerationRequest]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self.n))]
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        i %= self.n
+        base = self.pool[i % len(self.pool)]
+        return dataclasses.replace(base, request_id=f"{self.prefix}{i}")
 
 
 def completion(seq: int, req: GenerationRequest, res: TimedResult, due: float, keep_text: bool) -> Completion:
@@ -205,17 +241,23 @@ async def send(
     """
     executor = _executor(engine, len(slots))
     add_tokens = counters.add_tokens
+    reached = t0  # when a request last reached the server (or the start)
+    deadline = None if strategy.deadline is None else t0 + strategy.deadline
 
     def on_chunk(chunk: Any) -> None:
         add_tokens(chunk.tokens)
 
     async def slot(k: int) -> None:
+        nonlocal reached
         free = t0 + strategy.slot_start(k)
+        backoff = 0.0
         while not cancel.is_set():
             seq = tickets.take()
             if seq is None:
                 return
             due = t0 + strategy.due(seq, free - t0)
+            if deadline is not None and max(due, time.perf_counter()) > deadline:
+                return  # a duration-bound run sends nothing after its end
             delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -226,13 +268,26 @@ async def send(
             counters.ended()
             emit(completion(seq, requests[seq], res, due, keep_text))
             free = res.end
+            if res.unreachable:
+                if res.end - reached > UNREACHABLE_GIVE_UP_S:
+                    raise ServerGone(
+                        f"no request reached the server for {UNREACHABLE_GIVE_UP_S:.0f} s; last error: {res.error}"
+                    )
+                first, most = UNREACHABLE_BACKOFF_S
+                backoff = min(most, backoff * 2 or first)
+                await asyncio.sleep(backoff)
+                free = time.perf_counter()
+            else:
+                backoff = 0.0
+                reached = max(reached, res.end)
 
     tasks = [asyncio.create_task(slot(k)) for k in slots]
     watch = asyncio.gather(*tasks, return_exceptions=True)
     try:
         while not watch.done():
             await asyncio.wait([watch], timeout=CANCEL_POLL_S)
-            if cancel.is_set() and not watch.done():
+            gave_up = any(t.done() and not t.cancelled() and t.exception() is not None for t in tasks)
+            if (gave_up or cancel.is_set()) and not watch.done():
                 # A cancel reaches requests waiting on a silent server too.
                 for task in tasks:
                     task.cancel()
@@ -344,7 +399,7 @@ def _child_main(
     w: int,
     spec: dict[str, Any],
     strategy: Strategy,
-    requests: list[GenerationRequest],
+    requests: Sequence[GenerationRequest],
     warmup: list[GenerationRequest],
     slots: list[int],
     shared: _Shared,
@@ -377,9 +432,16 @@ def _child_main(
                 post("batch", list(batch))
                 batch.clear()
 
+        last_failure_flush = 0.0
+
         def emit(c: Completion) -> None:
+            nonlocal last_failure_flush
             batch.append(c)
             if len(batch) >= EMIT_BATCH_N:
+                flush()
+            elif c.error is not None and c.end - last_failure_flush > EMIT_BATCH_S / 5:
+                # A failure reaches the parent at once: it may be the sign to check the server.
+                last_failure_flush = c.end
                 flush()
 
         parent = os.getppid()
@@ -418,6 +480,8 @@ def _child_main(
         asyncio.run(main())
         flush()
         post("done")
+    except ServerGone as exc:  # the parent reports it once, as it is
+        post("stop", str(exc))
     except BaseException as exc:  # noqa: BLE001 - the parent reports it as the run's reason
         reason = str(exc) if isinstance(exc, MoEBenchError) else f"{type(exc).__name__}: {exc}"
         post("error", " ".join(reason.split()) or traceback.format_exc(limit=1))
@@ -554,6 +618,11 @@ class ProcessSender:
                         emit(item)
                 elif kind == "error":
                     errors.append(f"sender process {conns[c]}: {payload}")
+                    open_.discard(c)
+                elif kind == "stop":
+                    shared.cancel.set()
+                    if payload not in errors:
+                        errors.append(payload)
                     open_.discard(c)
                 elif kind == "done":
                     open_.discard(c)

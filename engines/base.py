@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from engines.accelerators import ACCELERATORS, Availability, MemoryStats
-from engines.errors import ConfigError, UnknownEngine
+from engines.errors import ConfigError, ServerUnreachable, UnknownEngine
 
 ProgressFn = Callable[[str, float], None]  # (message, fraction 0..1)
 
@@ -98,6 +98,7 @@ class TimedResult:
     reasoning_tokens: int = 0
     error: str | None = None
     estimated: bool = False  # some chunk's token count was a guess (see StreamChunk.estimated)
+    unreachable: bool = False  # failed without reaching the server (connection refused, ...)
 
 
 class Stamper:
@@ -140,6 +141,7 @@ class Stamper:
 
     def fail(self, exc: BaseException) -> None:
         self.result.error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
+        self.result.unreachable = isinstance(exc, ServerUnreachable)
 
     def finish(self, cancel: threading.Event | None) -> TimedResult:
         result = self.result

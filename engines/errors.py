@@ -38,5 +38,9 @@ class RequestFailed(MoEBenchError):
     """One request failed; the run records it and goes on."""
 
 
+class ServerUnreachable(RequestFailed):
+    """A request could not connect to its server at all (refused, no route, name not found)."""
+
+
 class WorkloadError(MoEBenchError):
     """A workload (prompt set, uploaded JSONL) is invalid."""

@@ -36,7 +36,7 @@ from pydantic import Field, field_validator
 
 from engines.accelerators import Availability
 from engines.base import Engine, EngineOptions, GenerationRequest, ProgressFn, StreamChunk, register_engine
-from engines.errors import EngineUnavailable, ModelLoadError, RequestFailed
+from engines.errors import EngineUnavailable, ModelLoadError, RequestFailed, ServerUnreachable
 from engines.launch import ManagedProcess, creeping_progress
 from engines.settings import get_settings
 
@@ -236,6 +236,8 @@ def http_errors(url: str, who: str = "the server") -> Iterator[None]:
         raise RequestFailed(f"timed out waiting for {url} ({type(exc).__name__})") from exc
     except httpx.RemoteProtocolError as exc:
         raise RequestFailed(f"connection dropped by {who}: {_one_line(str(exc), 200)}") from exc
+    except httpx.ConnectError as exc:
+        raise ServerUnreachable(f"could not connect to {url}: {_one_line(str(exc), 200)}") from exc
     except httpx.HTTPError as exc:
         raise RequestFailed(f"{type(exc).__name__} from {url}: {_one_line(str(exc), 200)}") from exc
 
@@ -251,6 +253,8 @@ def aiohttp_errors(url: str, who: str = "the server") -> Iterator[None]:
         raise RequestFailed(f"timed out waiting for {url} ({type(exc).__name__})") from exc
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
         raise RequestFailed(f"connection dropped by {who}: {_one_line(str(exc), 200)}") from exc
+    except aiohttp.ClientConnectorError as exc:
+        raise ServerUnreachable(f"could not connect to {url}: {_one_line(str(exc), 200)}") from exc
     except aiohttp.ClientError as exc:
         raise RequestFailed(f"{type(exc).__name__} from {url}: {_one_line(str(exc), 200)}") from exc
 

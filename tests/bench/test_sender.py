@@ -246,3 +246,37 @@ def test_sender_processes_stop_when_their_parent_is_killed(tmp_path: Path, tiny_
         assert not alive, f"sender processes still running after their parent died: {alive}"
     finally:
         stub.stop()
+
+
+def test_a_server_that_goes_away_is_not_hammered_and_fails_the_run(store: Store) -> None:
+    """Once the server refuses connections, each slot backs off (50 ms doubling to 1 s)
+    instead of burning through the run's requests in milliseconds, until the health
+    check ends the run with its reason."""
+    from bench.benchmarks.stub_server import start_stub_server
+
+    url, stub = start_stub_server(itl_ms=5.0)
+    try:
+        cfg = RunConfig.build(
+            engine={"kind": "openai", "base_url": url},
+            mode="concurrency",
+            requests=2000,
+            concurrency=2,
+            workload={"source": "builtin", "output_len": 8},
+        )
+        job = start_run(cfg, store)
+        deadline = time.time() + 60
+        while time.time() < deadline and job.snapshot().done < 20:
+            time.sleep(0.05)
+        assert job.snapshot().done >= 20
+    finally:
+        stub.stop()
+    snap = job.wait(60)
+    assert snap.status == "failed"
+    assert snap.error is not None and "no request reached the server for 15 s" in snap.error, snap.error
+    assert "\n" not in snap.error
+    recs = store.records(snap.run_id)  # type: ignore[arg-type]
+    refused = sorted(r.start_s for r in recs if r.error and "could not connect" in r.error)
+    assert refused, [r.error for r in recs if r.error][:3]
+    # ~15 s until the health check gives up, 2 slots waiting up to 1 s each between tries.
+    assert len(refused) < 80, len(refused)
+    assert len(recs) < 2000
