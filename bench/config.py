@@ -18,6 +18,8 @@ Mode = Literal["latency", "concurrency", "profile"]
 MODES: tuple[str, ...] = ("latency", "concurrency", "profile")
 
 MAX_WORKERS = 16
+DURATION_MAX_REQUESTS = 1_000_000  # the request cap of a duration-bound run that names none
+PROMPT_POOL = 2048  # distinct prompts built for a duration-bound run; its requests cycle them
 
 
 class RunConfig(BaseModel):
@@ -51,6 +53,25 @@ class RunConfig(BaseModel):
         le=MAX_WORKERS,
         description="Sender processes for HTTP engines; the schedule and the concurrency cap stay global",
     )
+    duration_s: float | None = Field(
+        None,
+        gt=0.0,
+        le=7 * 86400.0,
+        description="Duration-bound run: send for this many seconds, then let the requests in flight finish "
+        "(requests becomes a cap; empty: the request count bounds the run)",
+    )
+    ramp_up_s: float = Field(
+        0.0,
+        ge=0.0,
+        le=86400.0,
+        description="Linear ramp-up: the concurrency (closed loop) or the arrival rate (open loop) climbs to its "
+        "target over this many seconds",
+    )
+    slos: list[str] = Field(
+        default_factory=list,
+        description="Service-level objectives, METRIC:STAT<=LIMIT_MS (ttft_ms:p99<=2000) or a preset "
+        "(mlperf-server, interactive): the run reports goodput and whether it met them",
+    )
     temperature: float = Field(0.0, ge=0.0, le=5.0, description="0 = greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     ignore_eos: bool = Field(True, description="Every output is exactly output_len tokens long")
@@ -64,6 +85,27 @@ class RunConfig(BaseModel):
     @classmethod
     def _engine_options(cls, v: dict[str, Any]) -> dict[str, Any]:
         return parse_options(v).model_dump()
+
+    @field_validator("slos")
+    @classmethod
+    def _slos(cls, v: list[str]) -> list[str]:
+        from bench.slo import SloError, parse_slos
+
+        try:
+            return [s.text for s in parse_slos(v)]
+        except SloError as exc:
+            raise ValueError(str(exc)) from exc
+
+    @model_validator(mode="after")
+    def _duration_bound_cap(self) -> RunConfig:
+        # A duration-bound run without an explicit count: enough tickets for the duration
+        # (an open loop's arrivals are drawn up front; a closed loop's are only a counter).
+        if self.duration_s is not None and "requests" not in self.model_fields_set:
+            if self.request_rate is not None:
+                self.requests = min(DURATION_MAX_REQUESTS, int(self.request_rate * self.duration_s * 1.5) + 16)
+            else:
+                self.requests = DURATION_MAX_REQUESTS
+        return self
 
     @model_validator(mode="after")
     def _latency_is_sequential(self) -> RunConfig:

@@ -48,6 +48,10 @@ METRIC_DEFINITIONS: dict[str, str] = {
     "max(10 ms, a quarter of the mean arrival interval) marks the run client-bound.",
     "request_rate": "Target arrival rate of an open-loop run, requests/s (empty: closed loop); arrival gaps are "
     "gamma-distributed with shape burstiness (1 = Poisson).",
+    "goodput_rps": "Completed requests that met every per-request SLO (TTFT, TPOT, E2E, mean ITL of the "
+    "request) / duration_s, as vllm bench serve --goodput counts them; empty when the run has no SLO.",
+    "slo_met": "Whether every SLO's statistic over the run (e.g. TTFT p99 over all completed requests) is within "
+    "its limit; the verdict sweeps and the capacity search use. Empty when the run has no SLO.",
     "peak_memory_gib": "Highest memory seen during the run: the device allocator's peak on CUDA/NPU/MLU, "
     "the process's peak RSS on CPU; empty when the engine cannot see device memory (remote servers).",
 }
@@ -201,6 +205,10 @@ class RunSummary:
     send_lag_ms: Stat | None = None
     request_rate: float | None = None  # open-loop target (req/s); None: closed loop
     burstiness: float | None = None
+    slos: tuple[str, ...] | None = None  # the run's SLOs (bench.slo texts); None: no SLO
+    good_requests: int | None = None  # completed requests that met every SLO
+    goodput_rps: float | None = None
+    slo_met: bool | None = None  # every SLO's statistic over the run within its limit
 
     @property
     def load_warning(self) -> str | None:
@@ -217,6 +225,9 @@ class RunSummary:
         for key, value in self.as_dict().items():
             if value is None and key in ("send_lag_ms", "burstiness"):
                 continue
+            if key == "slos":
+                row[key] = " ".join(value) if value else None
+                continue
             if isinstance(value, dict):
                 for stat, v in value.items():
                     if stat != "count":
@@ -231,6 +242,8 @@ class RunSummary:
         if data.get("send_lag_ms"):
             stats["send_lag_ms"] = Stat(**data["send_lag_ms"])
         rest = {k: v for k, v in data.items() if k not in stats}
+        if rest.get("slos") is not None:
+            rest["slos"] = tuple(rest["slos"])
         return cls(**rest, **stats)
 
 
@@ -241,8 +254,11 @@ def summarize(
     max_concurrency: int | None = None,
     request_rate: float | None = None,
     burstiness: float | None = None,
+    slos: Sequence[str] | None = None,
 ) -> RunSummary:
-    """Summarize a run. ``duration_s`` defaults to first start -> last end of the records."""
+    """Summarize a run. ``duration_s`` defaults to first start -> last end of the records.
+
+    With ``slos`` (:mod:`bench.slo` texts), the summary carries goodput and the verdict."""
     ok = [r for r in records if r.ok]
     if duration_s is None:
         duration_s = (max(r.end_s for r in records) - min(r.start_s for r in records)) if records else 0.0
@@ -274,4 +290,21 @@ def summarize(
         else None,
         request_rate=request_rate,
         burstiness=burstiness if request_rate is not None else None,
+        **slo_fields(records, duration_s, slos),
     )
+
+
+def slo_fields(records: Sequence[RequestRecord], duration_s: float, slos: Sequence[str] | None) -> dict[str, Any]:
+    """The SLO part of a summary: the SLOs, good requests, goodput and the run's verdict."""
+    if not slos:
+        return {}
+    from bench.slo import all_met, good_requests, judge, parse_slos
+
+    parsed = parse_slos(slos)
+    good = good_requests(records, parsed)
+    return {
+        "slos": tuple(s.text for s in parsed),
+        "good_requests": good,
+        "goodput_rps": good / duration_s if duration_s > 0 else 0.0,
+        "slo_met": all_met(judge(records, parsed)),
+    }

@@ -19,11 +19,13 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from bench.metrics import RequestRecord, RunSummary, Stat
 from bench.sender import Completion
+from bench.slo import all_met, is_good, judge_summary, parse_slos
 from bench.store import Store
 from engines.accelerators import GIB
 from engines.base import Engine
@@ -142,10 +144,13 @@ class Recorder:
         run_id: int,
         tokenizer: Any | None = None,
         on_failure: Callable[[], None] | None = None,
+        slos: Sequence[str] | None = None,
     ) -> None:
         self.store = store
         self.run_id = run_id
         self.tokenizer = tokenizer
+        self.slos = parse_slos(slos or ())
+        self.good = 0  # completed requests that met every SLO (goodput)
         self.on_failure = on_failure
         self.t0: float | None = None
         self._q: queue.SimpleQueue[Completion | None] = queue.SimpleQueue()
@@ -210,7 +215,21 @@ class Recorder:
                 usage_mismatches=self.usage_mismatches,
                 send_lag_ms=self.dists["send_lag_ms"].stat() if self.dists["send_lag_ms"].count else None,
                 **kw,
+                **self._slo_fields(rate),
             )
+
+    def _slo_fields(self, rate: Callable[[float], float]) -> dict[str, Any]:
+        """Goodput so far, and the verdict from the sketches' percentiles (the final one is exact)."""
+        if not self.slos:
+            return {}
+        stats = {name: dist.stat() for name, dist in self.dists.items()}
+        row = {f"{m}_{k}": v for m, st in stats.items() for k, v in asdict(st).items()}
+        return {
+            "slos": tuple(s.text for s in self.slos),
+            "good_requests": self.good,
+            "goodput_rps": rate(self.good),
+            "slo_met": all_met(judge_summary(row, self.slos)),
+        }
 
     # --- the recorder's thread --------------------------------------------------------
     def record(self, c: Completion) -> RequestRecord:
@@ -245,6 +264,8 @@ class Recorder:
         self.prompt_tokens += rec.prompt_tokens
         self.output_tokens += rec.counted_output_tokens
         self.usage_mismatches += rec.usage_mismatch
+        if self.slos and is_good(rec, self.slos):
+            self.good += 1
         for name, value in (("ttft_ms", rec.ttft_ms), ("tpot_ms", rec.tpot_ms)):
             if value is not None:
                 d[name].add(value)

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench.config import MODES, Mode, RunConfig
+from bench.config import MODES, PROMPT_POOL, Mode, RunConfig
 from bench.job import Job, JobManager, JobSnapshot, error_reason
 from bench.metrics import summarize
 from bench.recorder import (
@@ -47,7 +47,7 @@ from bench.recorder import (
     Sampler,
 )
 from bench.schedule import strategy_for
-from bench.sender import make_sender
+from bench.sender import CycledRequests, make_sender
 from bench.store import Store
 from bench.workloads import build_requests
 from engines.accelerators import GIB
@@ -101,7 +101,11 @@ def _execute(job: Job, engine: Engine | None, owns_engine: bool) -> None:
         job.set_phase("building prompts")
         sampling = cfg.sampling()
         tok = engine.tokenizer()
-        requests = build_requests(cfg.workload, cfg.requests, sampling, tok)
+        # A duration-bound run cycles a pool of prompts up to its cap.
+        pool_n = min(cfg.requests, PROMPT_POOL) if cfg.duration_s is not None else cfg.requests
+        requests: Sequence[Any] = build_requests(cfg.workload, pool_n, sampling, tok)
+        if pool_n < cfg.requests:
+            requests = CycledRequests(requests, cfg.requests)
         warmup = build_requests(cfg.workload, cfg.warmup, sampling, tok, prefix="warmup") if cfg.warmup else []
         if cfg.mode == "profile":
             _profile(job, engine, requests, warmup)
@@ -115,7 +119,7 @@ def _execute(job: Job, engine: Engine | None, owns_engine: bool) -> None:
     except Exception as exc:  # noqa: BLE001 - every failure becomes the run's one-line reason
         reason = error_reason(exc)
         records = job._records() if job._records is not None else []
-        summary = summarize(records, max_concurrency=cfg.concurrency) if records else None
+        summary = summarize(records, max_concurrency=cfg.concurrency, slos=cfg.slos, **_load(cfg)) if records else None
         store.finish_run(run_id, "failed", summary=summary, error=reason)
         job.set_summary(summary)
         job.transition("failed", error=reason)
@@ -133,7 +137,7 @@ def _store_routing(store: Store, run_id: int, engine: Engine) -> None:
         store.put_artifact(run_id, ARTIFACT_ROUTING, routing)
 
 
-def _profile(job: Job, engine: Engine, requests: list[Any], warmup: list[Any]) -> None:
+def _profile(job: Job, engine: Engine, requests: Sequence[Any], warmup: list[Any]) -> None:
     """The measured phase under the engine's profiler (entered after the warm-up)."""
     store, run_id = job.store, job.run_id
     assert run_id is not None
@@ -164,7 +168,7 @@ def _profile(job: Job, engine: Engine, requests: list[Any], warmup: list[Any]) -
 def _measure(
     job: Job,
     engine: Engine,
-    requests: list[Any],
+    requests: Sequence[Any],
     warmup: list[Any],
     before_start: Callable[[], None] | None = None,
 ) -> None:
@@ -172,8 +176,17 @@ def _measure(
     cfg, store, run_id = job.config, job.store, job.run_id
     assert run_id is not None
     strategy = strategy_for(
-        cfg.mode, len(requests), cfg.concurrency, cfg.request_rate, cfg.burstiness, cfg.workload.seed
+        cfg.mode,
+        len(requests),
+        cfg.concurrency,
+        cfg.request_rate,
+        cfg.burstiness,
+        cfg.workload.seed,
+        cfg.duration_s,
+        cfg.ramp_up_s,
     )
+    if strategy.max_requests is not None and strategy.max_requests < len(requests):
+        requests = requests[: strategy.max_requests]  # arrivals past a duration's end
     sender = make_sender(engine, cfg.workers)
 
     def unhealthy(reason: str) -> None:
@@ -183,7 +196,7 @@ def _measure(
     def tick(elapsed: float) -> None:
         job.set_summary(recorder.live_summary(elapsed, max_concurrency=cfg.concurrency, **_load(cfg)))
 
-    recorder = Recorder(store, run_id, tokenizer=engine.tokenizer())
+    recorder = Recorder(store, run_id, tokenizer=engine.tokenizer(), slos=cfg.slos)
     sampler = Sampler(
         engine, store, run_id, cfg.sample_interval_s, sender.live, recorder, cfg.server_metrics, tick, unhealthy
     )
@@ -236,6 +249,7 @@ def _finish(job: Job, engine: Engine) -> None:
         records,
         peak_memory_gib=mem.peak_bytes / GIB if mem else None,
         max_concurrency=cfg.concurrency,
+        slos=cfg.slos,
         **_load(cfg),
     )
     job.set_summary(summary)

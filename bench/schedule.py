@@ -16,9 +16,16 @@ tests use to check each strategy exactly.
 
 Tickets are handed out in order by a :class:`Tickets` source: a local counter, or one
 shared by several sender processes (:class:`bench.sender.SharedTickets`), so the order
-and the concurrency cap stay global when the slots are spread over processes. A
-duration-bound or ramped run is another strategy (a ``slot_start`` per slot, tickets that
-run out at a deadline) with the same sender.
+and the concurrency cap stay global when the slots are spread over processes.
+
+Two options apply to every strategy:
+
+- ``duration_s``: a duration-bound run. No request is sent after ``duration_s`` from the
+  start (the ones in flight finish and are measured); the request count is then a cap.
+- ``ramp_s``: a linear ramp-up. Closed loop: slot ``k`` of ``C`` opens at
+  ``ramp_s * k / C``, so the load climbs from one request in flight to ``C``. Open loop:
+  the arrival rate climbs linearly from 0 to ``rate`` over ``ramp_s``, then holds
+  (the gamma process is run on the ramp's cumulative intensity, so its burstiness holds).
 """
 
 from __future__ import annotations
@@ -69,8 +76,18 @@ class Strategy(ABC):
         """When request ``seq`` is due, given that the slot taking it freed at ``slot_free_s``."""
 
     def slot_start(self, slot: int) -> float:
-        """When slot ``slot`` may send its first request (a ramp-up would stagger these)."""
+        """When slot ``slot`` may send its first request (a ramp-up staggers these)."""
         return 0.0
+
+    @property
+    def deadline(self) -> float | None:
+        """No request is sent after this (seconds from t0); None: the tickets bound the run."""
+        return None
+
+    @property
+    def max_requests(self) -> int | None:
+        """The most requests this schedule has a due time for (None: any number)."""
+        return None
 
     @property
     def open_loop(self) -> bool:
@@ -82,6 +99,8 @@ class ClosedLoop(Strategy):
     """``concurrency`` slots; each sends its next request as soon as its last one ends."""
 
     concurrency: int = 1
+    duration_s: float | None = None
+    ramp_s: float = 0.0
     name = "closed loop"
 
     def __post_init__(self) -> None:
@@ -95,12 +114,21 @@ class ClosedLoop(Strategy):
     def due(self, seq: int, slot_free_s: float) -> float:
         return slot_free_s
 
+    def slot_start(self, slot: int) -> float:
+        return self.ramp_s * slot / self.concurrency
+
+    @property
+    def deadline(self) -> float | None:
+        return self.duration_s
+
 
 @dataclass(frozen=True)
 class Sequential(ClosedLoop):
     """One request at a time (latency mode)."""
 
     concurrency: int = 1
+    duration_s: float | None = None
+    ramp_s: float = 0.0
     name = "sequential"
 
     def __post_init__(self) -> None:
@@ -116,11 +144,27 @@ class OpenLoop(Strategy):
     rate: float
     burstiness: float = 1.0
     concurrency: int = 1
+    duration_s: float | None = None
+    ramp_s: float = 0.0
     name = "open loop"
 
     @classmethod
-    def make(cls, n: int, rate: float, burstiness: float = 1.0, concurrency: int = 1, seed: int = 0) -> OpenLoop:
-        return cls(tuple(arrival_offsets(n, rate, burstiness, seed)), rate, burstiness, concurrency)
+    def make(
+        cls,
+        n: int,
+        rate: float,
+        burstiness: float = 1.0,
+        concurrency: int = 1,
+        seed: int = 0,
+        duration_s: float | None = None,
+        ramp_s: float = 0.0,
+    ) -> OpenLoop:
+        offsets = arrival_offsets(n, rate, burstiness, seed)
+        if ramp_s > 0:
+            offsets = [ramped(t, ramp_s) for t in offsets]
+        if duration_s is not None:  # the arrivals after the deadline are never sent
+            offsets = [t for t in offsets if t <= duration_s] or offsets[:1]
+        return cls(tuple(offsets), rate, burstiness, concurrency, duration_s, ramp_s)
 
     @property
     def slots(self) -> int:
@@ -130,19 +174,43 @@ class OpenLoop(Strategy):
         return self.offsets[seq]
 
     @property
+    def deadline(self) -> float | None:
+        return self.duration_s
+
+    @property
+    def max_requests(self) -> int | None:
+        return len(self.offsets)
+
+    @property
     def open_loop(self) -> bool:
         return True
 
 
+def ramped(t: float, ramp_s: float) -> float:
+    """An arrival at ``t`` of a constant-rate process, moved onto a rate that climbs linearly
+    from 0 to that rate over ``ramp_s`` and then holds: the time where the ramp's cumulative
+    intensity reaches ``rate * t``."""
+    if t < ramp_s / 2:
+        return math.sqrt(2.0 * ramp_s * t)
+    return t + ramp_s / 2
+
+
 def strategy_for(
-    mode: str, n: int, concurrency: int, request_rate: float | None, burstiness: float, seed: int
+    mode: str,
+    n: int,
+    concurrency: int,
+    request_rate: float | None,
+    burstiness: float,
+    seed: int,
+    duration_s: float | None = None,
+    ramp_s: float = 0.0,
 ) -> Strategy:
     """The strategy a run config asks for."""
     if mode == "latency":
-        return Sequential()
+        return Sequential(duration_s=duration_s)
     if request_rate is not None:
-        return OpenLoop.make(n, request_rate, burstiness, concurrency, seed)
-    return ClosedLoop(concurrency)
+        return OpenLoop.make(n, request_rate, burstiness, concurrency, seed, duration_s, ramp_s)
+    return ClosedLoop(concurrency, duration_s, ramp_s)
 
 
 class Tickets(Protocol):
@@ -190,7 +258,7 @@ def simulate(strategy: Strategy, service_s: Sequence[float]) -> list[Planned]:
     sends it: the same steps as :mod:`bench.sender`, with no real time passing. Returns
     the requests in ticket order.
     """
-    n = len(service_s)
+    n = len(service_s) if strategy.max_requests is None else min(len(service_s), strategy.max_requests)
     tickets = LocalTickets(n)
     # (time the slot is free, slot): slots take tickets in the order they free up
     free = [(strategy.slot_start(s), s) for s in range(strategy.slots)]
@@ -203,6 +271,8 @@ def simulate(strategy: Strategy, service_s: Sequence[float]) -> list[Planned]:
             continue
         due = strategy.due(seq, t_free)
         sent = max(due, t_free)
+        if strategy.deadline is not None and sent > strategy.deadline:
+            continue
         end = sent + service_s[seq]
         out.append(Planned(seq, slot, due, sent, end))
         heapq.heappush(free, (end, slot))

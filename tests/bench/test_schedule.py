@@ -83,3 +83,38 @@ def test_tickets_are_handed_out_once_in_order() -> None:
 def test_slots_are_dealt_over_workers() -> None:
     assert split_slots(5, 2) == [[0, 2, 4], [1, 3]]
     assert sorted(itertools.chain(*split_slots(256, 3))) == list(range(256))
+
+
+def test_closed_loop_ramp_opens_slots_one_by_one() -> None:
+    from bench.schedule import ClosedLoop, simulate
+
+    plan = simulate(ClosedLoop(4, ramp_s=2.0), [10.0] * 4)
+    assert sorted(p.sent for p in plan) == pytest.approx([0.0, 0.5, 1.0, 1.5])
+
+
+def test_open_loop_ramp_climbs_linearly_then_holds() -> None:
+    from bench.schedule import OpenLoop, ramped
+
+    assert ramped(0.0, 10) == 0.0 and ramped(5.0, 10) == pytest.approx(10.0) and ramped(8.0, 10) == 13.0
+    flat = OpenLoop.make(4000, 100.0, 1.0, 1000, seed=1)
+    ramp = OpenLoop.make(4000, 100.0, 1.0, 1000, seed=1, ramp_s=10.0)
+    in_ramp = sum(1 for t in ramp.offsets if t < 10.0)
+    assert 450 < in_ramp < 550  # half the arrivals of a flat 10 s (100 req/s * 10 s / 2)
+    first_half = sum(1 for t in ramp.offsets if t < 5.0)
+    assert 0.2 * in_ramp < first_half < 0.3 * in_ramp  # the rate climbs: a quarter in the first half
+    after = [t for t in ramp.offsets if t >= 10.0]
+    rate = (len(after) - 1) / (after[-1] - after[0])
+    assert rate == pytest.approx(100.0, rel=0.1)  # then holds at the target
+    assert len(flat.offsets) == len(ramp.offsets) == 4000
+
+
+def test_duration_bound_schedules_send_nothing_after_the_end() -> None:
+    from bench.schedule import ClosedLoop, OpenLoop, strategy_for, simulate
+
+    plan = simulate(ClosedLoop(2, duration_s=1.0), [0.3] * 100)
+    assert len(plan) == 8  # each slot sends at 0, 0.3, 0.6, 0.9; the next would start at 1.2
+    assert max(p.sent for p in plan) <= 1.0 and max(p.end for p in plan) == pytest.approx(1.2)
+    ol = OpenLoop.make(1000, 50.0, 1.0, 10, seed=3, duration_s=2.0)
+    assert ol.max_requests == len(ol.offsets) and max(ol.offsets) <= 2.0 and 70 < len(ol.offsets) < 130
+    assert len(simulate(ol, [0.01] * 1000)) == len(ol.offsets)
+    assert strategy_for("latency", 10, 1, None, 1.0, 0, duration_s=5.0).deadline == 5.0
