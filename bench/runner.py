@@ -283,6 +283,8 @@ def start_run(
     store: Store,
     engine: Engine | None = None,
     on_done: Callable[[Job], None] | None = None,
+    sweep_id: int | None = None,
+    sweep_point: dict[str, Any] | None = None,
 ) -> Job:
     """Record the run and start it in a background thread; return at once.
 
@@ -299,6 +301,8 @@ def start_run(
         config=config.model_dump(),
         concurrency=config.concurrency,
         name=config.name,
+        sweep_id=sweep_id,
+        sweep_point=sweep_point,
     )
 
     def target() -> None:

@@ -24,7 +24,8 @@ from typing import Any
 
 from bench.metrics import RequestRecord, RunSummary
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+SWEEP_STATUSES = ("running", "completed", "failed", "cancelled", "interrupted")
 STATUSES = ("running", "completed", "failed", "cancelled", "interrupted")
 
 _SCHEMA = """
@@ -42,6 +43,22 @@ CREATE TABLE IF NOT EXISTS runs (
     config_json TEXT NOT NULL,
     engine_json TEXT NOT NULL DEFAULT '{}',
     summary_json TEXT,
+    error TEXT,
+    pid INTEGER,
+    pid_started REAL,
+    host TEXT,
+    sweep_id INTEGER,
+    sweep_point TEXT
+);
+CREATE TABLE IF NOT EXISTS sweeps (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL,
+    finished_at REAL,
+    status TEXT NOT NULL,
+    config_json TEXT NOT NULL,
+    result_json TEXT NOT NULL DEFAULT '{}',
     error TEXT,
     pid INTEGER,
     pid_started REAL,
@@ -165,6 +182,8 @@ class RunRow:
     engine_info: dict[str, Any]
     summary: RunSummary | None
     error: str | None
+    sweep_id: int | None = None
+    sweep_point: dict[str, Any] | None = None  # the swept values of this run (and its repeat)
 
     def summary_row(self) -> dict[str, Any]:
         """The summary CSV row of this run (empty metrics when it has no summary)."""
@@ -184,6 +203,35 @@ class RunRow:
             error=self.error or "",
         )
         return row
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """A stored sweep or capacity search (its runs: :meth:`Store.sweep_runs`)."""
+
+    id: int
+    kind: str  # "sweep" or "capacity"
+    name: str
+    created_at: float
+    finished_at: float | None
+    status: str
+    config: dict[str, Any]
+    result: dict[str, Any]
+    error: str | None
+
+
+def _sweep_row(r: sqlite3.Row) -> SweepRow:
+    return SweepRow(
+        id=int(r["id"]),
+        kind=r["kind"],
+        name=r["name"],
+        created_at=float(r["created_at"]),
+        finished_at=r["finished_at"],
+        status=r["status"],
+        config=json.loads(r["config_json"]),
+        result=json.loads(r["result_json"] or "{}"),
+        error=r["error"],
+    )
 
 
 def _process_started(pid: int) -> float | None:
@@ -211,6 +259,12 @@ class Store:
         conn = self._conn()
         with self._lock:
             conn.executescript(_SCHEMA)
+            # Files from schema 1 lack the sweep columns of runs (CREATE IF NOT EXISTS keeps the old table).
+            have = {r["name"] for r in conn.execute("PRAGMA table_info(runs)").fetchall()}
+            for col, decl in (("sweep_id", "INTEGER"), ("sweep_point", "TEXT")):
+                if col not in have:
+                    conn.execute(f"ALTER TABLE runs ADD COLUMN {col} {decl}")
+            conn.execute("CREATE INDEX IF NOT EXISTS runs_sweep ON runs(sweep_id)")
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         self.mark_interrupted()
 
@@ -247,11 +301,13 @@ class Store:
         config: dict[str, Any],
         concurrency: int | None = None,
         name: str = "",
+        sweep_id: int | None = None,
+        sweep_point: dict[str, Any] | None = None,
     ) -> int:
         pid = os.getpid()
         cur = self._conn().execute(
             "INSERT INTO runs (name, created_at, status, mode, engine, model, accelerator, concurrency,"
-            " config_json, pid, pid_started, host) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            " config_json, pid, pid_started, host, sweep_id, sweep_point) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 name,
                 time.time(),
@@ -265,6 +321,8 @@ class Store:
                 pid,
                 _process_started(pid),
                 socket.gethostname(),
+                sweep_id,
+                json.dumps(sweep_point) if sweep_point is not None else None,
             ),
         )
         return int(cur.lastrowid or 0)
@@ -305,6 +363,15 @@ class Store:
                 "UPDATE runs SET status='interrupted', error=COALESCE(error, ?) WHERE id=? AND status='running'",
                 ("the process running it ended before it finished", run_id),
             )
+        for r in self._conn().execute("SELECT id, pid, pid_started, host FROM sweeps WHERE status='running'"):
+            started = _process_started(int(r["pid"] or 0)) if r["pid"] else None
+            if r["host"] == host and (
+                started is None or (r["pid_started"] is not None and abs(started - r["pid_started"]) > 1.0)
+            ):
+                self._conn().execute(
+                    "UPDATE sweeps SET status='interrupted', error=COALESCE(error, ?) WHERE id=? AND status='running'",
+                    ("the process running it ended before it finished; resume it to run the points left", r["id"]),
+                )
         return len(gone)
 
     def _row(self, r: sqlite3.Row) -> RunRow:
@@ -324,6 +391,8 @@ class Store:
             engine_info=json.loads(r["engine_json"] or "{}"),
             summary=summary,
             error=r["error"],
+            sweep_id=r["sweep_id"],
+            sweep_point=json.loads(r["sweep_point"]) if r["sweep_point"] else None,
         )
 
     def get_run(self, run_id: int) -> RunRow | None:
@@ -503,6 +572,7 @@ class Store:
         if bundle.get("format") != "moebench-run/1":
             raise MoEBenchError("not a MoE Bench run bundle (format moebench-run/1)")
         run = dict(bundle["run"])
+        run.pop("sweep_id", None)  # the sweep it belonged to is not in this file
         if run.get("status") == "running":
             run["status"] = "interrupted"
         cols = list(run)
@@ -527,6 +597,58 @@ class Store:
                 conn.execute("INSERT INTO artifacts VALUES (?,?,?)", (run_id, name, json.dumps(content)))
             conn.execute("COMMIT")
         return run_id
+
+    # --- sweeps ------------------------------------------------------------------------
+    def create_sweep(self, *, kind: str, config: dict[str, Any], name: str = "") -> int:
+        """A sweep or capacity search; its runs point at it (``runs.sweep_id``)."""
+        pid = os.getpid()
+        cur = self._conn().execute(
+            "INSERT INTO sweeps (kind, name, created_at, status, config_json, pid, pid_started, host)"
+            " VALUES (?,?,?,?,?,?,?,?)",
+            (kind, name, time.time(), "running", json.dumps(config), pid, _process_started(pid), socket.gethostname()),
+        )
+        return int(cur.lastrowid or 0)
+
+    def update_sweep(
+        self,
+        sweep_id: int,
+        *,
+        status: str | None = None,
+        result: dict[str, Any] | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Set the result so far; with a final ``status``, close the sweep. ``running`` re-opens
+        it (a resumed sweep) under this process."""
+        if status is not None and status not in SWEEP_STATUSES:
+            raise ValueError(f"unknown sweep status {status}")
+        conn = self._conn()
+        if result is not None:
+            conn.execute("UPDATE sweeps SET result_json=? WHERE id=?", (json.dumps(result, default=str), sweep_id))
+        if status == "running":
+            pid = os.getpid()
+            conn.execute(
+                "UPDATE sweeps SET status='running', finished_at=NULL, error=NULL, pid=?, pid_started=?, host=?"
+                " WHERE id=?",
+                (pid, _process_started(pid), socket.gethostname(), sweep_id),
+            )
+        elif status is not None:
+            conn.execute(
+                "UPDATE sweeps SET status=?, finished_at=?, error=? WHERE id=?", (status, time.time(), error, sweep_id)
+            )
+
+    def get_sweep(self, sweep_id: int) -> SweepRow | None:
+        r = self._conn().execute("SELECT * FROM sweeps WHERE id=?", (sweep_id,)).fetchone()
+        return _sweep_row(r) if r else None
+
+    def list_sweeps(self, limit: int | None = None) -> list[SweepRow]:
+        """Newest first."""
+        sql = "SELECT * FROM sweeps ORDER BY id DESC" + (" LIMIT ?" if limit else "")
+        return [_sweep_row(r) for r in self._conn().execute(sql, (limit,) if limit else ()).fetchall()]
+
+    def sweep_runs(self, sweep_id: int) -> list[RunRow]:
+        """The runs of a sweep, in the order they were made."""
+        rows = self._conn().execute("SELECT * FROM runs WHERE sweep_id=? ORDER BY id", (sweep_id,)).fetchall()
+        return [self._row(r) for r in rows]
 
     # --- export -----------------------------------------------------------------------
     def requests_csv(self, run_ids: int | Sequence[int]) -> bytes:

@@ -133,11 +133,15 @@ def _chat_prompt_tokens(messages: Any) -> int:
     return n
 
 
-def make_app(model: str = DEFAULT_MODEL, itl_ms: float = 0.0, ttft_ms: float = 0.0) -> Any:
-    """The aiohttp application (see the module docstring)."""
+def make_app(model: str = DEFAULT_MODEL, itl_ms: float = 0.0, ttft_ms: float = 0.0, load_ms: float = 0.0) -> Any:
+    """The aiohttp application (see the module docstring).
+
+    ``load_ms``: a server that slows with load, as a batching one does: the first event and
+    every gap wait ``load_ms`` more for each other stream in flight (in this process)."""
     from aiohttp import web
 
-    itl_s, ttft_s = itl_ms / 1000.0, ttft_ms / 1000.0
+    itl_s, ttft_s, load_s = itl_ms / 1000.0, ttft_ms / 1000.0, load_ms / 1000.0
+    in_flight = 0
     models_body = json.dumps(
         {
             "object": "list",
@@ -186,18 +190,23 @@ def make_app(model: str = DEFAULT_MODEL, itl_ms: float = 0.0, ttft_ms: float = 0
             )
             obj = {**ev.base, "object": "chat.completion" if chat else "text_completion"}
             return web.json_response({**obj, "choices": [choice], "usage": usage})
+        nonlocal in_flight
         resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
-        if ttft_s > 0:
-            await asyncio.sleep(ttft_s)
-        if ev.first:
-            await resp.write(ev.first)
-        token, write = ev.token, resp.write
-        for _ in range(n - 1):
-            await write(token)
-            if itl_s > 0:
-                await asyncio.sleep(itl_s)
-        await write(ev.last)
+        in_flight += 1
+        try:
+            if ttft_s > 0 or load_s > 0:
+                await asyncio.sleep(ttft_s + load_s * (in_flight - 1))
+            if ev.first:
+                await resp.write(ev.first)
+            token, write = ev.token, resp.write
+            for _ in range(n - 1):
+                await write(token)
+                if itl_s > 0 or load_s > 0:
+                    await asyncio.sleep(itl_s + load_s * (in_flight - 1))
+            await write(ev.last)
+        finally:
+            in_flight -= 1
         options = body.get("stream_options")
         if isinstance(options, dict) and options.get("include_usage"):
             await write(_event({**ev.base, "choices": [], "usage": usage}))
@@ -226,11 +235,13 @@ async def _watch_parent(parent: int) -> None:
     os._exit(0)
 
 
-def _serve_one(host: str, port: int, model: str, itl_ms: float, ttft_ms: float, parent: int | None) -> None:
+def _serve_one(
+    host: str, port: int, model: str, itl_ms: float, ttft_ms: float, parent: int | None, load_ms: float = 0.0
+) -> None:
     from aiohttp import web
 
     async def main() -> None:
-        runner = web.AppRunner(make_app(model, itl_ms, ttft_ms), access_log=None, handle_signals=True)
+        runner = web.AppRunner(make_app(model, itl_ms, ttft_ms, load_ms), access_log=None, handle_signals=True)
         await runner.setup()
         # A large backlog: a client opening 1000+ connections at once must not see refusals.
         site = web.TCPSite(runner, host, port, reuse_port=True, backlog=4096)
@@ -255,17 +266,19 @@ def serve(
     processes: int = 1,
     itl_ms: float = 0.0,
     ttft_ms: float = 0.0,
+    load_ms: float = 0.0,
 ) -> None:
     """Serve until interrupted: this process, plus ``processes - 1`` forked ones on the same port."""
     children = []
     if processes > 1:
         ctx = multiprocessing.get_context("fork")  # before any event loop exists: safe
         for _ in range(processes - 1):
-            child = ctx.Process(target=_serve_one, args=(host, port, model, itl_ms, ttft_ms, os.getpid()), daemon=True)
+            args = (host, port, model, itl_ms, ttft_ms, os.getpid(), load_ms)
+            child = ctx.Process(target=_serve_one, args=args, daemon=True)
             child.start()
             children.append(child)
     try:
-        _serve_one(host, port, model, itl_ms, ttft_ms, None)
+        _serve_one(host, port, model, itl_ms, ttft_ms, None, load_ms)
     finally:
         for child in children:
             child.terminate()
@@ -279,6 +292,7 @@ def start_stub_server(
     processes: int = 1,
     itl_ms: float = 0.0,
     ttft_ms: float = 0.0,
+    load_ms: float = 0.0,
     port: int | None = None,
     python: str | None = None,
     timeout: float = 30.0,
@@ -307,6 +321,8 @@ def start_stub_server(
         str(itl_ms),
         "--ttft-ms",
         str(ttft_ms),
+        "--load-ms",
+        str(load_ms),
     ]
     proc = ManagedProcess(argv, name="stub-server", cwd=PROJECT_ROOT, log_path=log_path).start()
     try:
@@ -325,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--processes", type=int, default=1, help="server processes on the port (SO_REUSEPORT)")
     p.add_argument("--itl-ms", type=float, default=0.0, help="delay between events of a stream, ms")
     p.add_argument("--ttft-ms", type=float, default=0.0, help="delay before the first event, ms")
+    p.add_argument(
+        "--load-ms", type=float, default=0.0, help="extra delay per other stream in flight (first event, each gap), ms"
+    )
     args = p.parse_args(argv)
     if args.processes < 1:
         p.error("--processes must be at least 1")
@@ -340,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         processes=args.processes,
         itl_ms=args.itl_ms,
         ttft_ms=args.ttft_ms,
+        load_ms=args.load_ms,
     )
     return 0
 
