@@ -1,6 +1,7 @@
 """``python -m bench``: the headless face of MoE Bench, over the same API as the dashboard.
 
 Commands: ``run`` (a benchmark with a progress bar, then a summary), ``runs`` (list),
+``sweep``, ``capacity``, ``report`` and ``sweeps`` (:mod:`bench.cli_sweep`),
 ``export`` (CSV), ``model tiny`` (build the tiny checkpoint), ``engines`` and
 ``accelerators`` (what is usable here, and why not). Every user error prints one
 line ``error: <reason>`` on stderr and exits with status 2 (1 for a failed run).
@@ -22,7 +23,8 @@ from bench.config import MODES, RunConfig
 from bench.metrics import RunSummary
 from bench.runner import Job, start_run
 from bench.store import Store
-from bench.workloads import WorkloadSpec
+from bench.workload_args import add_workload_arguments, workload_overrides
+from bench.workloads import WORKLOAD_SOURCES, WorkloadSpec
 from engines.errors import MoEBenchError
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -70,21 +72,10 @@ def _help(name: str, model: type[BaseModel] = RunConfig, extra: str = "") -> str
     return f"{text}{extra}"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m bench", description="MoE Bench: benchmark DeepSeek MoE models on real engines.")
-    p.add_argument("--db", help="SQLite results file (default: $MOEBENCH_DB_PATH or data/moebench.sqlite)")
-    # --db is accepted before or after the command (`run ... --db PATH`, as in the README)
-    db_parent = argparse.ArgumentParser(add_help=False)
-    db_parent.add_argument("--db", default=argparse.SUPPRESS, help="SQLite results file")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    _add = sub.add_parser
-
-    def add_parser(name: str, **kw: Any) -> argparse.ArgumentParser:
-        return _add(name, parents=[db_parent], **kw)
-
-    sub.add_parser = add_parser  # type: ignore[method-assign]
-
-    r = sub.add_parser("run", help="run a benchmark")
+def run_arguments(sweep: bool = False) -> argparse.ArgumentParser:
+    """The flags that define a run (a parent parser). With ``sweep``, ``--concurrency``,
+    ``--request-rate``, ``--input-len`` and ``--output-len`` take lists (see :func:`number_list`)."""
+    r = argparse.ArgumentParser(add_help=False)
     r.add_argument("--engine", default="native", help="engine kind (see `engines`)")
     r.add_argument("--model", default="tiny-deepseek-v3", help="preset name or local checkpoint folder")
     r.add_argument("--accelerator", default="cpu", help="cpu | cuda | npu | mlu")
@@ -100,20 +91,49 @@ def build_parser() -> argparse.ArgumentParser:
         help="an engine option (repeatable), e.g. max_num_seqs=64 or enable_prefix_caching=true; see `engines`",
     )
     r.add_argument("--mode", default="concurrency", choices=MODES)
-    r.add_argument("--requests", type=_positive("requests"), default=_default("requests"), help=_help("requests"))
     r.add_argument(
-        "--concurrency", type=_positive("concurrency"), default=_default("concurrency"), help=_help("concurrency")
+        "--requests",
+        type=_positive("requests"),
+        default=None,
+        help=_help("requests", extra=f" (default {_default('requests')}; with --duration: a cap)"),
     )
+    if sweep:
+        r.add_argument(
+            "--concurrency",
+            type=number_list(int, "concurrency"),
+            default=None,
+            help="concurrency values to sweep: 1,2,4 or 1..32 (doubling) or 8..64+8 (step 8)",
+        )
+        r.add_argument(
+            "--request-rate",
+            type=number_list(float, "request-rate"),
+            default=None,
+            help="request rates (req/s) to sweep, open loop: 1,2,4 or 1..64 or 2..20+2",
+        )
+    else:
+        r.add_argument(
+            "--concurrency", type=_positive("concurrency"), default=_default("concurrency"), help=_help("concurrency")
+        )
+        r.add_argument(
+            "--request-rate", type=_rate, default=None, help=_help("request_rate", extra="; inf is a closed loop too")
+        )
     r.add_argument(
         "--workers",
         type=_positive("workers"),
         default=_default("workers"),
         help=_help("workers", extra="; at most --concurrency (default %(default)s)"),
     )
-    r.add_argument(
-        "--request-rate", type=_rate, default=None, help=_help("request_rate", extra="; inf is a closed loop too")
-    )
     r.add_argument("--burstiness", type=float, default=_default("burstiness"), help=_help("burstiness"))
+    r.add_argument("--duration", type=_seconds, default=None, help=_help("duration_s", extra="; 60, 60s, 5m or 1h"))
+    r.add_argument("--ramp-up", type=_seconds, default=None, help=_help("ramp_up_s", extra="; 30, 30s or 2m"))
+    r.add_argument(
+        "--slo",
+        action="append",
+        default=[],
+        metavar="METRIC:STAT<=MS",
+        help="a service-level objective (repeatable), e.g. ttft_ms:p99<=2000, or a preset: mlperf-server "
+        "(TTFT p99 2000 ms, TPOT p99 80 ms) or interactive (1500 ms, 15 ms); the run reports goodput",
+    )
     r.add_argument(
         "--no-server-metrics",
         action="store_true",
@@ -122,28 +142,155 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--warmup", type=int, default=None, help=_help("warmup", extra=f"; default {_default('warmup')} in every mode")
     )
-    r.add_argument("--prompts", default="random", choices=("random", "builtin", "jsonl"), help="prompt source")
-    r.add_argument("--prompt-file", help="JSONL file for --prompts jsonl ({'prompt': ..., 'output_len': ...})")
+    r.add_argument("--prompts", default="random", choices=WORKLOAD_SOURCES, help="prompt source")
     r.add_argument(
-        "--input-len",
-        type=_positive("input-len"),
-        default=_default("input_len", WorkloadSpec),
-        help=_help("input_len", WorkloadSpec),
+        "--prompt-file",
+        help="JSONL file for --prompts jsonl ({'prompt': ..., 'output_len': ...}), "
+        "ShareGPT JSON file for --prompts sharegpt",
     )
-    r.add_argument(
-        "--output-len",
-        type=_positive("output-len"),
-        default=_default("output_len", WorkloadSpec),
-        help=_help("output_len", WorkloadSpec),
-    )
+    for flag, field in (("--input-len", "input_len"), ("--output-len", "output_len")):
+        r.add_argument(
+            flag,
+            type=_positive(flag[2:]),
+            default=_default(field, WorkloadSpec),
+            help=_help(field, WorkloadSpec),
+        )
+    if sweep:
+        r.add_argument(
+            "--lengths",
+            type=_lengths,
+            default=None,
+            metavar="IN:OUT,...",
+            help="(input_len, output_len) pairs to sweep, e.g. 128:128,512:128,2048:256",
+        )
+    add_workload_arguments(r)
     r.add_argument("--temperature", type=float, default=_default("temperature"), help=_help("temperature"))
     r.add_argument("--top-p", type=float, default=_default("top_p"), help=_help("top_p"))
     r.add_argument("--no-ignore-eos", action="store_true", help="allow stopping at EOS (outputs may be shorter)")
     r.add_argument("--seed", type=int, default=_default("seed", WorkloadSpec), help=_help("seed", WorkloadSpec))
     r.add_argument("--name", default=_default("name"), help=_help("name"))
+    return r
+
+
+def run_config_data(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`RunConfig` fields the run flags give (unset ones keep RunConfig's defaults)."""
+    workload: dict[str, Any] = {
+        "source": args.prompts,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "path": args.prompt_file,
+        "seed": args.seed,
+    }
+    workload.update(workload_overrides(args))
+    data: dict[str, Any] = {
+        "engine": _engine_opts(args),
+        "mode": args.mode,
+        "workload": workload,
+        "workers": args.workers,
+        "burstiness": args.burstiness,
+        "server_metrics": not args.no_server_metrics,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "ignore_eos": not args.no_ignore_eos,
+        "name": args.name,
+        "slos": list(args.slo),
+    }
+    optional = {
+        "warmup": args.warmup,
+        "requests": args.requests,
+        "duration_s": args.duration,
+        "ramp_up_s": args.ramp_up,
+        "concurrency": args.concurrency if not isinstance(args.concurrency, list) else None,
+        "request_rate": args.request_rate if not isinstance(args.request_rate, list) else None,
+    }
+    data.update({k: v for k, v in optional.items() if v is not None})
+    return data
+
+
+def _seconds(text: str) -> float:
+    """``60``, ``60s``, ``5m``, ``1h`` -> seconds."""
+    t = text.strip().lower()
+    scale = {"s": 1.0, "m": 60.0, "h": 3600.0}.get(t[-1:], None)
+    try:
+        value = float(t[:-1] if scale else t) * (scale or 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds like 60, 60s, 5m or 1h, got '{text}'") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got '{text}'")
+    return value
+
+
+def number_list(kind: type, name: str) -> Any:
+    """A list flag: ``1,2,4``; ``1..32`` (doubling: 1,2,4,...,32); ``8..64+8`` (8,16,...,64)."""
+
+    def parse(text: str) -> list[Any]:
+        out: list[Any] = []
+        try:
+            for part in text.split(","):
+                part = part.strip()
+                if ".." in part:
+                    lo_s, _, rest = part.partition("..")
+                    hi_s, plus, step_s = rest.partition("+")
+                    lo, hi = kind(lo_s), kind(hi_s)
+                    if not 0 < lo <= hi:
+                        raise ValueError
+                    x = lo
+                    while x <= hi * (1 + 1e-9):
+                        out.append(x)
+                        x = x + kind(step_s) if plus else x * 2
+                        if plus and kind(step_s) <= 0:
+                            raise ValueError
+                    if len(out) > 1000:
+                        raise ValueError
+                else:
+                    out.append(kind(part))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"--{name} takes numbers above 0 like 1,2,4 or 1..32 or 8..64+8, got '{text}'"
+            ) from None
+        if not out or any(x <= 0 for x in out):
+            raise argparse.ArgumentTypeError(f"--{name} takes numbers above 0, got '{text}'")
+        return sorted(set(out))
+
+    return parse
+
+
+def _lengths(text: str) -> list[tuple[int, int]]:
+    out = []
+    for part in text.split(","):
+        a, sep, b = part.strip().partition(":")
+        try:
+            pair = (int(a), int(b))
+        except ValueError:
+            pair = (0, 0)
+        if not sep or min(pair) < 1:
+            raise argparse.ArgumentTypeError(f"--lengths takes IN:OUT token pairs like 128:64,512:128, got '{text}'")
+        out.append(pair)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m bench", description="MoE Bench: benchmark DeepSeek MoE models on real engines.")
+    p.add_argument("--db", help="SQLite results file (default: $MOEBENCH_DB_PATH or data/moebench.sqlite)")
+    # --db is accepted before or after the command (`run ... --db PATH`, as in the README)
+    db_parent = argparse.ArgumentParser(add_help=False)
+    db_parent.add_argument("--db", default=argparse.SUPPRESS, help="SQLite results file")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add = sub.add_parser
+
+    def add_parser(name: str, **kw: Any) -> argparse.ArgumentParser:
+        return _add(name, parents=[db_parent, *kw.pop("parents", [])], **kw)
+
+    sub.add_parser = add_parser  # type: ignore[method-assign]
+
+    r = sub.add_parser("run", help="run a benchmark", parents=[run_arguments()])
     r.add_argument("--csv", help="write the per-request CSV here")
     r.add_argument("--summary-csv", help="write the one-row summary CSV here")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    from bench.cli_sweep import add_sweep_commands
+
+    add_sweep_commands(sub)
 
     sub.add_parser("runs", help="list stored runs")
 
@@ -218,8 +365,18 @@ def format_summary(summary: RunSummary) -> str:
         lines.append(f"\npeak memory   {summary.peak_memory_gib:.3f} GiB")
     if summary.request_rate is not None:
         lines.append(f"load          open loop, {summary.request_rate:g} req/s, burstiness {summary.burstiness:g}")
-    if summary.load_warning:
-        lines.append(f"warning       {summary.load_warning}")
+    if summary.slos:
+        met = "met" if summary.slo_met else "NOT met"
+        lines.append(f"SLOs          {' '.join(summary.slos)}: {met}")
+        lines.append(
+            f"goodput       {summary.goodput_rps or 0:.3f} req/s ({summary.good_requests} of {summary.completed} "
+            "completed requests met every SLO)"
+        )
+    if summary.prefix_cache_hit_rate is not None:
+        lines.append(f"prefix cache  {summary.prefix_cache_hit_rate:.1%} of the prompt tokens served from the cache")
+    for warning in (summary.load_warning, summary.cache_warning):
+        if warning:
+            lines.append(f"warning       {warning}")
     return "\n".join(lines)
 
 
@@ -273,29 +430,7 @@ def _engine_opts(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    optional = {} if args.warmup is None else {"warmup": args.warmup}  # unset: RunConfig's default
-    config = RunConfig.build(
-        engine=_engine_opts(args),
-        mode=args.mode,
-        workload={
-            "source": args.prompts,
-            "input_len": args.input_len,
-            "output_len": args.output_len,
-            "path": args.prompt_file,
-            "seed": args.seed,
-        },
-        requests=args.requests,
-        concurrency=args.concurrency,
-        workers=args.workers,
-        request_rate=args.request_rate,
-        burstiness=args.burstiness,
-        server_metrics=not args.no_server_metrics,
-        **optional,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        ignore_eos=not args.no_ignore_eos,
-        name=args.name,
-    )
+    config = RunConfig.build(**run_config_data(args))
     store = _store(args)
     job: Job = start_run(config, store)
     tty = sys.stderr.isatty() and not args.quiet
@@ -439,7 +574,8 @@ COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        handler = getattr(args, "func", None) or COMMANDS[args.command]
+        return int(handler(args))
     except MoEBenchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -24,6 +24,7 @@ from typing import Any
 from bench.load import client_bound_reason
 
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
+PREFIX_CACHE_WARN = 0.10  # a prefix-cache hit rate above this gets a warning
 
 METRIC_DEFINITIONS: dict[str, str] = {
     "ttft_ms": "Time to first token: from sending the request to receiving the first chunk that carries output, in ms.",
@@ -52,6 +53,9 @@ METRIC_DEFINITIONS: dict[str, str] = {
     "request) / duration_s, as vllm bench serve --goodput counts them; empty when the run has no SLO.",
     "slo_met": "Whether every SLO's statistic over the run (e.g. TTFT p99 over all completed requests) is within "
     "its limit; the verdict sweeps and the capacity search use. Empty when the run has no SLO.",
+    "prefix_cache_hit_rate": "Prompt tokens the server's prefix cache served / prompt tokens it looked up during "
+    "the run (vLLM's prefix_cache_hits / prefix_cache_queries counters; empty when the server reports none). Above "
+    "10 % the run carries a warning: a warm cache can inflate TTFT and throughput.",
     "peak_memory_gib": "Highest memory seen during the run: the device allocator's peak on CUDA/NPU/MLU, "
     "the process's peak RSS on CPU; empty when the engine cannot see device memory (remote servers).",
 }
@@ -209,6 +213,19 @@ class RunSummary:
     good_requests: int | None = None  # completed requests that met every SLO
     goodput_rps: float | None = None
     slo_met: bool | None = None  # every SLO's statistic over the run within its limit
+    prefix_cache_hit_rate: float | None = None  # the server's prefix-cache hits / lookups (prompt tokens)
+
+    @property
+    def cache_warning(self) -> str | None:
+        """One line when the server's prefix cache served much of the prompts."""
+        rate = self.prefix_cache_hit_rate
+        if rate is None or rate < PREFIX_CACHE_WARN:
+            return None
+        return (
+            f"the server's prefix cache served {rate:.0%} of the prompt tokens: TTFT and throughput reflect cache "
+            "hits, not prefill (expected for shared-prefix and multi-turn workloads; otherwise these prompts were "
+            "seen before, e.g. an earlier run with the same seed: change --seed or restart the server)"
+        )
 
     @property
     def load_warning(self) -> str | None:
@@ -255,6 +272,7 @@ def summarize(
     request_rate: float | None = None,
     burstiness: float | None = None,
     slos: Sequence[str] | None = None,
+    prefix_cache_hit_rate: float | None = None,
 ) -> RunSummary:
     """Summarize a run. ``duration_s`` defaults to first start -> last end of the records.
 
@@ -290,6 +308,7 @@ def summarize(
         else None,
         request_rate=request_rate,
         burstiness=burstiness if request_rate is not None else None,
+        prefix_cache_hit_rate=prefix_cache_hit_rate,
         **slo_fields(records, duration_s, slos),
     )
 

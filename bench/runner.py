@@ -51,7 +51,7 @@ from bench.sender import CycledRequests, make_sender
 from bench.store import Store
 from bench.workloads import build_requests
 from engines.accelerators import GIB
-from engines.base import Engine, create_engine
+from engines.base import SERIES_PREFIX_HITS, SERIES_PREFIX_QUERIES, Engine, create_engine
 from engines.settings import get_settings
 
 __all__ = [
@@ -106,7 +106,10 @@ def _execute(job: Job, engine: Engine | None, owns_engine: bool) -> None:
         requests: Sequence[Any] = build_requests(cfg.workload, pool_n, sampling, tok)
         if pool_n < cfg.requests:
             requests = CycledRequests(requests, cfg.requests)
-        warmup = build_requests(cfg.workload, cfg.warmup, sampling, tok, prefix="warmup") if cfg.warmup else []
+        # The warm-up's prompts differ from the run's (another seed): a prefix cache it warms
+        # must not serve the first measured request.
+        warm_spec = cfg.workload.model_copy(update={"seed": (cfg.workload.seed + 7919) % 2**31})
+        warmup = build_requests(warm_spec, cfg.warmup, sampling, tok, prefix="warmup") if cfg.warmup else []
         if cfg.mode == "profile":
             _profile(job, engine, requests, warmup)
         else:
@@ -203,13 +206,13 @@ def _measure(
     recorder.on_failure = sampler.poke
     job._records = recorder.records
     job._progress = lambda: (recorder.done, recorder.failed, sender.live()[1])
-    sampler.first_points()
     started = False
 
     def prepare() -> None:
         # The warm-up's memory peak and expert routing are not the run's.
         engine.reset_peak_memory()
         engine.reset_expert_routing()
+        sampler.first_points()  # t = 0: after the warm-up, so server counters start from here
         if before_start is not None:
             before_start()
         # Threads start before the clock does, so the first wave is not held up by them.
@@ -238,6 +241,19 @@ def _load(cfg: RunConfig) -> dict[str, Any]:
     return {"request_rate": cfg.request_rate, "burstiness": cfg.burstiness}
 
 
+def _prefix_cache_hit_rate(store: Store, run_id: int) -> float | None:
+    """Prompt tokens the server's prefix cache served / prompt tokens it looked up, over the
+    run (its cumulative counters at the start and the end); None when it reports none."""
+    series: dict[str, list[float]] = {SERIES_PREFIX_QUERIES: [], SERIES_PREFIX_HITS: []}
+    for _, name, value in store.timeseries(run_id, list(series)):
+        if value is not None:
+            series[name].append(value)
+    queries, hits = series[SERIES_PREFIX_QUERIES], series[SERIES_PREFIX_HITS]
+    if len(queries) < 2 or len(hits) < 2 or queries[-1] - queries[0] <= 0:
+        return None
+    return max(0.0, min(1.0, (hits[-1] - hits[0]) / (queries[-1] - queries[0])))
+
+
 def _finish(job: Job, engine: Engine) -> None:
     """Summarize what was measured and close the run with its final status."""
     cfg, store, run_id = job.config, job.store, job.run_id
@@ -250,6 +266,7 @@ def _finish(job: Job, engine: Engine) -> None:
         peak_memory_gib=mem.peak_bytes / GIB if mem else None,
         max_concurrency=cfg.concurrency,
         slos=cfg.slos,
+        prefix_cache_hit_rate=_prefix_cache_hit_rate(store, run_id),
         **_load(cfg),
     )
     job.set_summary(summary)

@@ -357,7 +357,14 @@ class InProcessSender:
                 t0 = time.perf_counter()
                 on_start(t0)
                 await send(
-                    engine, strategy, requests, LocalTickets(len(requests)), t0, cancel, emit, self.counters,
+                    engine,
+                    strategy,
+                    requests,
+                    LocalTickets(len(requests)),
+                    t0,
+                    cancel,
+                    emit,
+                    self.counters,
                     range(strategy.slots),
                 )
             finally:
@@ -650,4 +657,3 @@ def make_sender(engine: Engine, workers: int) -> InProcessSender | ProcessSender
             )
         return InProcessSender(engine)
     return ProcessSender(spec, workers)
-

@@ -157,6 +157,7 @@ SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
     "e2e_ms_p90",
     "e2e_ms_p99",
     "peak_memory_gib",
+    "prefix_cache_hit_rate",
     "usage_mismatches",
     "send_lag_ms_p50",
     "send_lag_ms_p99",

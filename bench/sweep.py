@@ -127,7 +127,9 @@ class SweepSpec(BaseModel):
             axes.append(("concurrency", list(self.concurrency)))
         if self.request_rate:
             axes.append(("request_rate", list(self.request_rate)))
-        out = []
+        out: list[dict[str, Any]] = []
+        if not axes:
+            return out
         for combo in itertools.product(*(values for _, values in axes)):
             point: dict[str, Any] = {}
             for (name, _), value in zip(axes, combo, strict=True):

@@ -284,12 +284,26 @@ def throughput_table(summary: RunSummary) -> pd.DataFrame:
         ),
         ("total throughput", summary.total_throughput_tok_s, "tokens/s", METRIC_DEFINITIONS["total_throughput_tok_s"]),
         ("peak memory", summary.peak_memory_gib, "GiB", METRIC_DEFINITIONS["peak_memory_gib"]),
+        *(
+            [
+                ("goodput", summary.goodput_rps, "req/s", METRIC_DEFINITIONS["goodput_rps"]),
+                ("met every SLO", summary.good_requests, "requests", ""),
+                ("SLOs " + " ".join(summary.slos), "met" if summary.slo_met else "NOT met", "", ""),
+            ]
+            if summary.slos
+            else []
+        ),
+        *(
+            [("prefix cache hits", summary.prefix_cache_hit_rate * 100, "% of prompt tokens", "")]
+            if summary.prefix_cache_hit_rate is not None
+            else []
+        ),
     ]
     return pd.DataFrame(
         [
             {
                 "figure": name,
-                "value": "not measured" if value is None else fmt_num(value),
+                "value": "not measured" if value is None else value if isinstance(value, str) else fmt_num(value),
                 "unit": unit,
                 "definition": d,
             }

@@ -460,6 +460,8 @@ def show_summary(summary: RunSummary, key: str) -> None:
     """The run summary: latency statistics (ms) and throughput figures, with their definitions."""
     if summary.load_warning:
         st.warning(summary.load_warning, icon=":material/speed:")
+    if summary.cache_warning:
+        st.warning(summary.cache_warning, icon=":material/cached:")
     left, right = st.columns([3, 2])
     num = st.column_config.NumberColumn
     latency = data.latency_table(summary)

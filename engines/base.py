@@ -83,6 +83,12 @@ class TimedChunk:
     tokens: int
 
 
+# Cumulative server counters of prefix-cache lookups and hits, in prompt tokens (an engine's
+# telemetry names them so; the runner turns them into the run's prefix-cache hit rate).
+SERIES_PREFIX_QUERIES = "server_prefix_cache_queries"
+SERIES_PREFIX_HITS = "server_prefix_cache_hits"
+
+
 @dataclass
 class TimedResult:
     """One request as the caller saw it, on the perf_counter clock."""

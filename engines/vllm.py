@@ -34,7 +34,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from engines.accelerators import Availability
-from engines.base import ProgressFn, register_engine
+from engines.base import SERIES_PREFIX_HITS, SERIES_PREFIX_QUERIES, ProgressFn, register_engine
 from engines.errors import EngineUnavailable
 from engines.launch import ManagedProcess, free_port
 from engines.openai_http import OpenAIOptions, ServerEngine
@@ -62,6 +62,8 @@ COUNTERS: dict[str, str] = {
     "vllm:num_preemptions_total": "server_preemptions",  # cumulative count, as is
     "vllm:prompt_tokens_total": "server_prompt_tok_s",
     "vllm:generation_tokens_total": "server_generation_tok_s",
+    "vllm:prefix_cache_queries_total": SERIES_PREFIX_QUERIES,  # cumulative prompt tokens looked up
+    "vllm:prefix_cache_hits_total": SERIES_PREFIX_HITS,  # cumulative prompt tokens served from the cache
 }
 RATE_SERIES = {"server_prompt_tok_s", "server_generation_tok_s"}
 

@@ -113,12 +113,15 @@ def test_workers_and_default_warmup_reach_the_stored_config(tmp_path: Path, tiny
 
 
 def test_run_flags_take_their_defaults_and_help_from_run_config(capsys: pytest.CaptureFixture[str]) -> None:
-    from bench.cli import _rate, build_parser
+    from bench.cli import _rate, build_parser, run_config_data
 
     args = build_parser().parse_args(["run"])
     assert args.workers == RunConfig.model_fields["workers"].default == 1
     assert args.warmup is None  # left to RunConfig
-    assert args.requests == RunConfig.model_fields["requests"].default
+    assert args.requests is None  # left to RunConfig: its default, or a cap for --duration
+    assert RunConfig.build(**run_config_data(args)).requests == RunConfig.model_fields["requests"].default
+    timed = RunConfig.build(**run_config_data(build_parser().parse_args(["run", "--duration", "2m"])))
+    assert timed.duration_s == 120.0 and timed.requests == 1_000_000
     assert _rate("0") is None and _rate("inf") is None and _rate("2.5") == 2.5  # 0 and inf: closed loop
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--help"])
