@@ -206,8 +206,6 @@ def _write_outputs(store: Store, sweep_id: int, args: argparse.Namespace) -> Non
             item = rec.get(key)
             if isinstance(item, dict) and item.get("text"):
                 print(f"{key.replace('_', ' '):<13} {item['text']}")
-        if rec.get("note"):
-            print(f"note          {rec['note']}")
     if args.csv:
         Path(args.csv).write_bytes(report.sweep_csv(store, sweep_id))
     if args.html:

@@ -315,6 +315,11 @@ class JobManager:
             self._jobs[job.id] = job
             return job
 
+    def adopt(self, job: Job) -> None:
+        """Track a job started elsewhere (a sweep's run), so pages see it as the run in progress."""
+        with self._lock:
+            self._jobs[job.id] = job
+
     def active(self) -> Job | None:
         with self._lock:
             for job in self._jobs.values():

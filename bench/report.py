@@ -90,10 +90,15 @@ def _empty(title: str, message: str, height: int = 360) -> go.Figure:
 
 def _legend_below(fig: go.Figure, height: int, top: int = 56, bottom: int = 120) -> None:
     # The legend sits under the x axis title (a fixed number of pixels below the plot), so it
-    # never covers the title, the curves or their labels, whatever the figure's height.
+    # never covers the title, the curves or their labels; a long legend wraps, and the figure
+    # grows by a row (about 22 px) for each line of it past the first.
+    shown = [t for t in fig.data if t.showlegend is not False and t.name]
+    width = sum(len(t.name) * 7 + 50 for t in shown)  # about 7 px a character, 50 for the symbol
+    extra = 22 * max(0, -(-width // 900) - 1)
     plot_h = max(80, height - top - bottom)
     fig.update_layout(
-        margin={"t": top, "b": bottom},
+        height=height + extra,
+        margin={"t": top, "b": bottom + extra},
         legend={"orientation": "h", "x": 0.0, "xanchor": "left", "y": -64 / plot_h, "yanchor": "top"},
     )
 
@@ -158,13 +163,14 @@ def load_axis_of(points: Sequence[PointResult]) -> str | None:
 
 
 def split_lines(points: Sequence[PointResult], load_axis: str | None) -> list[list[PointResult]]:
-    """The sweep's lines: points sharing every value but the load, each sorted by load."""
+    """The sweep's lines: points sharing every value but the load, each sorted by load. Without a
+    load axis (a sweep of lengths or engine options only), one group of every point, in order."""
+    if load_axis is None:
+        return [list(points)] if points else []
     groups: dict[str, list[PointResult]] = {}
     for p in points:
         key = repr(sorted((k, repr(v)) for k, v in p.point.items() if k != load_axis))
         groups.setdefault(key, []).append(p)
-    if load_axis is None:
-        return list(groups.values())
     return [sorted(g, key=lambda p: _load_sort_key(p.point.get(load_axis))) for g in groups.values()]
 
 
@@ -172,10 +178,23 @@ def _load_sort_key(v: Any) -> float:
     return float(v) if isinstance(v, (int, float)) else float("inf")
 
 
-def _line_label(line: Sequence[PointResult], load_axis: str | None) -> str:
+def _varying(points: Sequence[PointResult]) -> set[str]:
+    """The swept keys whose value differs between the points (the rest say nothing new)."""
+    keys = {k for p in points for k in p.point}
+    return {k for k in keys if len({repr(p.point.get(k)) for p in points}) > 1}
+
+
+def _short_label(point: dict[str, Any], keys: set[str]) -> str:
+    """The point's values of ``keys`` only (all of them when that leaves nothing)."""
+    shown = {k: v for k, v in point.items() if k in keys}
+    return point_label(shown or point)
+
+
+def _line_label(line: Sequence[PointResult], load_axis: str | None, varying: set[str] | None = None) -> str:
     if not line:
         return ""
-    return ", ".join(f"{k.removeprefix('engine.')}={v}" for k, v in line[0].point.items() if k != load_axis)
+    keys = {k for k in line[0].point if k != load_axis and (varying is None or k in varying)}
+    return ", ".join(f"{k.removeprefix('engine.')}={v}" for k, v in line[0].point.items() if k in keys)
 
 
 def _as_slos(slos: Sequence[Slo | str] | None) -> list[Slo]:
@@ -239,8 +258,8 @@ TABLE_METRICS: tuple[tuple[str, str], ...] = (
     ("run_ids", "runs"),
 )
 _POINT_HEADERS = {
-    "input_len": "input (tokens)",
-    "output_len": "output (tokens)",
+    "input_len": "input_len (tokens)",
+    "output_len": "output_len (tokens)",
     "concurrency": "concurrency",
     "request_rate": "request rate (req/s)",
 }
@@ -373,8 +392,9 @@ def latency_throughput_figure(
 ) -> go.Figure:
     """``metric`` (``ttft_ms``, ``tpot_ms``, ``e2e_ms``, ``itl_ms``) p50 and p99 (ms) against
     output tok/s, one marker per point labelled with its load, error bars from the repeats'
-    min-max (where a point has more than one), a dashed line per SLO on ``metric`` and a star
-    on each line's knee (:func:`knee`). ``load_axis`` defaults to :func:`load_axis_of`."""
+    min-max (where a point has more than one), a dashed line per SLO on ``metric`` and an amber
+    ring on each line's knee (:func:`knee`). ``load_axis`` defaults to :func:`load_axis_of`;
+    without one the points are labelled with their values and not joined."""
     name = metric.removesuffix("_ms").upper()
     title = f"{name} vs output throughput"
     axis = load_axis or load_axis_of(points)
@@ -385,11 +405,26 @@ def latency_throughput_figure(
         return _empty(title, f"no point with a measured {name} and output throughput", height)
     fig = _figure(title, height)
     multi = len(lines) > 1
+    varying = _varying([p for ln in lines for p in ln])
     y_top = 0.0
     for li, line in enumerate(lines):
         xs = [p.mean("output_throughput_tok_s") for p in line]
         x_err = [_spread_err(p, "output_throughput_tok_s") for p in line]
-        suffix = f" · {_esc(_line_label(line, axis))}" if multi else ""
+        suffix = f" · {_esc(_line_label(line, axis, varying))}" if multi else ""
+        k = _knee_of_line(line, axis)[0] if axis else None
+        ky = (
+            None if k is None else next((v for s in ("p99", "p50") if (v := k.mean(f"{metric}_{s}")) is not None), None)
+        )
+        if k is not None and ky is not None:  # a ring drawn first, so under the curve's own marker and label
+            fig.add_trace(
+                go.Scatter(
+                    x=[k.mean("output_throughput_tok_s")], y=[ky], mode="markers", name="knee", legendgroup="knee",
+                    legendrank=2000, showlegend=not any(t.name == "knee" for t in fig.data),
+                    marker={"symbol": "circle-open", "size": 22, "color": KNEE_COLOR, "line": {"width": 3}},
+                    customdata=_hover_labels([k]),
+                    hovertemplate="knee of throughput vs load<br>%{customdata}<extra></extra>",
+                )
+            )  # fmt: skip
         for stat in ("p50", "p99"):
             key = f"{metric}_{stat}"
             ys = [p.mean(key) for p in line]
@@ -402,9 +437,10 @@ def latency_throughput_figure(
             fig.add_trace(
                 go.Scatter(
                     x=xs, y=ys, name=f"{name} {stat}{suffix}",
-                    mode="lines+markers+text" if labelled else "lines+markers",
-                    text=[_esc(_load_value_text(axis, p.point.get(axis))) for p in line] if labelled else None,
-                    textposition="top center", textfont={"size": 11, "color": "#374151"}, cliponaxis=False,
+                    mode=("lines+" if axis else "") + ("markers+text" if labelled else "markers"),
+                    text=[_esc(_load_value_text(axis, p.point.get(axis)) if axis else _short_label(p.point, varying))
+                          for p in line] if labelled else None,
+                    textposition="top left", textfont={"size": 11, "color": "#374151"}, cliponaxis=False,
                     line={"color": color, "width": 2, "dash": "solid" if stat == "p99" else "dot"},
                     marker={"size": 8 if labelled else 6, "color": color, "line": {"color": "white", "width": 1}},
                     error_y=_error([e[0] for e in y_err], [e[1] for e in y_err], color),
@@ -414,21 +450,6 @@ def latency_throughput_figure(
                     "<extra></extra>",
                 )
             )  # fmt: skip
-        k = _knee_of_line(line, axis)[0] if axis else None
-        if k is not None:
-            ky = k.mean(f"{metric}_p99")
-            ky = k.mean(f"{metric}_p50") if ky is None else ky
-            if ky is not None:
-                fig.add_trace(
-                    go.Scatter(
-                        x=[k.mean("output_throughput_tok_s")], y=[ky], mode="markers", name="knee",
-                        legendgroup="knee", showlegend=li == 0 or not any(t.name == "knee" for t in fig.data),
-                        marker={"symbol": "star", "size": 18, "color": KNEE_COLOR, "line": {"color": "#92400E",
-                                "width": 1}},
-                        customdata=_hover_labels([k]),
-                        hovertemplate="knee of throughput vs load<br>%{customdata}<extra></extra>",
-                    )
-                )  # fmt: skip
     for slo in _as_slos(slos):
         if slo.metric != metric:
             continue
@@ -451,7 +472,7 @@ def pareto_figure(points: Sequence[PointResult]) -> go.Figure:
     """Output tok/s one user sees (1000 / mean TPOT) against output tok/s overall; the Pareto
     front (:func:`pareto_front`) highlighted and joined, the other points grey, every point
     labelled with its swept values."""
-    title = "Per-user speed vs total throughput"
+    title = "Per-user speed (1000 / mean TPOT) vs total throughput"
     height = 480
     data = [
         (x, y, p)
@@ -464,33 +485,36 @@ def pareto_figure(points: Sequence[PointResult]) -> go.Figure:
     front_ids = {id(p) for p in front}
     fig = _figure(title, height)
     others = [d for d in data if id(d[2]) not in front_ids]
+    varying = _varying([d[2] for d in data])
     hover = "%{customdata}<br>%{x:,.4g} output tok/s overall<br>%{y:,.4g} tok/s per user<extra></extra>"
     if others:
         fig.add_trace(
             go.Scatter(
                 x=[d[0] for d in others], y=[d[1] for d in others], mode="markers+text", name="other points",
-                text=[_esc(point_label(d[2].point)) for d in others], textposition="bottom center",
+                text=[_esc(_short_label(d[2].point, varying)) for d in others], textposition="bottom center",
                 textfont={"size": 10, "color": "#6B7280"}, cliponaxis=False,
                 marker={"size": 9, "color": OTHER_COLOR, "line": {"color": "white", "width": 1}},
                 customdata=_hover_labels([d[2] for d in others]), hovertemplate=hover,
             )
         )  # fmt: skip
-    fx = [p.mean("output_throughput_tok_s") for p in front]
+    fx = [p.mean("output_throughput_tok_s") or 0.0 for p in front]
     fy = [_per_user_tok_s(p) for p in front]
+    x_top = max(d[0] for d in data)
+    # Labels alternate above and below the front, so neighbours do not print over each other, and
+    # lean left in the right quarter, so none runs off the chart.
+    where = [f"{'top' if i % 2 == 0 else 'bottom'} {'left' if x > 0.75 * x_top else 'right'}" for i, x in enumerate(fx)]
     fig.add_trace(
         go.Scatter(
             x=fx, y=fy, mode="lines+markers+text", name="Pareto front", line={"color": PRIMARY, "width": 2},
-            text=[_esc(point_label(p.point)) for p in front], textposition="top right",
+            text=[_esc(_short_label(p.point, varying)) for p in front], textposition=where,
             textfont={"size": 11, "color": PRIMARY}, cliponaxis=False,
             marker={"size": 12, "color": PRIMARY, "line": {"color": "white", "width": 2}},
             customdata=_hover_labels(front), hovertemplate=hover,
         )
     )  # fmt: skip
-    x_top = max(d[0] for d in data)
     y_top = max(d[1] for d in data)
-    # Labels sit to the right of and above the front's markers: leave room for them.
-    fig.update_xaxes(title="output throughput, all users (tokens/s)", range=[0, x_top * 1.3 or 1.0])
-    fig.update_yaxes(title="output speed per user, 1000 / mean TPOT (tokens/s)", range=[0, y_top * 1.2 or 1.0])
+    fig.update_xaxes(title="output throughput, all users (tokens/s)", range=[0, x_top * 1.15 or 1.0])
+    fig.update_yaxes(title="per-user speed (tokens/s)", range=[0, y_top * 1.2 or 1.0])
     _legend_below(fig, height)
     return fig
 
@@ -507,11 +531,12 @@ def goodput_figure(points: Sequence[PointResult], load_axis: str | None = None) 
         return _empty(title, "no point with a measured request throughput", height)
     fig = _figure(title, height)
     multi = len(lines) > 1
+    varying = _varying([p for ln in lines for p in ln])
     any_goodput = False
     top = 0.0
     for li, line in enumerate(lines):
         xs = [p.point.get(axis) if axis else _esc(point_label(p.point)) for p in line]
-        suffix = f" · {_esc(_line_label(line, axis))}" if multi else ""
+        suffix = f" · {_esc(_line_label(line, axis, varying))}" if multi else ""
         for key, label, color, dash in (
             ("request_throughput_rps", "throughput", PRIMARY, "solid"),
             ("goodput_rps", "goodput", P50_COLOR, "dash"),
@@ -572,10 +597,7 @@ def capacity_figure(sweep: SweepRow, runs: Sequence[RunRow]) -> go.Figure:
     n = len(slos)
     panel_h = 280
     height = 56 + 150 + panel_h * n
-    fig = make_subplots(
-        rows=n, cols=1, shared_xaxes=True, vertical_spacing=0.12 if n > 1 else 0.0,
-        subplot_titles=[_esc(s.label) for s in slos],
-    )  # fmt: skip
+    fig = make_subplots(rows=n, cols=1, shared_xaxes=True, vertical_spacing=0.1 if n > 1 else 0.0)
     fig.update_layout(template=TEMPLATE_NAME, title=title, height=height)
     values = [float(p["value"]) for p in probes]
     lo, hi = res.get("passes_at"), res.get("fails_at")
@@ -630,10 +652,6 @@ def capacity_figure(sweep: SweepRow, runs: Sequence[RunRow]) -> go.Figure:
         )
     elif lo is not None:
         fig.update_layout(title=f"{title}: passes up to {_esc(_load_value_text(axis, lo))}")
-    # Panel titles to the left, like the figure's title, clear of the SLO labels on the right.
-    fig.for_each_annotation(
-        lambda a: a.update(x=0.0, xanchor="left", font={"size": 13, "color": "#374151"}), selector={"yref": "paper"}
-    )
     for order, probe in missing:
         fig.add_vline(
             x=float(probe["value"]), row="all", col=1, name="no data",
@@ -858,6 +876,7 @@ th{background:#F1F5F9;font-weight:600;color:#374151;white-space:nowrap}
 td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 tr:nth-child(even) td{background:#FAFBFD}
 .scroll{overflow-x:auto}
+table.kv th{width:240px}
 ul.rec{margin:0;padding-left:20px} ul.rec li{margin:6px 0}
 .ok{color:#166534;font-weight:600}.bad{color:#B91C1C;font-weight:600}
 .warn{background:#FFFBEB;border-color:#FCD34D}
@@ -897,8 +916,8 @@ def _table(columns: Sequence[tuple[str, str]], rows: Sequence[dict[str, Any]]) -
 def _kv_table(items: Sequence[tuple[str, Any]]) -> str:
     rows = []
     for k, v in items:
-        text, numeric = _cell(v)
-        rows.append(f"<tr><th>{_esc(k)}</th><td{' class=n' if numeric else ''}>{text}</td></tr>")
+        text, _ = _cell(v)
+        rows.append(f"<tr><th>{_esc(k)}</th><td>{text}</td></tr>")
     return f'<table class="kv">{"".join(rows)}</table>'
 
 
@@ -939,7 +958,7 @@ class _Page:
 
 
 def _when(t: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else ""
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(t)) if t else ""
 
 
 def _header(page: _Page, meta: Sequence[tuple[str, Any]]) -> None:
@@ -980,8 +999,9 @@ def _run_report(store: Store, run: RunRow) -> bytes:
     from bench.recorder import SERIES_OUTPUT_TOK_S
 
     page = _Page(f"Run {run.id}: {run.name}" if run.name else f"Run {run.id}")
+    in_sweep = f"{run.sweep_id} ({point_label(run.sweep_point or {})})" if run.sweep_id else None
     _header(page, [("generated", _when(time.time())), ("status", run.status), ("created", _when(run.created_at)),
-                   ("finished", _when(run.finished_at)), ("mode", run.mode)])  # fmt: skip
+                   ("finished", _when(run.finished_at)), ("mode", run.mode), ("sweep", in_sweep)])  # fmt: skip
     if run.error:
         page.add(f'<div class="card warn">{_esc(run.error)}</div>')
     page.h2("Configuration")
@@ -1043,7 +1063,15 @@ def _sweep_config_items(sweep: SweepRow, first: RunRow | None) -> list[tuple[str
     cfg = sweep.config
     items = _config_items(cfg.get("base") or {}, first)
     if sweep.kind == "capacity":
-        items += [(k, cfg.get(k)) for k in ("axis", "start", "maximum", "step", "budget", "max_error_rate")]
+        unit = " (req/s)" if cfg.get("axis") == "rate" else ""
+        items += [
+            ("search axis", "request rate" if cfg.get("axis") == "rate" else cfg.get("axis")),
+            (f"first probe{unit}", cfg.get("start")),
+            (f"maximum{unit}", cfg.get("maximum")),
+            (f"resolution{unit}", cfg.get("step")),
+            ("run budget", cfg.get("budget")),
+            ("max failed requests (fraction)", cfg.get("max_error_rate")),
+        ]
     else:
         swept = [
             ("swept concurrency", cfg.get("concurrency")),

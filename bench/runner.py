@@ -108,7 +108,7 @@ def _execute(job: Job, engine: Engine | None, owns_engine: bool) -> None:
             requests = CycledRequests(requests, cfg.requests)
         # The warm-up's prompts differ from the run's (another seed): a prefix cache it warms
         # must not serve the first measured request.
-        warm_spec = cfg.workload.model_copy(update={"seed": (cfg.workload.seed + 7919) % 2**31})
+        warm_spec = cfg.workload.model_copy(update={"seed": (cfg.workload.seed + 2**30 + 12345) % 2**31})
         warmup = build_requests(warm_spec, cfg.warmup, sampling, tok, prefix="warmup") if cfg.warmup else []
         if cfg.mode == "profile":
             _profile(job, engine, requests, warmup)

@@ -144,10 +144,12 @@ class SweepSpec(BaseModel):
         """The values a point shares with the rest of its line (all but the load axis)."""
         return tuple(sorted((k, v) for k, v in point.items() if k != self.load_axis))
 
-    def run_config(self, point: dict[str, Any], repeat: int = 0) -> RunConfig:
-        """The run of one point: the base with the point's values."""
+    def run_config(self, point: dict[str, Any], repeat: int = 0, index: int = 0) -> RunConfig:
+        """The run of one point: the base with the point's values. Run ``index`` of the sweep
+        gets its own prompt seed (see :func:`fresh_seed`)."""
         data = {**self.base}
         data["workload"] = dict(data.get("workload") or {})
+        data["workload"]["seed"] = fresh_seed(data["workload"].get("seed", 0), index * self.repeats + repeat)
         data["engine"] = dict(data.get("engine") or {"kind": "native"})
         for key, value in point.items():
             if key in ("input_len", "output_len"):
@@ -164,6 +166,14 @@ class SweepSpec(BaseModel):
 
 
 DEFAULT_RATE_CONCURRENCY = 256  # the in-flight cap of a rate point whose base names none
+
+
+def fresh_seed(seed: int, k: int) -> int:
+    """The prompt seed of a sweep's ``k``-th run: new random prompts for every run (and every
+    repeat), so a server's prefix cache never serves one run the prompts of an earlier one
+    (vLLM caches prompt blocks across requests: the same prompts again would be served from
+    the cache and inflate TTFT and throughput)."""
+    return (int(seed) + 7919 * k) % 2**31
 
 
 class CapacitySpec(BaseModel):
@@ -198,8 +208,10 @@ class CapacitySpec(BaseModel):
         except ValidationError as exc:
             raise _config_error(exc) from exc
 
-    def probe_config(self, value: float) -> RunConfig:
+    def probe_config(self, value: float, index: int = 0) -> RunConfig:
         data = {**self.base}
+        data["workload"] = dict(data.get("workload") or {})
+        data["workload"]["seed"] = fresh_seed(data["workload"].get("seed", 0), index)
         if self.axis == "rate":
             data["request_rate"] = value
             data.setdefault("concurrency", DEFAULT_RATE_CONCURRENCY)
@@ -445,7 +457,7 @@ class SweepTask(BackgroundTask):
                     rows.append(done[key])
                     continue
                 self.report(f"point {i + 1}/{len(points)}: {_label(point)}", i / len(points))
-                cfg = spec.run_config(point, repeat)
+                cfg = spec.run_config(point, repeat, i)
                 rows.append(self._run(cfg, {**point, "repeat": repeat}))
                 self.store.update_sweep(self._sweep_id, result=self._result)
             if self.cancel_event.is_set():
@@ -498,7 +510,7 @@ class SweepTask(BackgroundTask):
         def probe(value: float) -> bool:
             nonlocal lo, hi
             self.report(f"probe {len(probes) + 1}/{spec.budget}: {_axis_label(spec.axis, value)}", 0)
-            run = self._run(spec.probe_config(value), {spec.axis: value})
+            run = self._run(spec.probe_config(value, len(probes)), {spec.axis: value})
             passed, why = probe_verdict(run, spec)
             probes.append(_Probe(value, run.id, passed, why))
             if passed:

@@ -167,7 +167,8 @@ def test_recorder_recounts_text_when_usage_disagrees(store: Store, tiny_model: o
 
 def test_recorder_writes_in_batches_and_its_live_summary_matches_the_exact_one(store: Store) -> None:
     run_id = store.create_run(mode="concurrency", engine="fake", model="m", accelerator="cpu", config={})
-    rec = Recorder(store, run_id)
+    slos = ["ttft_ms:p90<=25", "tpot_ms:p99<=30"]
+    rec = Recorder(store, run_id, slos=slos)
     rec.start()
     rec.t0 = 0.0
     rng = random.Random(3)
@@ -178,9 +179,12 @@ def test_recorder_writes_in_batches_and_its_live_summary_matches_the_exact_one(s
         rec.put(Completion(i, f"r{i}", start, chunks[-1] + 0.001, tuple(chunks), 16, 8, 8, chunks[0], start, None))
     rec.close()
     assert store.sample_count(run_id) == 3000
-    exact = summarize(rec.records())
+    exact = summarize(rec.records(), slos=slos)
     live = rec.live_summary(exact.duration_s)
     assert live is not None and live.completed == exact.completed == 3000
+    # goodput counts the same requests live as at the end; the live verdict agrees here
+    assert live.good_requests == exact.good_requests and 0 < exact.good_requests < 3000  # type: ignore[operator]
+    assert live.goodput_rps == pytest.approx(exact.goodput_rps) and live.slo_met == exact.slo_met
     assert live.output_tokens == exact.output_tokens
     for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         a, b = getattr(live, name), getattr(exact, name)

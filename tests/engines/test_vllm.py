@@ -289,3 +289,51 @@ def test_server_killed_mid_run(tiny_model: Path, store: Store) -> None:
     finally:
         engine.stop()
     assert not _wait_dead(procs), [p.pid for p in _alive(procs)]
+
+
+def test_prefix_cache_hit_rate_warns_when_the_prompts_were_seen_before(
+    tiny_model: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM caches full KV blocks of prompts: the same seed again is served from the cache.
+
+    On CPU vLLM turns prefix caching off for MLA models; VLLM_MLA_DISABLE=1 runs the tiny
+    DeepSeek with standard attention so the cache (and its counters) work here."""
+    _skip_without_vllm()
+    monkeypatch.setenv("VLLM_MLA_DISABLE", "1")
+    opts = {**OPTIONS, "enable_prefix_caching": True}
+    engine = create_engine(opts)
+    engine.start()
+    try:
+        first = _config(
+            engine=opts,
+            requests=6,
+            concurrency=2,
+            workload={"source": "random", "input_len": 256, "output_len": 4, "seed": 77},
+        )
+        a = start_run(first, store, engine=engine).wait(300)
+        assert a.status == "completed", a.error
+        assert a.summary is not None and a.summary.prefix_cache_hit_rate is not None
+        assert (
+            a.summary.prefix_cache_hit_rate < 0.10 and a.summary.cache_warning is None
+        )  # new prompts; warm-up: other seed
+        again = first.model_copy(update={"slos": ["ttft_ms:p99<=60000", "tpot_ms:p99<=60000"]})
+        b = start_run(again, store, engine=engine).wait(300)
+        assert b.status == "completed", b.error
+        s = b.summary
+        assert s is not None and s.prefix_cache_hit_rate is not None and s.prefix_cache_hit_rate > 0.3
+        assert s.cache_warning is not None and "prefix cache served" in s.cache_warning
+        assert s.slo_met is True and s.good_requests == 6 and s.goodput_rps == pytest.approx(6 / s.duration_s)
+    finally:
+        engine.stop()
+
+
+def test_a_concurrency_sweep_on_the_vllm_server(vllm_engine: Any, store: Store) -> None:
+    from bench.sweep import SweepSpec, SweepTask, sweep_points
+
+    base = _config(requests=8, slos=["ttft_ms:p99<=60000"]).model_dump()
+    task = SweepTask(SweepSpec.build(base=base, concurrency=[1, 4]), store, engine=vllm_engine).begin()
+    snap = task.wait(300)
+    assert snap.status == "completed", snap.error
+    points = sweep_points(store, snap.sweep_id)  # type: ignore[arg-type]
+    assert [p.point for p in points] == [{"concurrency": 1}, {"concurrency": 4}]
+    assert all(p.summaries and p.summaries[0].completed == 8 and p.summaries[0].slo_met for p in points)
