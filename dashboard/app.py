@@ -1,7 +1,7 @@
 """MoE Bench dashboard: the router. ``streamlit run dashboard/app.py`` (``make run``).
 
 Builds ``st.navigation`` over ``dashboard/app_pages/`` (one file per page, UI only) and
-draws the shared sidebar: the loaded engine, its memory and the run in progress.
+draws the shared sidebar: the loaded engine, its memory and the run (or sweep) in progress.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ PAGES = {
     "Benchmark": [
         st.Page(ui.PAGE_LATENCY, title="Latency", icon=":material/timer:"),
         st.Page(ui.PAGE_CONCURRENCY, title="Concurrency", icon=":material/stacked_line_chart:"),
+        st.Page(ui.PAGE_SWEEP, title="Sweep", icon=":material/ssid_chart:"),
         st.Page(ui.PAGE_PROFILING, title="Profiling", icon=":material/troubleshoot:"),
     ],
     "Analysis": [

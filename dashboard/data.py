@@ -36,7 +36,7 @@ from bench.runner import (
     SERIES_MEM_RESERVED,
     SERIES_OUTPUT_TOK_S,
 )
-from bench.store import OPERATOR_CSV_COLUMNS, REQUEST_CSV_COLUMNS, RunRow, Store, import_bundle_file
+from bench.store import OPERATOR_CSV_COLUMNS, REQUEST_CSV_COLUMNS, RunRow, Store, SweepRow, import_bundle_file
 from dashboard import charts
 from engines.errors import ConfigError, MoEBenchError
 from engines.profiling import CATEGORIES, CATEGORY_RULES
@@ -147,6 +147,7 @@ RUN_COLUMNS: tuple[str, ...] = (
     "duration_s",
     "output_throughput_tok_s",
     "request_throughput_rps",
+    "goodput_rps",
     "ttft_ms_p50",
     "ttft_ms_p99",
     "tpot_ms_p50",
@@ -155,7 +156,13 @@ RUN_COLUMNS: tuple[str, ...] = (
     "e2e_ms_mean",
     "peak_memory_gib",
     "error",
+    "sweep_id",
+    "sweep",
 )
+# The summary metrics of a run's row (numbers; empty where the run has no summary).
+RUN_METRIC_COLUMNS: tuple[str, ...] = RUN_COLUMNS[RUN_COLUMNS.index("duration_s") : RUN_COLUMNS.index("error")]
+SWEEP_FILTER_ALL = "all"
+SWEEP_FILTER_NONE = "none"
 
 
 def run_label(run: RunRow) -> str:
@@ -163,8 +170,16 @@ def run_label(run: RunRow) -> str:
     return f"#{run.id} {run.engine}·{run.model}·{run.accelerator}"
 
 
-def runs_frame(runs: Sequence[RunRow]) -> pd.DataFrame:
-    """One row per run with its key metrics (empty cells where a run has no summary)."""
+def sweep_label(sweep: SweepRow) -> str:
+    """``sweep #3 · c-sweep`` / ``capacity #4``: a sweep or capacity search in one short label."""
+    what = "capacity" if sweep.kind == "capacity" else "sweep"
+    return f"{what} #{sweep.id}" + (f" · {sweep.name}" if sweep.name else "")
+
+
+def runs_frame(runs: Sequence[RunRow], sweeps: Mapping[int, str] | None = None) -> pd.DataFrame:
+    """One row per run with its key metrics (empty cells where a run has no summary); ``sweep_id``
+    and ``sweep`` (the label from ``sweeps``, id -> label) for the runs a sweep made."""
+    sweeps = sweeps or {}
     rows = []
     for run in runs:
         flat = run.summary.flat() if run.summary is not None else {}
@@ -185,13 +200,16 @@ def runs_frame(runs: Sequence[RunRow]) -> pd.DataFrame:
                 "requests": flat.get("requests", cfg_requests),
                 "completed": flat.get("completed"),
                 "failed": flat.get("failed"),
-                **{c: flat.get(c) for c in RUN_COLUMNS[14:-1]},
+                **{c: flat.get(c) for c in RUN_METRIC_COLUMNS},
                 "error": run.error or "",
+                "sweep_id": run.sweep_id,
+                "sweep": (sweeps.get(run.sweep_id) or f"sweep #{run.sweep_id}") if run.sweep_id is not None else "",
             }
         )
     df = pd.DataFrame(rows, columns=list(RUN_COLUMNS))
-    for col in RUN_COLUMNS[14:-1]:
+    for col in RUN_METRIC_COLUMNS:
         df[col] = pd.to_numeric(df[col], errors="coerce")
+    df["sweep_id"] = pd.array(df["sweep_id"].tolist(), dtype="Int64")
     return df
 
 
@@ -202,9 +220,15 @@ def filter_runs(
     accelerators: Sequence[str] = (),
     modes: Sequence[str] = (),
     text: str = "",
+    sweep: int | str = SWEEP_FILTER_ALL,
 ) -> pd.DataFrame:
-    """Rows matching every non-empty filter; ``text`` searches name, model, label and device."""
+    """Rows matching every non-empty filter; ``text`` searches name, model, label and device;
+    ``sweep``: ``"all"``, ``"none"`` (runs no sweep made) or a sweep id."""
     mask = pd.Series(True, index=df.index)
+    if sweep == SWEEP_FILTER_NONE:
+        mask &= df["sweep_id"].isna()
+    elif sweep != SWEEP_FILTER_ALL:
+        mask &= (df["sweep_id"] == int(sweep)).fillna(False).astype(bool)
     for col, allowed in (("status", statuses), ("engine", engines), ("accelerator", accelerators), ("mode", modes)):
         if allowed:
             mask &= df[col].isin(list(allowed))
@@ -348,6 +372,69 @@ def fmt_duration(seconds: float | None) -> str:
     m, s = divmod(int(seconds), 60)
     h, m = divmod(m, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+# --- sweeps ------------------------------------------------------------------------------------
+
+
+def sweep_frame(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> pd.DataFrame:
+    """:func:`bench.report.sweep_table` rows as a frame whose headers carry units
+    (``columns``: :func:`bench.report.table_columns`), narrow enough for the page: the min/max
+    of the output throughput become one ``output range (tok/s)`` text column (left out when no
+    point has more than one repeat), ``repeats`` is left out when every point has the same
+    number, goodput and the SLO verdict when no point has them. ``runs`` is the run ids as text;
+    ``SLOs met`` is yes / no / empty."""
+    keep = [c for c in columns if c[0] not in ("output_throughput_tok_s_min", "output_throughput_tok_s_max")]
+    spread = any((r.get("repeats") or 0) > 1 for r in rows)
+    if spread:
+        at = next(i for i, c in enumerate(keep) if c[0] == "output_throughput_tok_s") + 1
+        keep.insert(at, ("output_range", "output range (tok/s)"))
+    if len({r.get("repeats") for r in rows}) <= 1:
+        keep = [c for c in keep if c[0] != "repeats"]
+    for key in ("goodput_rps", "slo_met"):
+        if all(r.get(key) is None for r in rows):
+            keep = [c for c in keep if c[0] != key]
+    out = []
+    for r in rows:
+        row = {}
+        for key, header in keep:
+            v = r.get(key)
+            if key == "run_ids":
+                v = ", ".join(f"#{i}" for i in v or [])
+            elif key == "slo_met":
+                v = "" if v is None else ("yes" if v else "no")
+            elif key == "output_range":
+                lo, hi = r.get("output_throughput_tok_s_min"), r.get("output_throughput_tok_s_max")
+                v = f"{lo:.1f} – {hi:.1f}" if lo is not None and hi is not None else ""
+            row[header] = v
+        out.append(row)
+    return pd.DataFrame(out, columns=[h for _, h in keep])
+
+
+def probes_frame(result: Mapping[str, Any], runs: Sequence[RunRow]) -> pd.DataFrame:
+    """A capacity search's probes in the order made: the value, the verdict and what its run measured."""
+    by_id = {r.id: r for r in runs}
+    axis = result.get("axis") or "rate"
+    value_header = "request rate (req/s)" if axis == "rate" else "concurrency"
+    rows = []
+    for i, probe in enumerate(result.get("probes") or [], start=1):
+        run = by_id.get(int(probe.get("run_id") or 0))
+        flat = run.summary.flat() if run is not None and run.summary is not None else {}
+        rows.append(
+            {
+                "probe": i,
+                value_header: probe.get("value"),
+                "passed": "yes" if probe.get("passed") else "no",
+                "verdict": probe.get("why") or "",
+                "run": f"#{probe.get('run_id')}" if probe.get("run_id") is not None else "",
+                "output (tok/s)": flat.get("output_throughput_tok_s"),
+                "goodput (req/s)": flat.get("goodput_rps"),
+                "TTFT p99 (ms)": flat.get("ttft_ms_p99"),
+                "TPOT p99 (ms)": flat.get("tpot_ms_p99"),
+                "failed requests": flat.get("failed"),
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 # --- profiling ---------------------------------------------------------------------------------

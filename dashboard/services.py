@@ -1,7 +1,8 @@
 """Long-lived objects of the dashboard process, from ``st.cache_resource``.
 
-The store, the job manager and the loaded engine live here, once per process and per
-database, so leaving a page or reloading the browser neither stops nor loses a run.
+The store, the job manager, the loaded engine and the sweep in progress live here, once per
+process and per database, so leaving a page or reloading the browser neither stops nor loses
+a run or a sweep.
 Pages read them (snapshots) and call their methods; they never replace them.
 
 :class:`EngineSlot` holds the one loaded engine. Each load and unload is a
@@ -22,6 +23,7 @@ import streamlit as st
 from bench.job import BackgroundTask, error_reason
 from bench.runner import JobManager
 from bench.store import Store
+from bench.sweep import CapacitySpec, SweepSnapshot, SweepSpec, SweepTask
 from engines.accelerators import MemoryStats, get_accelerator
 from engines.base import Engine, create_engine, engine_class, parse_options
 from engines.errors import AcceleratorUnavailable, ConfigError, EngineUnavailable
@@ -196,6 +198,54 @@ class EngineSlot:
             return None
 
 
+class SweepHolder:
+    """The sweep or capacity search of this process: at most one, and never beside a run.
+
+    Each run the sweep starts is handed to the job manager (:meth:`JobManager.adopt`), so the
+    sidebar and the run pages see it as the run in progress and refuse to start another.
+    """
+
+    def __init__(self, store: Store, manager: JobManager) -> None:
+        self._store = store
+        self._manager = manager
+        self._lock = threading.Lock()  # guards which task is current
+        self._task: SweepTask | None = None
+
+    def current(self) -> SweepTask | None:
+        """The latest sweep started in this process (finished or not), or None."""
+        with self._lock:
+            return self._task
+
+    def snapshot(self) -> SweepSnapshot | None:
+        task = self.current()
+        return task.snapshot() if task is not None else None
+
+    def active(self) -> bool:
+        """Whether a sweep is running (between its runs too)."""
+        task = self.current()
+        return task is not None and task.active
+
+    def start(self, spec: SweepSpec | CapacitySpec, engine: Engine | None) -> SweepTask:
+        """Start ``spec`` on ``engine`` in the background; :class:`ConfigError` (one line) when a
+        sweep or a run is already in progress."""
+        with self._lock:
+            if self._task is not None and self._task.active:
+                raise ConfigError("a sweep is already in progress; stop it or wait for it to finish")
+            job = self._manager.active()
+            if job is not None:
+                raise ConfigError(f"a {job.config.mode} run is in progress; stop it or wait for it to finish")
+            task = SweepTask(spec, self._store, engine=engine, on_run=self._manager.adopt)
+            task.begin()
+            self._task = task
+            return task
+
+    def cancel(self) -> None:
+        """Stop the sweep in progress (its run in progress too); finished runs stay stored."""
+        task = self.current()
+        if task is not None:
+            task.cancel()
+
+
 @st.cache_resource(show_spinner=False)
 def _store(db_path: str) -> Store:
     return Store(db_path)
@@ -209,6 +259,11 @@ def _job_manager(db_path: str) -> JobManager:
 @st.cache_resource(show_spinner=False)
 def _engine_slot(db_path: str) -> EngineSlot:
     return EngineSlot()
+
+
+@st.cache_resource(show_spinner=False)
+def _sweep_holder(db_path: str) -> SweepHolder:
+    return SweepHolder(_store(db_path), _job_manager(db_path))
 
 
 def db_path() -> str:
@@ -228,3 +283,18 @@ def get_job_manager() -> JobManager:
 def get_engine_slot() -> EngineSlot:
     """The loaded engine of this process."""
     return _engine_slot(db_path())
+
+
+def get_sweep_holder() -> SweepHolder:
+    """The sweep or capacity search of this process (outlives pages and sessions)."""
+    return _sweep_holder(db_path())
+
+
+def busy_reason() -> str | None:
+    """Why a new run or sweep cannot start now (a run or a sweep in progress), or None."""
+    if get_sweep_holder().active():
+        return "A sweep is in progress; stop it on the Sweep page or wait for it to finish."
+    job = get_job_manager().active()
+    if job is not None:
+        return f"A {job.config.mode} run is in progress; stop it or wait for it to finish."
+    return None

@@ -18,9 +18,10 @@ from bench.config import RunConfig, field_bounds
 from bench.metrics import METRIC_DEFINITIONS, RunSummary
 from bench.runner import SERIES_OUTPUT_TOK_S, Job, JobSnapshot
 from bench.store import RunRow
+from bench.sweep import SweepSnapshot
 from bench.workloads import WorkloadSpec, parse_jsonl
 from dashboard import data, services
-from engines.errors import MoEBenchError, WorkloadError
+from engines.errors import ConfigError, MoEBenchError, WorkloadError
 from engines.settings import get_settings
 
 PAGE_ENGINE = "app_pages/engine.py"
@@ -29,6 +30,7 @@ PAGE_CONCURRENCY = "app_pages/concurrency.py"
 PAGE_RESULTS = "app_pages/results.py"
 PAGE_COMPARE = "app_pages/compare.py"
 PAGE_PROFILING = "app_pages/profiling.py"
+PAGE_SWEEP = "app_pages/sweep.py"
 MODE_PAGES = {"latency": PAGE_LATENCY, "concurrency": PAGE_CONCURRENCY, "profile": PAGE_PROFILING}
 
 PLOTLY_CONFIG: dict[str, Any] = {"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d", "select2d"]}
@@ -96,11 +98,18 @@ def init_state(page: str | None = None) -> None:
         if key not in ss:
             ss[key] = value
     for key in list(ss.keys()):
-        if isinstance(key, str) and key.split(".", 1)[0] in {"s", "e", "latency", "concurrency", "r", "c", "p"}:
+        if isinstance(key, str) and key.split(".", 1)[0] in {"s", "e", "latency", "concurrency", "r", "c", "p", "w"}:
             if key.endswith(".upload") or ".btn." in key:
                 continue  # buttons and uploads cannot be set through session_state
             ss[key] = ss[key]
             ss[_KEEP + key] = ss[key]
+
+
+def set_choice(key: str, value: Any) -> None:
+    """Set a persistent UI choice from code (a button callback, another page): its kept copy too,
+    so :func:`init_state` does not put the old value back on the next page switch."""
+    st.session_state[key] = value
+    st.session_state[_KEEP + key] = value
 
 
 def show_error(exc: BaseException) -> None:
@@ -119,16 +128,18 @@ def sidebar() -> None:
     """Loaded engine, memory and the run in progress; refreshes itself only while something moves."""
     slot = services.get_engine_slot()
     manager = services.get_job_manager()
-    moving = slot.state().busy or manager.active() is not None
+    sweeps = services.get_sweep_holder()
+    moving = slot.state().busy or manager.active() is not None or sweeps.active()
 
     @st.fragment(run_every=1.0 if moving else None)
     def _status() -> None:
         state = slot.state()
         job = manager.active()
-        if moving and not state.busy and job is None:
+        sweep = sweeps.snapshot()
+        if moving and not state.busy and job is None and not (sweep is not None and sweep.active):
             st.rerun()  # something finished: redraw the whole page once, then stop refreshing
         _sidebar_engine(state, slot)
-        _sidebar_run(job)
+        _sidebar_run(job, sweep)
 
     _status()
 
@@ -165,15 +176,26 @@ def _sidebar_engine(state: services.EngineState, slot: services.EngineSlot) -> N
         st.page_link(PAGE_ENGINE, label="Load a model", icon=":material/memory:")
 
 
-def _sidebar_run(job: Job | None) -> None:
+def _sidebar_run(job: Job | None, sweep: SweepSnapshot | None = None) -> None:
     st.markdown("##### Run")
+    in_sweep = sweep is not None and sweep.active
+    if in_sweep:
+        assert sweep is not None
+        what = "Capacity search" if sweep.kind == "capacity" else "Sweep"
+        st.markdown(f":violet-badge[{sweep.status}] **{what}** #{sweep.sweep_id}")
+        total = max(sweep.runs_total, 1)
+        st.progress(min(1.0, sweep.runs_done / total), text=f"{sweep.runs_done}/{sweep.runs_total} runs")
     if job is None:
-        st.caption("No run in progress.")
+        if not in_sweep:
+            st.caption("No run in progress.")
+        else:
+            st.page_link(PAGE_SWEEP, label="Show live", icon=":material/monitoring:")
         return
     snap = job.snapshot()
     st.markdown(f":blue-badge[{snap.status}] **{snap.mode}** run #{snap.run_id}")
     st.progress(snap.fraction, text=f"{snap.done}/{snap.total} requests · {data.fmt_duration(snap.elapsed_s)}")
-    st.page_link(MODE_PAGES.get(snap.mode, PAGE_RESULTS), label="Show live", icon=":material/monitoring:")
+    page = PAGE_SWEEP if in_sweep else MODE_PAGES.get(snap.mode, PAGE_RESULTS)
+    st.page_link(page, label="Show live", icon=":material/monitoring:")
 
 
 # --- run pages -------------------------------------------------------------------------------
@@ -182,6 +204,8 @@ def _sidebar_run(job: Job | None) -> None:
 def submit_run(slot: Any, manager: Any, fields: dict[str, Any]) -> bool:
     """Start a run of ``fields`` on the loaded engine; a refusal is shown as one line."""
     try:
+        if services.get_sweep_holder().active():
+            raise ConfigError("a sweep is in progress; stop it on the Sweep page or wait for it to finish")
         config = RunConfig.build(engine=dict(slot.state().options or {}), **fields)
         engine = slot.engine()
         if engine is None:
@@ -197,6 +221,8 @@ def start_blocked_reason(state: Any, active: Any) -> str | None:
     """Why a run cannot start now (no engine loaded, another run going), or None."""
     if not state.ready:
         return "Load a model on the Engine & Model page first."
+    if services.get_sweep_holder().active():
+        return "A sweep is in progress; stop it on the Sweep page or wait for it to finish."
     if active is not None:
         return f"A {active.config.mode} run is in progress; stop it or wait for it to finish."
     return None
@@ -425,7 +451,13 @@ def _progress(snap: JobSnapshot | None, run_id: int, status: str, mode: str) -> 
 
 def _cancel(job_id: str) -> None:
     job = services.get_job_manager().get(job_id)
-    if job is not None:
+    if job is None:
+        return
+    sweeps = services.get_sweep_holder()
+    task = sweeps.current()
+    if task is not None and task.active and task.current_job() is job:
+        sweeps.cancel()  # a sweep's run: stopping it stops the sweep, not just this point
+    else:
         job.cancel()
 
 

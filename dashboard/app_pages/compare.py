@@ -168,12 +168,11 @@ with st.expander("Run native vs vLLM here", icon=":material/play_circle:", expan
         placeholder="http://host:8000/v1",
         help="Use a running vLLM server instead of launching one",
     )
-    active_job = services.get_job_manager().active()
     blocked = None
     if cstate.running:
         blocked = "A comparison is running."
-    elif active_job is not None:
-        blocked = f"A {active_job.config.mode} run is in progress; wait for it to finish."
+    elif (busy := services.busy_reason()) is not None:
+        blocked = busy
     elif not vllm_avail.ok and not str(ss["c.run.base_url"]).strip():
         blocked = f"vLLM is unavailable: {vllm_avail.reason}"
     g1, g2 = st.columns([1, 3], vertical_alignment="center")
@@ -286,6 +285,40 @@ for row in ref.ENGINE_TABLE:
         }
     )
 
+
+def _goodput(run: RunRow | None) -> float | None:
+    """The run's goodput (req/s), only where it ran with SLOs (None otherwise: nothing is made up)."""
+    s = run.summary if run is not None else None
+    return s.goodput_rps if s is not None and s.slos else None
+
+
+def _goodput_cell(run: RunRow | None) -> str:
+    if run is None:
+        return "-"
+    if run.summary is None or not run.summary.slos:
+        return "no SLOs set"
+    slos = ", ".join(run.summary.slos)
+    return f"{data.fmt_unit(run.summary.goodput_rps, 'req/s')} ({slos})"
+
+
+# Goodput is measured only: the book has no such figure, so its row is in the measured table alone
+# (below the book's three), and only when a picked run has SLOs. A gain needs both runs judged on the
+# same SLOs.
+if _goodput(native) is not None or _goodput(vllm) is not None:
+    g_native, g_vllm = _goodput(native), _goodput(vllm)
+    same_slos = (
+        native is not None and vllm is not None and set(native.summary.slos or ()) == set(vllm.summary.slos or ())
+    )
+    g_gain = ref.gain("ratio_up", g_native, g_vllm) if same_slos else None
+    measured_rows.append(
+        {
+            "metric": "Goodput (requests within the SLOs)",
+            "native (measured)": _goodput_cell(native),
+            "vLLM (measured)": _goodput_cell(vllm),
+            "gain (measured)": ref.format_gain("ratio_up", g_gain) if g_gain is not None else "-",
+        }
+    )
+
 left, right = st.columns([4, 5])
 with left:
     st.markdown("**Book** (chapter 8, section 8.2.4)")
@@ -349,11 +382,20 @@ for row in ref.ACCELERATOR_TABLE:
             "memory %": f"{rel['memory_pct']:.0f}%" if rel["memory_pct"] is not None else "-",
         }
     )
+    if _goodput(run) is not None:  # beside the throughput, only for runs with SLOs
+        measured_acc[-1]["goodput"] = _goodput_cell(run)
+
+acc_columns = list(dict.fromkeys(k for row in measured_acc for k in row))
+if "goodput" in acc_columns:
+    acc_columns.remove("goodput")
+    acc_columns.insert(acc_columns.index("throughput") + 1, "goodput")
+    for row in measured_acc:
+        row.setdefault("goodput", "no SLOs set" if row["measured run"] != "no run yet" else "-")
 
 st.markdown("**Book** (chapter 8, section 8.3.3)")
 st.dataframe(book_acc, hide_index=True, key="c.acc-book")
 st.markdown("**Measured** (absolute values, and % of the measured CUDA run)")
-st.dataframe(pd.DataFrame(measured_acc), hide_index=True, key="c.acc-measured")
+st.dataframe(pd.DataFrame(measured_acc, columns=acc_columns), hide_index=True, key="c.acc-measured")
 if base_run is None:
     st.info(
         "Percentages need a measured CUDA run as the 100% reference: no measured cuda run is picked yet.",

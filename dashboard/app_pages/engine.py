@@ -156,6 +156,7 @@ with form_col, st.container(border=True):
 
     state = slot.state()
     active = manager.active()
+    sweeping = services.get_sweep_holder().active()
     reason = None
     if not kind_avail.ok:
         reason = "this engine kind is unavailable here"
@@ -167,6 +168,8 @@ with form_col, st.container(border=True):
         reason = "fix the options above"
     elif state.busy:
         reason = f"the engine is {state.status}"
+    elif sweeping:
+        reason = "a sweep is in progress"
     elif active is not None:
         reason = "a run is in progress"
     b1, b2, b3 = st.columns([1, 1, 2], vertical_alignment="center")
@@ -177,7 +180,7 @@ with form_col, st.container(border=True):
         "Unload",
         icon=":material/eject:",
         key="e.btn.unload",
-        disabled=state.status not in ("ready", "failed") or active is not None,
+        disabled=state.status not in ("ready", "failed") or active is not None or sweeping,
         width="stretch",
     )
     if reason:

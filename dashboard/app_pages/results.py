@@ -11,7 +11,8 @@ st.title("Results")
 
 store = services.get_store()
 runs = store.list_runs()
-df = data.runs_frame(runs)
+sweep_labels = {sw.id: data.sweep_label(sw) for sw in store.list_sweeps()}
+df = data.runs_frame(runs, sweep_labels)
 by_id = {r.id: r for r in runs}
 
 flash = st.session_state.pop("r.flash", None)
@@ -63,27 +64,53 @@ def _options(col: str) -> list[str]:
     return sorted(str(v) for v in df[col].dropna().unique())
 
 
+# Sweeps that made at least one listed run, newest first (a sweep deleted with its runs drops out).
+sweep_ids = sorted({int(i) for i in df["sweep_id"].dropna()}, reverse=True)
+sweep_choices: list[int | str] = [data.SWEEP_FILTER_ALL, data.SWEEP_FILTER_NONE, *sweep_ids]
+if st.session_state.get("r.sweep") not in sweep_choices:
+    st.session_state.pop("r.sweep", None)
+
+
+def _sweep_choice(v: int | str) -> str:
+    if v == data.SWEEP_FILTER_ALL:
+        return "all runs"
+    if v == data.SWEEP_FILTER_NONE:
+        return "runs outside any sweep"
+    return sweep_labels.get(int(v), f"sweep #{v}")
+
+
 with st.container(border=True):
-    f1, f2, f3, f4, f5, f6 = st.columns([1, 1, 1, 1, 1.4, 1.4])
+    f1, f2, f3, f4, f5, f6, f7 = st.columns([1, 1, 1, 1, 1.3, 1.3, 1.2])
     statuses = f1.multiselect("Status", _options("status"), key="r.status", placeholder="all")
     engines = f2.multiselect("Engine", _options("engine"), key="r.engine", placeholder="all")
     accs = f3.multiselect("Accelerator", _options("accelerator"), key="r.accelerator", placeholder="all")
     modes = f4.multiselect("Mode", _options("mode"), key="r.mode", placeholder="all")
-    text = f5.text_input("Search", key="r.search", placeholder="name, model, device")
-    sort = f6.selectbox("Sort by", list(data.SORTS), key="r.sort")
+    sweep_filter = f5.selectbox(
+        "Sweep",
+        sweep_choices,
+        key="r.sweep",
+        format_func=_sweep_choice,
+        help="Runs made by one sweep or capacity search, or the runs no sweep made.",
+    )
+    text = f6.text_input("Search", key="r.search", placeholder="name, model, device")
+    sort = f7.selectbox("Sort by", list(data.SORTS), key="r.sort")
 
-view = data.sort_runs(data.filter_runs(df, statuses, engines, accs, modes, text), sort)
+view = data.sort_runs(data.filter_runs(df, statuses, engines, accs, modes, text, sweep_filter), sort)
 st.caption(f"{len(view)} of {len(df)} runs")
 
 TABLE_ORDER = [
-    "run_id", "created", "status", "mode", "engine", "model", "accelerator", "concurrency", "requests",
-    "output_throughput_tok_s", "request_throughput_rps", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50",
+    "run_id", "created", "status", "mode", "sweep", "engine", "model", "accelerator", "concurrency", "requests",
+    "output_throughput_tok_s", "request_throughput_rps", "goodput_rps", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50",
     "e2e_ms_p50", "e2e_ms_p99", "e2e_ms_mean", "peak_memory_gib", "duration_s", "completed", "failed",
     "device", "name", "error",
 ]  # fmt: skip
+if view["sweep"].eq("").all():
+    TABLE_ORDER.remove("sweep")  # no listed run belongs to a sweep: no empty column
+if view["goodput_rps"].isna().all():
+    TABLE_ORDER.remove("goodput_rps")  # no listed run has SLOs: no goodput to show
 num = st.column_config.NumberColumn
 st.dataframe(
-    view.drop(columns=["label"]),
+    view.drop(columns=["label", "sweep_id"]),
     hide_index=True,
     key="r.table",
     column_order=TABLE_ORDER,
@@ -93,6 +120,8 @@ st.dataframe(
         "duration_s": num("duration (s)", format="%.2f"),
         "output_throughput_tok_s": num("output (tok/s)", format="%.1f", help="output tokens / duration"),
         "request_throughput_rps": num("requests/s", format="%.2f"),
+        "goodput_rps": num("goodput (req/s)", format="%.2f", help="requests that met every SLO / duration"),
+        "sweep": st.column_config.TextColumn("sweep", help="The sweep or capacity search that made the run"),
         "ttft_ms_p50": num("TTFT p50 (ms)", format="%.1f"),
         "ttft_ms_p99": num("TTFT p99 (ms)", format="%.1f"),
         "tpot_ms_p50": num("TPOT p50 (ms)", format="%.2f"),

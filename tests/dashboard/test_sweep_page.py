@@ -16,6 +16,7 @@ import pytest
 
 from bench.store import Store
 from bench.sweep import CapacitySpec, SweepSpec, SweepTask, sweep_points
+from dashboard.data import fmt_unit
 from engines.settings import get_settings
 from tests.dashboard.synthetic import add_synthetic_run
 from tests.dashboard.test_pages import _frame, _no_exception, _poll, _texts
@@ -166,12 +167,8 @@ def test_a_stored_sweep_shows_charts_table_recommendations_and_downloads(
 
     # The charts: TTFT and TPOT against throughput (with the SLO line), goodput, Pareto.
     titles = _chart_titles(at)
-    assert titles[:4] == [
-        "TTFT vs output throughput",
-        "Throughput and goodput vs concurrency",
-        "TPOT vs output throughput",
-        "Per-user speed vs total throughput",
-    ]
+    prefixes = ["TTFT vs output throughput", "Throughput and goodput vs concurrency", "TPOT vs", "Per-user speed"]
+    assert len(titles) == 4 and all(t.startswith(p) for t, p in zip(titles, prefixes, strict=True)), titles
     ttft = _charts(at)[0]
     assert any(s.get("y0") == 50 and s.get("y1") == 50 for s in ttft["layout"].get("shapes", []))  # SLO line
     p99 = next(t for t in ttft["data"] if t.get("name") == "TTFT p99")
@@ -189,7 +186,8 @@ def test_a_capacity_search_shows_its_card_and_figure(
     res = use_sweep_data["capacity_result"]
     text = _texts(at)
     assert f"Capacity search #{use_sweep_data['capacity_id']} · cap · completed" in text
-    assert res["verdict"] in text and "passes at concurrency" in res["verdict"]
+    verdict = res["verdict"]
+    assert "passes at concurrency" in verdict and f"**{verdict[0].upper()}{verdict[1:]}**" in text
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Passes at"] == str(int(res["passes_at"]))
     assert metrics["Fails at"] == str(int(res["fails_at"]))
@@ -236,19 +234,56 @@ def test_results_page_filters_runs_by_sweep(app_test: Callable[..., Any], use_sw
     assert set(_frame(at, "run_id")["run_id"]) == sweep_runs
 
 
-def test_compare_page_shows_goodput_only_for_runs_with_slos(
-    app_test: Callable[..., Any], use_sweep_data: dict[str, Any]
+def _judge(store: Store, run_id: int, slos: list[str], seed: int) -> Any:
+    """Re-summarize a synthetic run with ``slos`` (as a run with SLOs is summarized)."""
+    from bench.metrics import summarize
+    from tests.dashboard.synthetic import synthetic_records
+
+    summary = summarize(synthetic_records(40, seed=seed), peak_memory_gib=0.5, max_concurrency=4, slos=slos)
+    store.finish_run(run_id, "completed", summary=summary)
+    return summary
+
+
+def test_compare_page_shows_goodput_only_where_runs_have_slos(
+    app_test: Callable[..., Any], fresh_data_dir: Path
 ) -> None:
-    """The sweep's runs (OpenAI engine, SLOs) have goodput; the plain native run has none."""
     store = Store(get_settings().db_path)
-    run = store.get_run(use_sweep_data["sweep_runs"][0])
-    assert run is not None and run.summary is not None and run.summary.goodput_rps is not None
-    store.close()
+    slos = ["ttft_ms:p99<=25"]  # the synthetic TTFTs are 10-30 ms: some requests are good, some not
+    native = add_synthetic_run(store, 40, name="native, SLOs")
+    vllm = add_synthetic_run(store, 40, engine="vllm", seed=1, name="vllm, SLOs")
+    plain_vllm = add_synthetic_run(store, 40, engine="vllm", seed=2, name="vllm, no SLOs")
+    plain_native = add_synthetic_run(store, 40, seed=3, name="native, no SLOs")
+    cuda = add_synthetic_run(store, 40, accelerator="cuda", device="NVIDIA H100", seed=5)
+    _judge(store, cuda, slos, 5)
+    s_native, s_vllm = _judge(store, native, slos, 0), _judge(store, vllm, slos, 1)
+    assert 0 < s_native.goodput_rps < s_native.request_throughput_rps
     at = app_test("app_pages/compare.py")
+    at.selectbox(key="c.native").set_value(native).run()
+    at.selectbox(key="c.vllm").set_value(vllm).run()
     _no_exception(at)
     measured = _frame(at, "native (measured)")
-    # No vLLM run and a native run without SLOs: no goodput row (nothing made up).
-    assert "Goodput (requests within the SLOs)" not in list(measured["metric"])
+    assert list(measured["metric"])[3] == "Goodput (requests within the SLOs)"
+    row = measured.iloc[3]
+    assert row["native (measured)"] == f"{fmt_unit(s_native.goodput_rps, 'req/s')} (ttft_ms:p99<=25)"
+    assert row["vLLM (measured)"] == f"{fmt_unit(s_vllm.goodput_rps, 'req/s')} (ttft_ms:p99<=25)"
+    gain = s_vllm.goodput_rps / s_native.goodput_rps
+    assert row["gain (measured)"] == f"{gain:.2f}x"
+    assert len(_frame(at, "native (book)")) == 3  # the book has no goodput: its table is unchanged
+    # The accelerator table: goodput beside the throughput, for the CUDA run that has SLOs.
+    at.selectbox(key="c.acc.cuda").set_value(cuda).run()
+    acc = _frame(at, "measured run")
+    assert list(acc.columns[2:4]) == ["throughput", "goodput"]
+    assert acc["goodput"].iloc[0].endswith("req/s (ttft_ms:p99<=25)") and set(acc["goodput"].iloc[1:]) == {"-"}
+
+    # A vLLM run without SLOs: its cell says so and no gain is made up.
+    at.selectbox(key="c.vllm").set_value(plain_vllm).run()
+    row = _frame(at, "native (measured)").iloc[3]
+    assert row["vLLM (measured)"] == "no SLOs set" and row["gain (measured)"] == "-"
+    # No picked run with SLOs: no goodput row.
+    at.selectbox(key="c.native").set_value(plain_native).run()
+    measured = _frame(at, "native (measured)")
+    assert len(measured) == 3 and "Goodput (requests within the SLOs)" not in list(measured["metric"])
+    store.close()
 
 
 def test_a_sweep_started_on_the_page_runs_live_and_blocks_other_runs(
@@ -276,13 +311,17 @@ def test_a_sweep_started_on_the_page_runs_live_and_blocks_other_runs(
     snap = holder.snapshot()
     assert snap is not None and snap.sweep_id not in before
 
-    # While it runs, the other pages refuse to start a run, with the reason.
+    # While it runs (two runs of 40 requests take seconds on the CPU): the live panel with its Stop
+    # button, the sweep in the sidebar, and the other pages refuse to start a run, with the reason.
+    at.run()
+    assert holder.active(), holder.snapshot()
+    assert at.button(key="w.btn.stop") is not None and at.button(key="w.btn.start").disabled
     other = app_test("app_pages/concurrency.py")
-    if holder.active():
-        assert other.button(key="concurrency.btn.start").disabled
-        assert "A sweep is in progress" in _texts(other)
-        other.switch_page(SWEEP_PAGE).run()
-        assert other.button(key="w.btn.start").disabled
+    assert other.button(key="concurrency.btn.start").disabled
+    assert "A sweep is in progress" in _texts(other)
+    assert any(f"**Sweep** #{snap.sweep_id}" in m.value for m in other.sidebar.markdown)
+    other.switch_page("app_pages/engine.py").run()
+    assert other.button(key="e.btn.unload").disabled  # the sweep's engine stays loaded
 
     deadline = time.monotonic() + 180
     while holder.active() and time.monotonic() < deadline:
