@@ -185,9 +185,15 @@ def _varying(points: Sequence[PointResult]) -> set[str]:
 
 
 def _short_label(point: dict[str, Any], keys: set[str]) -> str:
-    """The point's values of ``keys`` only (all of them when that leaves nothing)."""
-    shown = {k: v for k, v in point.items() if k in keys}
-    return point_label(shown or point)
+    """The point's values of ``keys`` only (all of them when that leaves nothing), the load
+    written short (``c=16``, ``8 req/s``) so labels on a crowded chart do not overlap."""
+    shown = {k: v for k, v in point.items() if k in keys} or point
+    parts = [
+        _load_value_text(k, v) if k in ("concurrency", "request_rate") else f"{k.removeprefix('engine.')}={v}"
+        for k, v in shown.items()
+        if k != "repeat"
+    ]
+    return ", ".join(parts) or "(base)"
 
 
 def _line_label(line: Sequence[PointResult], load_axis: str | None, varying: set[str] | None = None) -> str:
@@ -440,7 +446,9 @@ def latency_throughput_figure(
                     mode=("lines+" if axis else "") + ("markers+text" if labelled else "markers"),
                     text=[_esc(_load_value_text(axis, p.point.get(axis)) if axis else _short_label(p.point, varying))
                           for p in line] if labelled else None,
-                    textposition="top left", textfont={"size": 11, "color": "#374151"}, cliponaxis=False,
+                    # alternate sides: neighbouring points at low load sit close together
+                    textposition=["top left" if i % 2 == 0 else "bottom right" for i in range(len(line))],
+                    textfont={"size": 11, "color": "#374151"}, cliponaxis=False,
                     line={"color": color, "width": 2, "dash": "solid" if stat == "p99" else "dot"},
                     marker={"size": 8 if labelled else 6, "color": color, "line": {"color": "white", "width": 1}},
                     error_y=_error([e[0] for e in y_err], [e[1] for e in y_err], color),

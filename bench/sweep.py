@@ -193,7 +193,7 @@ class CapacitySpec(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> CapacitySpec:
         if not self.base.get("slos"):
-            raise ValueError("a capacity search needs at least one SLO (e.g. --slo ttft_ms:p99<=2000)")
+            raise ValueError("a capacity search needs at least one SLO (e.g. ttft_ms:p99<=2000)")
         if self.maximum < self.start:
             raise ValueError("maximum is below start")
         if self.axis == "concurrency":
@@ -303,6 +303,11 @@ class SweepTask(BackgroundTask):
         on_run: Callable[[Job], None] | None = None,
     ) -> None:
         super().__init__("sweep" if isinstance(spec, SweepSpec) else "capacity")
+        if engine is not None and isinstance(spec, SweepSpec) and spec.engine_axis:
+            raise ConfigError(
+                "a sweep over engine options starts its own engine for each value; unload the loaded engine "
+                "(or sweep without engine options)"
+            )
         self.spec = spec
         self.store = store
         self.engine = engine  # a started engine to use (not stopped here); else one per engine config

@@ -537,15 +537,6 @@ def _column(header: str) -> Any:
     return st.column_config.Column(label, help=header)
 
 
-def _short_labels(fig: Any) -> Any:
-    """Marker labels as the latency charts write them (``c=16``): long ones overlap on a crowded front."""
-    for trace in fig.data:
-        text = getattr(trace, "text", None)
-        if text is not None and not isinstance(text, str):
-            trace.text = [str(t).replace("concurrency=", "c=") for t in text]
-    return fig
-
-
 def _sweep_body(sweep: SweepRow, live: bool) -> None:
     points = sweep_points(store, sweep.id)
     slos = report.sweep_slos(sweep)
@@ -563,7 +554,7 @@ def _sweep_body(sweep: SweepRow, live: bool) -> None:
         ui.chart(report.goodput_figure(points), "w.chart.goodput")
     with right:
         ui.chart(report.latency_throughput_figure(points, slos, "tpot_ms"), "w.chart.tpot")
-        ui.chart(_short_labels(report.pareto_figure(points)), "w.chart.pareto")
+        ui.chart(report.pareto_figure(points), "w.chart.pareto")
     t1, t2 = st.columns([4, 1], vertical_alignment="bottom")
     t1.markdown("##### Points")
     every = t2.toggle("All columns", key="w.table_all", help="Also the p50s, the request rate and the repeats")

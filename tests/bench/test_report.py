@@ -190,7 +190,7 @@ def test_pareto_front_by_hand(store: Store) -> None:
     assert list(front.x) == pytest.approx([100.0, 300.0, 500.0])
     assert list(front.y) == pytest.approx([100.0, 50.0, 20.0])
     assert front.mode == "lines+markers+text" and front.cliponaxis is False
-    assert sorted(others.text) == ["concurrency=2", "concurrency=8"]
+    assert sorted(others.text) == ["c=2", "c=8"]
     assert fig.layout.xaxis.range[1] > 500 and fig.layout.yaxis.range[1] > 100  # room for the labels
     assert "tokens/s" in fig.layout.xaxis.title.text and "tokens/s" in fig.layout.yaxis.title.text
 

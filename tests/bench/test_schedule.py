@@ -109,7 +109,7 @@ def test_open_loop_ramp_climbs_linearly_then_holds() -> None:
 
 
 def test_duration_bound_schedules_send_nothing_after_the_end() -> None:
-    from bench.schedule import ClosedLoop, OpenLoop, strategy_for, simulate
+    from bench.schedule import ClosedLoop, OpenLoop, simulate, strategy_for
 
     plan = simulate(ClosedLoop(2, duration_s=1.0), [0.3] * 100)
     assert len(plan) == 8  # each slot sends at 0, 0.3, 0.6, 0.9; the next would start at 1.2

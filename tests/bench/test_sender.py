@@ -145,8 +145,17 @@ def test_recorder_keeps_a_negative_send_lag(store: Store) -> None:
     rec = Recorder(store, run_id=1)
     rec.t0 = 100.0
     early = Completion(
-        seq=0, request_id="r0", start=100.010, end=100.5, chunk_times=(100.2, 100.3), prompt_tokens=4,
-        output_tokens=2, usage_output_tokens=2, first_any=100.2, due=100.015, error=None,
+        seq=0,
+        request_id="r0",
+        start=100.010,
+        end=100.5,
+        chunk_times=(100.2, 100.3),
+        prompt_tokens=4,
+        output_tokens=2,
+        usage_output_tokens=2,
+        first_any=100.2,
+        due=100.015,
+        error=None,
     )
     r = rec.record(early)
     assert r.send_lag_ms == pytest.approx(-5.0)  # sent 5 ms early: shown, not clamped to 0
@@ -214,7 +223,6 @@ def test_distribution_percentiles_within_one_percent_with_signs() -> None:
     merged.merge(d)
     merged.merge(other)
     assert merged.count == d.count + 100 and len(d.buckets) < 2000
-
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ PAGES = (
     "app_pages/engine.py",
     "app_pages/latency.py",
     "app_pages/concurrency.py",
+    "app_pages/sweep.py",
     "app_pages/results.py",
     "app_pages/compare.py",
 )
