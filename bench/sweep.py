@@ -43,7 +43,7 @@ from bench.metrics import RunSummary
 from bench.slo import judge_summary, parse_slos
 from bench.store import RunRow, Store
 from engines.base import Engine, create_engine
-from engines.errors import ConfigError
+from engines.errors import ConfigError, MoEBenchError
 
 AXES: tuple[str, ...] = ("input_len", "output_len", "concurrency", "request_rate")  # + engine.<option>
 MAX_POINTS = 1000
@@ -433,6 +433,9 @@ class SweepTask(BackgroundTask):
             self._runs_done += 1
         run = self.store.get_run(job.run_id or 0)
         assert run is not None
+        if run.status == "failed" and engine is not None and (down := engine.health()) is not None:
+            # The engine itself is gone: every later point would fail the same way.
+            raise MoEBenchError(f"the engine failed at {_label(point)} (run {run.id}): {down}")
         return run
 
     def _sweep(self, spec: SweepSpec) -> None:

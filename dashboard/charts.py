@@ -10,11 +10,15 @@ Every axis title carries its unit.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
+
+if TYPE_CHECKING:
+    from bench.slo import Slo
 
 PRIMARY = "#4F46E5"  # indigo, the theme's primary colour
 COLORS: tuple[str, ...] = (
@@ -31,6 +35,7 @@ BOOK_COLOR = "#94A3B8"  # slate: the book's figures
 MEASURED_COLOR = PRIMARY  # this project's measurements
 P50_COLOR = "#059669"
 P99_COLOR = "#DC2626"
+SLO_COLOR = "#B45309"  # amber: a service-level objective's limit
 MAX_POINTS = 2000  # the most markers a chart draws
 TEMPLATE_NAME = "moebench"
 
@@ -99,11 +104,77 @@ def _has(df: pd.DataFrame | None, *columns: str) -> bool:
     )
 
 
+def _slo_in_view(limit: float, lo: float, hi: float) -> bool:
+    """Whether a limit lies close enough to the data (``lo``..``hi``) to draw it without
+    squashing the data: within one data span (at least half of ``hi``) of it. A 2 s SLO on
+    10 ms TTFTs would otherwise leave the requests in a sliver at one edge of the chart."""
+    reach = max(hi - lo, 0.5 * abs(hi), 1e-9)
+    return lo - reach <= limit <= hi + reach
+
+
+def _off_chart_note(fig: go.Figure, slo: Slo, text: str, right: bool, row: int) -> None:
+    """An SLO too far from the data to draw: its label at the chart's edge, pointing its way."""
+    fig.add_annotation(
+        text=text, name=f"slo:{slo.text}", showarrow=False, x=1.0 if right else 0.0, y=1.0,
+        xref="paper", yref="paper", xanchor="right" if right else "left", yanchor="top", yshift=-18 * row,
+        font={"color": SLO_COLOR, "size": 12}, bgcolor="rgba(255,255,255,0.85)",
+    )  # fmt: skip
+
+
+def _slo_vlines(fig: go.Figure, slos: Sequence[Slo], metric: str, lo: float, hi: float) -> None:
+    """A dashed vertical line at each ``metric`` SLO's limit (a histogram of ``metric``), labelled
+    along the line; an SLO far off the data (see :func:`_slo_in_view`) is a note at that edge."""
+    mine = [s for s in slos if s.metric == metric]
+    off = [s for s in mine if not _slo_in_view(float(s.limit_ms), lo, hi)]
+    for row, slo in enumerate(off):
+        right = float(slo.limit_ms) > hi
+        _off_chart_note(fig, slo, f"{slo.label} (off the chart) →" if right else f"← {slo.label} (off the chart)",
+                        right, row)  # fmt: skip
+    for slo in (s for s in mine if s not in off):
+        v = float(slo.limit_ms)
+        fig.add_shape(
+            type="line", name=f"slo:{slo.text}", x0=v, x1=v, y0=0, y1=1, xref="x", yref="paper",
+            line={"color": SLO_COLOR, "width": 2, "dash": "dash"},
+        )  # fmt: skip
+        # Along the line, below the edge notes (which span the chart's top corner).
+        fig.add_annotation(
+            text=slo.label, name=f"slo:{slo.text}", showarrow=False, x=v, y=1.0, xref="x", yref="paper",
+            textangle=-90, xanchor="left", yanchor="top", xshift=2, yshift=-18 * len(off),
+            font={"color": SLO_COLOR, "size": 11}, bgcolor="rgba(255,255,255,0.85)",
+        )  # fmt: skip
+
+
+def _slo_hlines(fig: go.Figure, slos: Sequence[Slo], metrics: Sequence[str], hi: float) -> None:
+    """A dashed horizontal line at each SLO on one of ``metrics`` (a latency axis from 0 to the
+    data's ``hi``), labelled above it at the left; one far above the data is a note at the top."""
+    off = 0
+    for slo in (s for s in slos if s.metric in metrics):
+        v = float(slo.limit_ms)
+        if _slo_in_view(v, 0.0, hi):
+            fig.add_shape(
+                type="line", name=f"slo:{slo.text}", x0=0, x1=1, y0=v, y1=v, xref="paper", yref="y",
+                line={"color": SLO_COLOR, "width": 2, "dash": "dash"},
+            )  # fmt: skip
+            fig.add_annotation(
+                text=slo.label, name=f"slo:{slo.text}", showarrow=False, x=0.0, y=v, xref="paper", yref="y",
+                xanchor="left", yanchor="bottom", font={"color": SLO_COLOR, "size": 11},
+                bgcolor="rgba(255,255,255,0.85)",
+            )  # fmt: skip
+        else:
+            _off_chart_note(fig, slo, f"{slo.label} (above the chart) ↑", True, off)
+            off += 1
+
+
 # --- per-request charts ------------------------------------------------------------------
 
 
-def latency_over_time(samples: pd.DataFrame, title: str = "Per-request latency over time") -> go.Figure:
-    """E2E and TTFT of each finished request (ms) against its finish time (s since run start)."""
+def latency_over_time(
+    samples: pd.DataFrame, title: str = "Per-request latency over time", slos: Sequence[Slo] = ()
+) -> go.Figure:
+    """E2E and TTFT of each finished request (ms) against its finish time (s since run start).
+
+    ``slos``: those on E2E or TTFT are drawn as dashed horizontal lines at their limits.
+    """
     if not _has(samples, "end_s", "e2e_ms"):
         return empty_figure(title, "no finished request yet")
     ok = samples[samples["error"].fillna("") == ""] if "error" in samples.columns else samples
@@ -139,6 +210,12 @@ def latency_over_time(samples: pd.DataFrame, title: str = "Per-request latency o
         )  # fmt: skip
     fig.update_xaxes(title="time since run start (s)")
     fig.update_yaxes(title="latency (ms)")
+    if slos:
+        drawn = ["e2e_ms"] + (["ttft_ms"] if "ttft_ms" in ok.columns and ok["ttft_ms"].notna().any() else [])
+        tops = [float(ok[c].max()) for c in drawn if ok[c].notna().any()]
+        if not failed.empty and failed["e2e_ms"].notna().any():
+            tops.append(float(failed["e2e_ms"].max()))
+        _slo_hlines(fig, slos, drawn, max(tops, default=0.0))
     return fig
 
 
@@ -150,11 +227,13 @@ def distribution(
     p50: float | None = None,
     p99: float | None = None,
     color: str = PRIMARY,
+    slos: Sequence[Slo] = (),
 ) -> go.Figure:
     """Histogram of one per-request column, with p50 and p99 marked.
 
     ``p50``/``p99`` default to the percentiles of the rows given; pass the run summary's
-    to mark the whole run's percentiles on a window of it.
+    to mark the whole run's percentiles on a window of it. ``slos``: those on this column's
+    metric are drawn as dashed vertical lines at their limits.
     """
     if not _has(samples, column):
         return empty_figure(title, f"no {column.removesuffix('_ms').upper()} value yet")
@@ -190,6 +269,8 @@ def distribution(
     fig.update_xaxes(title=f"{column.removesuffix('_ms').upper()} ({unit})")
     fig.update_yaxes(title="requests")
     fig.update_layout(bargap=0.02)
+    if slos:
+        _slo_vlines(fig, slos, column, float(values.min()), float(values.max()))
     return fig
 
 

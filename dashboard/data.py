@@ -36,6 +36,7 @@ from bench.runner import (
     SERIES_MEM_RESERVED,
     SERIES_OUTPUT_TOK_S,
 )
+from bench.slo import Slo, SloError, parse_slos
 from bench.store import OPERATOR_CSV_COLUMNS, REQUEST_CSV_COLUMNS, RunRow, Store, SweepRow, import_bundle_file
 from dashboard import charts
 from engines.errors import ConfigError, MoEBenchError
@@ -71,12 +72,32 @@ def load_live(store: Store, run_id: int, window: int = LIVE_WINDOW) -> LiveData:
     return LiveData(samples, ts, total)
 
 
-def live_figures(data: LiveData, summary: RunSummary | None = None) -> dict[str, Any]:
+def run_slos(config: Mapping[str, Any] | None, summary: RunSummary | None = None) -> list[Slo]:
+    """A run's SLOs: its summary's (what it was judged on), else its stored config's; [] without.
+
+    Stored texts were checked when the run was built; one that no longer parses is skipped
+    with the rest (a chart line is not worth failing the page for).
+    """
+    texts = list(summary.slos or ()) if summary is not None else []
+    if not texts and config:
+        texts = [str(t) for t in config.get("slos") or ()]
+    try:
+        return parse_slos(texts)
+    except SloError:
+        return []
+
+
+def live_figures(
+    data: LiveData, summary: RunSummary | None = None, slos: Sequence[Slo] | None = None
+) -> dict[str, Any]:
     """The live panel's charts, by a stable name (also used as the chart key suffix).
 
     ``summary`` (the run's, possibly partial) supplies the p50/p99 lines so they describe
-    the whole run even when the histogram shows only the newest window.
+    the whole run even when the histogram shows only the newest window. ``slos`` (default:
+    the summary's) are drawn on the latency charts of their metrics.
     """
+    if slos is None:
+        slos = run_slos(None, summary)
 
     def pct(stat_name: str) -> tuple[float | None, float | None]:
         if summary is None or summary.completed == 0:
@@ -88,12 +109,24 @@ def live_figures(data: LiveData, summary: RunSummary | None = None) -> dict[str,
     tpot50, tpot99 = pct("tpot_ms")
     note = "" if data.total_samples <= len(data.samples) else f" (newest {len(data.samples):,} requests)"
     figs = {
-        "latency": charts.latency_over_time(data.samples, title=f"Per-request latency over time{note}"),
+        "latency": charts.latency_over_time(data.samples, title=f"Per-request latency over time{note}", slos=slos),
         "ttft": charts.distribution(
-            data.samples, "ttft_ms", f"TTFT distribution{note}", p50=ttft50, p99=ttft99, color=charts.COLORS[1]
+            data.samples,
+            "ttft_ms",
+            f"TTFT distribution{note}",
+            p50=ttft50,
+            p99=ttft99,
+            color=charts.COLORS[1],
+            slos=slos,
         ),
         "tpot": charts.distribution(
-            data.samples, "tpot_ms", f"TPOT distribution{note}", p50=tpot50, p99=tpot99, color=charts.COLORS[2]
+            data.samples,
+            "tpot_ms",
+            f"TPOT distribution{note}",
+            p50=tpot50,
+            p99=tpot99,
+            color=charts.COLORS[2],
+            slos=slos,
         ),
         "throughput": charts.throughput_over_time(data.timeseries, SERIES_OUTPUT_TOK_S),
         "in_flight": charts.in_flight_over_time(data.timeseries, SERIES_IN_FLIGHT),

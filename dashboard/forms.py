@@ -1,4 +1,5 @@
-"""Engine option fields as form specs, read from an engine's pydantic options model.
+"""Form specs without Streamlit: engine option fields read from an engine's options model,
+and the SLO inputs' texts.
 
 The Engine page draws one widget per :class:`FieldSpec`, so an engine kind registered
 later (vLLM with ``tensor_parallel_size``, ``max_num_batched_tokens``, ``quantization``,
@@ -19,6 +20,7 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from bench.slo import Slo, SloError, parse_slos
 from engines.base import EngineOptions
 from engines.errors import ConfigError
 
@@ -130,3 +132,24 @@ def widget_default(spec: FieldSpec) -> Any:
     if spec.widget == "text":
         return "" if spec.default is None else str(spec.default)
     return spec.default
+
+
+# --- SLO inputs --------------------------------------------------------------------------------
+
+SLO_NO_PRESET = "none"  # the preset choice that adds no SLO
+
+
+def slo_texts(preset: str | None, lines: str | None) -> list[str]:
+    """The SLO texts of a preset choice and a free-text box: the preset's name first (unless
+    :data:`SLO_NO_PRESET`), then each non-empty line. Not checked: see :func:`checked_slos`."""
+    texts = [] if not preset or preset == SLO_NO_PRESET else [str(preset)]
+    return texts + [line.strip() for line in str(lines or "").splitlines() if line.strip()]
+
+
+def checked_slos(texts: list[str]) -> list[Slo]:
+    """``texts`` parsed (presets expanded, a later SLO on the same metric and statistic wins);
+    :class:`ConfigError` with :mod:`bench.slo`'s one-line reason for the first bad one."""
+    try:
+        return parse_slos(texts)
+    except SloError as exc:
+        raise ConfigError(str(exc)) from None

@@ -17,10 +17,11 @@ import streamlit as st
 from bench.config import RunConfig, field_bounds
 from bench.metrics import METRIC_DEFINITIONS, RunSummary
 from bench.runner import SERIES_OUTPUT_TOK_S, Job, JobSnapshot
+from bench.slo import SLO_PRESETS, Slo
 from bench.store import RunRow
 from bench.sweep import SweepSnapshot
-from bench.workloads import WorkloadSpec, parse_jsonl
-from dashboard import data, services
+from bench.workloads import LENGTH_DISTS, WorkloadSpec, parse_jsonl
+from dashboard import data, forms, services
 from engines.errors import ConfigError, MoEBenchError, WorkloadError
 from engines.settings import get_settings
 
@@ -47,6 +48,31 @@ WORKERS_HELP = (
     f"{RunConfig.model_fields['workers'].description}. Only meaningful for engines reached over HTTP "
     "(vLLM, Triton, LMDeploy, OpenAI-compatible), not for the in-process native engine; at most the concurrency."
 )
+# The run forms' prompt sources, in the order offered (every WorkloadSpec source).
+SOURCE_LABELS: dict[str, str] = {
+    "random": "Random, exact length",
+    "builtin": "Built-in set",
+    "shared_prefix": "Shared prefix",
+    "multi_turn": "Multi-turn chat",
+    "jsonl": "Upload JSONL",
+    "sharegpt": "ShareGPT file (on the server)",
+}
+SOURCE_HELP = (
+    "Random: prompts of exactly the input length in tokens. Built-in: a fixed set, cycled. Shared prefix: groups "
+    "of prompts that start with the same random prefix (a prefix cache's best case). Multi-turn: chat sessions "
+    "whose every turn resends the history. JSONL: your prompts. ShareGPT: a ShareGPT JSON file on the machine "
+    "running the dashboard, read as vllm bench reads it. Outputs are exactly the output length when 'ignore EOS' is on."
+)
+LENGTH_SOURCES: tuple[str, ...] = ("random", "shared_prefix", "multi_turn")  # they follow input_dist/output_dist
+DIST_LABELS = {"fixed": "Fixed", "uniform": "Uniform (min..max)", "normal": "Normal (mean, std)"}
+SLO_PRESET_HELP = (
+    "MLPerf Inference's DeepSeek-R1 server scenario (TTFT p99 ≤ 2 s, TPOT p99 ≤ 80 ms) or its interactive one "
+    "(1.5 s, 15 ms)"
+)
+SLO_TEXT_HELP = (
+    "Metrics: ttft_ms, tpot_ms, itl_ms, e2e_ms; statistics: pNN, mean, max. A later SLO on the same metric and "
+    "statistic replaces the preset's."
+)
 STATUS_ICONS = {
     "completed": ":material/check_circle:",
     "running": ":material/progress_activity:",
@@ -59,6 +85,13 @@ STATUS_ICONS = {
 
 
 _KEEP = "_keep."  # prefix of the plain copies of form values (see init_state)
+# WorkloadSpec fields the run forms draw beyond the basic ones, with the spec's defaults.
+WORKLOAD_FORM_FIELDS: tuple[str, ...] = (
+    "input_dist", "input_min", "input_max", "input_std",
+    "output_dist", "output_min", "output_max", "output_std",
+    "prefix_groups", "prefix_len", "sessions", "turns", "sharegpt_output_len", "sharegpt_max_len",
+)  # fmt: skip
+WORKLOAD_DEFAULTS: dict[str, Any] = {name: WorkloadSpec.model_fields[name].default for name in WORKLOAD_FORM_FIELDS}
 
 
 def init_state(page: str | None = None) -> None:
@@ -79,6 +112,13 @@ def init_state(page: str | None = None) -> None:
                 f"{mode}.ignore_eos": True,
                 f"{mode}.seed": 0,
                 f"{mode}.name": "",
+                f"{mode}.size": "requests",
+                f"{mode}.duration": 30.0,
+                f"{mode}.ramp_up": RunConfig.model_fields["ramp_up_s"].default,
+                f"{mode}.slo_preset": forms.SLO_NO_PRESET,
+                f"{mode}.slo_text": "",
+                f"{mode}.sharegpt_path": "",
+                **{f"{mode}.{name}": WORKLOAD_DEFAULTS[name] for name in WORKLOAD_FORM_FIELDS},
             }
         )
     ss = st.session_state
@@ -193,9 +233,22 @@ def _sidebar_run(job: Job | None, sweep: SweepSnapshot | None = None) -> None:
         return
     snap = job.snapshot()
     st.markdown(f":blue-badge[{snap.status}] **{snap.mode}** run #{snap.run_id}")
-    st.progress(snap.fraction, text=f"{snap.done}/{snap.total} requests · {data.fmt_duration(snap.elapsed_s)}")
+    fraction, text = run_progress(snap)
+    st.progress(fraction, text=text)
     page = PAGE_SWEEP if in_sweep else MODE_PAGES.get(snap.mode, PAGE_RESULTS)
     st.page_link(page, label="Show live", icon=":material/monitoring:")
+
+
+def run_progress(snap: JobSnapshot) -> tuple[float, str]:
+    """How far a run is (0..1) and that in words: requests done of the total, or, for a
+    duration-bound run (whose request count is only a cap), the time sent of the duration."""
+    duration = snap.config.get("duration_s")
+    if duration:
+        sent = min(snap.elapsed_s, float(duration))
+        return min(1.0, sent / float(duration)), (
+            f"{snap.done:,} requests · {data.fmt_duration(sent)} of {data.fmt_duration(float(duration))}"
+        )
+    return min(1.0, snap.fraction), f"{snap.done:,}/{snap.total:,} requests · {data.fmt_duration(snap.elapsed_s)}"
 
 
 # --- run pages -------------------------------------------------------------------------------
@@ -238,28 +291,133 @@ def _save_upload(name: str, payload: bytes) -> Path:
     return path
 
 
-def workload_form(mode: str) -> dict[str, Any] | None:
-    """The workload and run-size widgets; returns RunConfig fields, or None when an upload is invalid."""
-    k = mode + "."
-    c1, c2, c3 = st.columns(3)
-    source = c1.radio(
-        "Prompts",
-        ["random", "builtin", "jsonl"],
-        key=k + "source",
-        format_func={"random": "Random, exact length", "builtin": "Built-in set", "jsonl": "Upload JSONL"}.get,
-        help="Random prompts have exactly the input length in tokens; outputs are exactly the output length "
-        "when 'ignore EOS' is on.",
+def slo_texts(prefix: str) -> list[str]:
+    """The SLO texts of the SLO inputs under ``prefix`` (see :func:`slo_inputs`), unchecked."""
+    ss = st.session_state
+    return forms.slo_texts(ss.get(prefix + "slo_preset"), ss.get(prefix + "slo_text"))
+
+
+def checked_slos(prefix: str) -> list[str]:
+    """The SLO texts of the inputs under ``prefix``; :class:`ConfigError` (one line) for a bad one."""
+    texts = slo_texts(prefix)
+    forms.checked_slos(texts)
+    return texts
+
+
+def slo_inputs(prefix: str, widths: tuple[float, float] = (1, 2)) -> None:
+    """SLO inputs: a preset select and free-text lines (keys ``{prefix}slo_preset`` and
+    ``{prefix}slo_text``), with what runs will be judged on under the preset. A bad line is
+    not reported here: the form reports :func:`checked_slos`' error with its others."""
+    s1, s2 = st.columns(widths)
+    s1.selectbox("SLO preset", [forms.SLO_NO_PRESET, *SLO_PRESETS], key=prefix + "slo_preset", help=SLO_PRESET_HELP)
+    s2.text_area(
+        "More SLOs, one per line (METRIC:STAT<=LIMIT_MS)",
+        key=prefix + "slo_text",
+        height=68,
+        placeholder="ttft_ms:p99<=2000\ne2e_ms:p50<=5000",
+        help=SLO_TEXT_HELP,
     )
+    try:
+        judged = [slo.label for slo in forms.checked_slos(slo_texts(prefix))]
+    except MoEBenchError:
+        return  # the reason is shown with the form's errors
+    s1.caption("Runs are judged on: " + (", ".join(judged) if judged else "no SLOs (no goodput)"))
+
+
+def _length_distribution(k: str) -> None:
+    """Per-request input/output length distributions (random, shared-prefix and multi-turn prompts)."""
+    ss = st.session_state
+    sides = st.columns(2, gap="large")
+    for col, side, what in zip(sides, ("input", "output"), ("Input", "Output"), strict=True):
+        with col:
+            d1, d2, d3, d4 = st.columns([1.4, 1, 1, 1])
+            dist = d1.selectbox(
+                f"{what} lengths",
+                list(LENGTH_DISTS),
+                key=f"{k}{side}_dist",
+                format_func=DIST_LABELS.get,
+                help=WorkloadSpec.model_fields[f"{side}_dist"].description,
+            )
+            d2.number_input("Min", step=1, key=f"{k}{side}_min", disabled=dist == "fixed",
+                            **field_bounds(f"{side}_min", WorkloadSpec))  # fmt: skip
+            d3.number_input("Max", step=1, key=f"{k}{side}_max", disabled=dist == "fixed",
+                            **field_bounds(f"{side}_max", WorkloadSpec))  # fmt: skip
+            std = field_bounds(f"{side}_std", WorkloadSpec)  # the bounds as floats: a widget takes one type
+            std.update({b: float(std[b]) for b in ("min_value", "max_value") if b in std})
+            d4.number_input("Std dev", step=1.0, key=f"{k}{side}_std", disabled=dist != "normal", **std)
+    fixed = [side for side in ("input", "output") if ss.get(f"{k}{side}_dist") == "fixed"]
+    if len(fixed) < 2:
+        st.caption(
+            "Uniform lengths are drawn between min and max; normal ones around the length above (the mean) with "
+            "the std dev, clipped to min..max (empty: no bound)."
+        )
+
+
+def _workload(k: str, source: str, path: str | None) -> dict[str, Any]:
+    """The WorkloadSpec fields of the form under ``k`` for ``source`` (only those it uses)."""
+    ss = st.session_state
+    workload: dict[str, Any] = {
+        "source": source,
+        "input_len": int(ss[k + "input_len"]),
+        "output_len": int(ss["s.max_tokens"]),
+        "path": path,
+        "seed": int(ss[k + "seed"]),
+    }
+
+    def number(name: str, kind: type) -> Any:
+        value = ss.get(k + name)
+        return None if value is None else kind(value)
+
+    if source in LENGTH_SOURCES:
+        for side in ("input", "output"):
+            dist = ss[f"{k}{side}_dist"]
+            workload[f"{side}_dist"] = dist
+            if dist != "fixed":
+                workload[f"{side}_min"] = number(f"{side}_min", int)
+                workload[f"{side}_max"] = number(f"{side}_max", int)
+            if dist == "normal":
+                workload[f"{side}_std"] = number(f"{side}_std", float)
+    extra = {"shared_prefix": ("prefix_groups", "prefix_len"), "multi_turn": ("sessions", "turns"),
+             "sharegpt": ("sharegpt_output_len", "sharegpt_max_len")}.get(source, ())  # fmt: skip
+    for name in extra:
+        value = ss[k + name]
+        workload[name] = value if isinstance(value, str) else int(value)
+    return workload
+
+
+def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The workload and run-size widgets; returns RunConfig fields, or None when they do not make a
+    run (no prompt file yet, a bad SLO or a bad combination: the reason is shown as one line).
+
+    ``engine``: the loaded engine's options, which the fields are checked with (default: native).
+    """
+    k = mode + "."
+    ss = st.session_state
+    c1, c2, c3 = st.columns(3)
+    source = c1.selectbox("Prompts", list(SOURCE_LABELS), key=k + "source", format_func=SOURCE_LABELS.get,
+                          help=SOURCE_HELP)  # fmt: skip
+    varied = source in LENGTH_SOURCES
     c2.number_input(
         "Input length (tokens)",
         step=16,
         key=k + "input_len",
-        disabled=source != "random",
+        disabled=not varied or ss.get(k + "input_dist") == "uniform",
         **field_bounds("input_len", WorkloadSpec),
     )
     c2.number_input("Output length (tokens)", step=8, key="s.max_tokens", **field_bounds("output_len", WorkloadSpec))
     c2.number_input("Warm-up requests", step=1, key=k + "warmup", **field_bounds("warmup"))
-    c3.number_input("Requests", step=1, key=k + "requests", **field_bounds("requests"))
+    size = c3.radio(
+        "Run length",
+        ["requests", "duration"],
+        key=k + "size",
+        horizontal=True,
+        format_func={"requests": "Requests", "duration": "Duration (s)"}.get,
+        help="A number of requests, or a duration: send for that many seconds, then let the requests in flight finish.",
+    )
+    if size == "requests":
+        c3.number_input("Requests", step=1, key=k + "requests", **field_bounds("requests"))
+    else:
+        c3.number_input("Duration (s)", step=10.0, key=k + "duration", **field_bounds("duration_s"))
     if mode == "concurrency":
         c3.number_input("Concurrency", step=1, key=k + "concurrency", **field_bounds("concurrency"))
         c3.number_input(
@@ -273,11 +431,53 @@ def workload_form(mode: str) -> dict[str, Any] | None:
             "Burstiness",
             step=0.25,
             key=k + "burstiness",
-            disabled=float(st.session_state.get(k + "request_rate") or 0) <= 0,
+            disabled=float(ss.get(k + "request_rate") or 0) <= 0,
             **field_bounds("burstiness"),
         )
+        c1.number_input("Ramp-up (s)", step=1.0, key=k + "ramp_up", **field_bounds("ramp_up_s"))
     path: str | None = None
-    if source == "jsonl":
+    if source in ("shared_prefix", "multi_turn"):
+        names = ("prefix_groups", "prefix_len") if source == "shared_prefix" else ("sessions", "turns")
+        labels = {"prefix_groups": "Prefix groups", "prefix_len": "Prefix length (tokens)", "sessions": "Sessions",
+                  "turns": "Turns per session"}  # fmt: skip
+        w1, w2, w3 = st.columns(3)
+        for col, name in zip((w1, w2), names, strict=True):
+            col.number_input(labels[name], step=1, key=k + name, **field_bounds(name, WorkloadSpec))
+        w3.caption(
+            "Each request: its group's prefix, then a random suffix of the input length."
+            if source == "shared_prefix"
+            else "Each turn adds a user message of the input length to the history and resends it all."
+        )
+    elif source == "sharegpt":
+        g1, g2, g3 = st.columns([2, 1, 1])
+        g1.text_input(
+            "ShareGPT file (path on the dashboard's machine)",
+            key=k + "sharegpt_path",
+            placeholder="/data/ShareGPT_V3_unfiltered_cleaned_split.json",
+            help="A ShareGPT JSON file, as vllm bench reads it: each conversation's first human turn is a prompt",
+        )
+        g2.radio(
+            "Output lengths",
+            ["dataset", "fixed"],
+            key=k + "sharegpt_output_len",
+            horizontal=True,
+            format_func={"dataset": "From the replies", "fixed": "Output length"}.get,
+            help=WorkloadSpec.model_fields["sharegpt_output_len"].description,
+        )
+        g3.number_input(
+            "Longest prompt + output (tokens)", step=256, key=k + "sharegpt_max_len",
+            **field_bounds("sharegpt_max_len", WorkloadSpec),
+        )  # fmt: skip
+        typed = str(ss.get(k + "sharegpt_path") or "").strip()
+        if not typed:
+            st.info("Give the path of a ShareGPT JSON file to start a run with it.", icon=":material/description:")
+            return None
+        found = Path(typed).expanduser()
+        if not found.is_file():
+            show_error(WorkloadError(f"ShareGPT file '{typed}' does not exist on this machine"))
+            return None
+        path = str(found.resolve())
+    elif source == "jsonl":
         upload = st.file_uploader(
             "Prompt file (JSONL: one object per line with 'prompt' and optional 'output_len')",
             type=["jsonl", "json", "txt"],
@@ -295,6 +495,11 @@ def workload_form(mode: str) -> dict[str, Any] | None:
         saved = _save_upload(upload.name, payload)
         st.caption(f"{len(items)} prompts, saved as `{saved}`")
         path = str(saved)
+    if varied:
+        with st.expander("Length distribution", icon=":material/bar_chart:"):
+            _length_distribution(k)
+    with st.expander("SLOs and goodput", icon=":material/flag:"):
+        slo_inputs(k)
     with st.expander("Sampling and run options"):
         s1, s2, s3, s4 = st.columns(4)
         s1.number_input("Temperature", step=0.1, key="s.temperature", **field_bounds("temperature"))
@@ -309,21 +514,15 @@ def workload_form(mode: str) -> dict[str, Any] | None:
             help="Read the server's /metrics once a second (vLLM, Triton) for the live server charts. Each scrape "
             "costs the server some CPU (about 15 ms on the vLLM CPU server); turn off for the cleanest numbers.",
         )
-    ss = st.session_state
-    return {
+    concurrent = mode == "concurrency"
+    fields: dict[str, Any] = {
         "mode": mode,
-        "workload": {
-            "source": source,
-            "input_len": int(ss[k + "input_len"]),
-            "output_len": int(ss["s.max_tokens"]),
-            "path": path,
-            "seed": int(ss[k + "seed"]),
-        },
-        "requests": int(ss[k + "requests"]),
-        "concurrency": int(ss[k + "concurrency"]) if mode == "concurrency" else 1,
-        "workers": int(ss[k + "workers"]) if mode == "concurrency" else 1,
-        "request_rate": float(ss[k + "request_rate"]) if mode == "concurrency" else None,  # 0: closed loop
-        "burstiness": float(ss[k + "burstiness"]) if mode == "concurrency" else 1.0,
+        "workload": _workload(k, source, path),
+        "concurrency": int(ss[k + "concurrency"]) if concurrent else 1,
+        "workers": int(ss[k + "workers"]) if concurrent else 1,
+        "request_rate": float(ss[k + "request_rate"]) if concurrent else None,  # 0: closed loop
+        "burstiness": float(ss[k + "burstiness"]) if concurrent else 1.0,
+        "ramp_up_s": float(ss[k + "ramp_up"]) if concurrent else 0.0,
         "warmup": int(ss[k + "warmup"]),
         "temperature": float(ss["s.temperature"]),
         "top_p": float(ss["s.top_p"]),
@@ -331,6 +530,18 @@ def workload_form(mode: str) -> dict[str, Any] | None:
         "name": str(ss[k + "name"]).strip(),
         "server_metrics": bool(ss[k + "server_metrics"]),
     }
+    # A duration-bound run leaves the request count out: RunConfig picks the cap.
+    if size == "duration":
+        fields["duration_s"] = float(ss[k + "duration"])
+    else:
+        fields["requests"] = int(ss[k + "requests"])
+    try:
+        fields["slos"] = checked_slos(k)
+        RunConfig.build(engine=dict(engine or {"kind": "native"}), **fields)
+    except MoEBenchError as exc:
+        show_error(exc)
+        return None
+    return fields
 
 
 def run_page(mode: str) -> None:
@@ -341,7 +552,7 @@ def run_page(mode: str) -> None:
     active = manager.active()
 
     with st.container(border=True):
-        fields = workload_form(mode)
+        fields = workload_form(mode, state.options)
         b1, b2 = st.columns([1, 3], vertical_alignment="center")
         blocked = start_blocked_reason(state, active)
         start = b1.button(
@@ -387,19 +598,20 @@ def live_panel(mode: str) -> None:
         if running and snap is not None and not snap.active:
             st.rerun()  # finished: one full redraw (buttons, sidebar), then no more refreshes
         if snap is not None:
-            run_id, status, summary = snap.run_id, snap.status, snap.summary
+            run_id, status, summary, config = snap.run_id, snap.status, snap.summary, snap.config
         else:
             last = _latest_run(mode)
             if last is None:
                 st.info(f"No {mode} run yet. Set the workload above and press Start.", icon=":material/info:")
                 return
-            run_id, status, summary = last.id, last.status, last.summary
+            run_id, status, summary, config = last.id, last.status, last.summary, last.config
             st.caption(f"Showing the latest stored {mode} run (started {data.runs_frame([last])['created'][0]}).")
         assert run_id is not None
         _progress(snap, run_id, status, mode)
         live = data.load_live(store, run_id)
-        _headline(summary, live, running)
-        figs = data.live_figures(live, summary)
+        slos = data.run_slos(config, summary)
+        _headline(summary, live, running, slos)
+        figs = data.live_figures(live, summary, slos)
         left, right = st.columns(2)
         with left:
             chart(figs["latency"], f"{mode}-live-latency")
@@ -427,13 +639,12 @@ def _progress(snap: JobSnapshot | None, run_id: int, status: str, mode: str) -> 
     c1, c2 = st.columns([4, 1], vertical_alignment="bottom")
     with c1:
         st.markdown(f"#### {icon} Run #{run_id} · {status}")
-        text = (
-            f"{snap.done:,}/{snap.total:,} requests · {snap.in_flight} in flight · {snap.failed} failed · "
-            f"{data.fmt_duration(snap.elapsed_s)}"
-        )
+        fraction, text = run_progress(snap)
+        done, _, when = text.partition(" · ")
+        text = f"{done} · {snap.in_flight} in flight · {snap.failed} failed · {when}"
         if snap.active and snap.phase not in ("running", status):
             text = f"{snap.phase} · {text}"
-        st.progress(min(1.0, snap.fraction), text=text)
+        st.progress(fraction, text=text)
     with c2:
         if snap.active:
             st.button(
@@ -461,7 +672,8 @@ def _cancel(job_id: str) -> None:
         job.cancel()
 
 
-def _headline(summary: RunSummary | None, live: data.LiveData, running: bool) -> None:
+def _headline(summary: RunSummary | None, live: data.LiveData, running: bool, slos: list[Slo]) -> None:
+    """Throughput, TTFT/TPOT p50, E2E p99 and peak memory; goodput too when the run has SLOs."""
     cols = st.columns(5)
     tok_s = data.last_value(live.timeseries, SERIES_OUTPUT_TOK_S) if running else None
     if running:
@@ -486,6 +698,30 @@ def _headline(summary: RunSummary | None, live: data.LiveData, running: bool) ->
     if peak is None:
         peak = data.last_value(live.timeseries, "mem_peak_gib")
     cols[4].metric("Peak memory", data.fmt_unit(peak, "GiB"), help=METRIC_DEFINITIONS["peak_memory_gib"])
+    if slos:
+        _slo_headline(summary, slos)
+
+
+def _slo_headline(summary: RunSummary | None, slos: list[Slo]) -> None:
+    """A second headline row for a run with SLOs: goodput, requests within them, the verdict."""
+    judged = summary is not None and summary.slos is not None
+    good = summary.good_requests if judged and summary is not None else None
+    cols = st.columns([1, 1, 1, 2], vertical_alignment="bottom")
+    cols[0].metric(
+        "Goodput",
+        data.fmt_unit(summary.goodput_rps if judged and summary is not None else None, "req/s"),
+        help=f"{METRIC_DEFINITIONS['goodput_rps']} SLOs: {', '.join(s.label for s in slos)}.",
+    )
+    cols[1].metric(
+        "Within the SLOs",
+        "-" if good is None or summary is None else f"{good:,} of {summary.completed:,}",
+        help="Completed requests that met every SLO on their own values, of those completed.",
+    )
+    met = summary.slo_met if judged and summary is not None else None
+    cols[2].metric(
+        "SLO verdict", "-" if met is None else "met" if met else "not met", help=METRIC_DEFINITIONS["slo_met"]
+    )
+    cols[3].caption("Judged on: " + ", ".join(s.label for s in slos))
 
 
 def show_summary(summary: RunSummary, key: str) -> None:

@@ -18,7 +18,6 @@ import streamlit as st
 from bench import report
 from bench.cli import number_list
 from bench.config import RunConfig, field_bounds
-from bench.slo import SLO_PRESETS, SloError, parse_slos
 from bench.store import SweepRow
 from bench.sweep import CapacitySpec, SweepSnapshot, SweepSpec, sweep_points
 from bench.workloads import WorkloadSpec
@@ -31,7 +30,6 @@ TYPES = {
     "lengths": "Input/output lengths",
     "capacity": "Capacity search",
 }
-NO_PRESET = "none"
 DEFAULTS: dict[str, Any] = {
     "w.type": "concurrency",
     "w.values.concurrency": "1,2,4,8,16,32",
@@ -111,20 +109,6 @@ def _lengths(text: str) -> list[tuple[int, int]]:
             raise ConfigError(f"Input:output lengths: token pairs like 128:64,512:128, got '{text.strip()}'")
         pairs.append(pair)
     return pairs
-
-
-def _slo_texts() -> list[str]:
-    texts = [] if ss["w.slo_preset"] == NO_PRESET else [str(ss["w.slo_preset"])]
-    return texts + [line.strip() for line in str(ss["w.slo_text"]).splitlines() if line.strip()]
-
-
-def _slos() -> list[str]:
-    texts = _slo_texts()
-    try:
-        parse_slos(texts)
-    except SloError as exc:
-        raise ConfigError(str(exc)) from None
-    return texts
 
 
 def _form() -> None:
@@ -219,28 +203,7 @@ def _form() -> None:
         r4.number_input("Seconds per run", step=10.0, key="w.duration", **field_bounds("duration_s"))
     r5.number_input("Warm-up requests", step=1, key="w.warmup", **field_bounds("warmup"))
 
-    s1, s2 = st.columns([1, 2])
-    s1.selectbox(
-        "SLO preset",
-        [NO_PRESET, *SLO_PRESETS],
-        key="w.slo_preset",
-        help="MLPerf Inference's DeepSeek-R1 server scenario (TTFT p99 ≤ 2 s, TPOT p99 ≤ 80 ms) or its "
-        "interactive one (1.5 s, 15 ms)",
-    )
-    s2.text_area(
-        "More SLOs, one per line (METRIC:STAT<=LIMIT_MS)",
-        key="w.slo_text",
-        height=68,
-        placeholder="ttft_ms:p99<=2000\ne2e_ms:p50<=5000",
-        help="Metrics: ttft_ms, tpot_ms, itl_ms, e2e_ms; statistics: pNN, mean, max. A later SLO on the same "
-        "metric and statistic replaces the preset's.",
-    )
-    try:
-        judged = [slo.label for slo in parse_slos(_slo_texts())]
-    except SloError:
-        judged = None  # the reason is shown under the form
-    if judged is not None:
-        s1.caption("Runs are judged on: " + (", ".join(judged) if judged else "no SLOs (no goodput)"))
+    ui.slo_inputs("w.")
     if kind != "capacity":
         st.markdown("**Early stops** (off unless ticked): a line of points ends at the first point that trips one")
         e1, e2, e3 = st.columns(3)
@@ -274,7 +237,7 @@ def _form() -> None:
 def _build(engine: dict[str, Any]) -> tuple[SweepSpec | CapacitySpec, str]:
     """The spec the form describes on ``engine``, and what it will do in one line; ConfigError otherwise."""
     kind = ss["w.type"]
-    slos = _slos()
+    slos = ui.checked_slos("w.")
     workload: dict[str, Any] = {
         "source": "random" if kind == "lengths" else ss["w.source"],
         "input_len": int(ss["w.input_len"]),

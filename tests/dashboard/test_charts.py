@@ -213,3 +213,112 @@ def test_engine_telemetry_gets_its_own_chart_only_when_reported(store: Store) ->
     fig = data.live_figures(live)["telemetry"]
     assert [t.name for t in fig.data] == ["server_kv_cache_usage_pct"]
     assert list(fig.data[0].y) == [10.0, 40.0]
+
+
+def _slo_marks(fig: object) -> tuple[dict[str, list[float]], dict[str, list[str]]]:
+    """The SLO shapes (name -> their x0 or y0) and annotations (name -> texts) of a figure."""
+    shapes: dict[str, list[float]] = {}
+    notes: dict[str, list[str]] = {}
+    for s in fig.layout.shapes:  # type: ignore[attr-defined]
+        if (s.name or "").startswith("slo:"):
+            shapes.setdefault(s.name, []).append(s.x0 if s.xref == "x" else s.y0)
+    for a in fig.layout.annotations:  # type: ignore[attr-defined]
+        if (a.name or "").startswith("slo:"):
+            notes.setdefault(a.name, []).append(a.text)
+    return shapes, notes
+
+
+def test_histograms_draw_the_slos_of_their_own_metric_only() -> None:
+    from bench.slo import parse_slos
+
+    samples = _samples(101)  # TTFT 10-30 ms, TPOT 2-4 ms
+    slos = parse_slos(["ttft_ms:p99<=25", "ttft_ms:mean<=20", "tpot_ms:p99<=3.5", "e2e_ms:p50<=40"])
+    fig = charts.distribution(samples, "ttft_ms", "TTFT", p50=12.5, p99=30.0, slos=slos)
+    shapes, notes = _slo_marks(fig)
+    assert shapes == {"slo:ttft_ms:p99<=25": [25.0], "slo:ttft_ms:mean<=20": [20.0]}
+    assert notes == {"slo:ttft_ms:p99<=25": ["TTFT p99 ≤ 25 ms"], "slo:ttft_ms:mean<=20": ["TTFT mean ≤ 20 ms"]}
+    assert all(s.line.dash == "dash" and s.line.color == charts.SLO_COLOR for s in fig.layout.shapes if s.name)
+    assert len(fig.layout.shapes) == 4  # p50, p99 and the two SLOs
+    fig = charts.distribution(samples, "tpot_ms", "TPOT", slos=slos)
+    assert _slo_marks(fig) == ({"slo:tpot_ms:p99<=3.5": [3.5]}, {"slo:tpot_ms:p99<=3.5": ["TPOT p99 ≤ 3.5 ms"]})
+    # No SLO on the metric: the chart is the plain one.
+    fig = charts.distribution(samples, "ttft_ms", "TTFT", slos=parse_slos(["tpot_ms:p99<=3"]))
+    assert _slo_marks(fig) == ({}, {}) and len(fig.layout.shapes) == 2
+
+
+def test_an_slo_far_from_the_data_is_a_note_at_the_edge_not_a_squashing_line() -> None:
+    from bench.slo import parse_slos
+
+    samples = _samples(50)  # TTFT 10-30 ms: a 2 s limit would leave them a sliver of the axis
+    fig = charts.distribution(samples, "ttft_ms", "TTFT", slos=parse_slos(["mlperf-server"]))
+    shapes, notes = _slo_marks(fig)
+    assert shapes == {}
+    assert notes == {"slo:ttft_ms:p99<=2000": ["TTFT p99 ≤ 2000 ms (off the chart) →"]}
+    # Below the data: a 1 ms limit on 10-30 ms stays in view (the axis reaches down to it), a 100 ms one on
+    # 1010-1030 ms does not.
+    fig = charts.distribution(samples, "ttft_ms", "TTFT", slos=parse_slos(["ttft_ms:p50<=1"]))
+    assert _slo_marks(fig)[0] == {"slo:ttft_ms:p50<=1": [1.0]}
+    slow = samples.assign(ttft_ms=samples["ttft_ms"] + 1000)
+    fig = charts.distribution(slow, "ttft_ms", "TTFT", slos=parse_slos(["ttft_ms:p50<=100"]))
+    assert _slo_marks(fig) == ({}, {"slo:ttft_ms:p50<=100": ["← TTFT p50 ≤ 100 ms (off the chart)"]})
+    fig = charts.latency_over_time(samples, slos=parse_slos(["e2e_ms:p99<=60000"]))
+    assert _slo_marks(fig) == ({}, {"slo:e2e_ms:p99<=60000": ["E2E p99 ≤ 60000 ms (above the chart) ↑"]})
+
+
+def test_latency_over_time_draws_e2e_and_ttft_slos_as_horizontal_lines() -> None:
+    from bench.slo import parse_slos
+
+    samples = _samples(40, fail_every=5)
+    slos = parse_slos(["e2e_ms:p99<=50", "ttft_ms:p99<=25", "tpot_ms:p99<=3", "itl_ms:p99<=3"])
+    fig = charts.latency_over_time(samples, slos=slos)
+    shapes, notes = _slo_marks(fig)
+    assert shapes == {"slo:e2e_ms:p99<=50": [50.0], "slo:ttft_ms:p99<=25": [25.0]}
+    assert notes == {"slo:e2e_ms:p99<=50": ["E2E p99 ≤ 50 ms"], "slo:ttft_ms:p99<=25": ["TTFT p99 ≤ 25 ms"]}
+    assert all(s.xref == "paper" and s.y0 == s.y1 for s in fig.layout.shapes)
+    assert {t.name for t in fig.data} == {"E2E", "TTFT", "failed"}  # lines are shapes, not traces
+    assert not charts.latency_over_time(samples).layout.shapes
+
+
+def test_live_figures_draw_the_runs_slos(store: Store) -> None:
+    from bench.slo import parse_slos
+
+    records = synthetic_records(60)
+    summary = summarize(records, slos=["ttft_ms:p99<=25", "tpot_ms:p99<=3.5"])
+    run_id = store.create_run(
+        mode="concurrency", engine="native", model="m", accelerator="cpu", config={"slos": ["e2e_ms:p99<=45"]}
+    )
+    store.add_samples(run_id, list(enumerate(records)))
+    live = data.load_live(store, run_id)
+    # The summary's SLOs (what the run was judged on) win over the stored config's.
+    assert [s.text for s in data.run_slos({"slos": ["e2e_ms:p99<=45"]}, summary)] == [
+        "ttft_ms:p99<=25",
+        "tpot_ms:p99<=3.5",
+    ]
+    figs = data.live_figures(live, summary)
+    assert set(_slo_marks(figs["ttft"])[0]) == {"slo:ttft_ms:p99<=25"}
+    assert set(_slo_marks(figs["tpot"])[0]) == {"slo:tpot_ms:p99<=3.5"}
+    assert set(_slo_marks(figs["latency"])[0]) == {"slo:ttft_ms:p99<=25"}
+    # A run without a summary yet (just started): its config's SLOs.
+    slos = data.run_slos({"slos": ["e2e_ms:p99<=45"]}, None)
+    assert slos == parse_slos(["e2e_ms:p99<=45"])
+    figs = data.live_figures(live, None, slos)
+    assert set(_slo_marks(figs["latency"])[0]) == {"slo:e2e_ms:p99<=45"}
+    assert _slo_marks(figs["ttft"]) == ({}, {})
+    assert data.run_slos({}, None) == [] and data.run_slos(None, summarize(records)) == []
+
+
+def test_run_progress_counts_time_for_a_duration_bound_run() -> None:
+    from bench.job import JobSnapshot
+    from dashboard.ui import run_progress
+
+    def snap(**kw: object) -> JobSnapshot:
+        base = {"job_id": "j", "run_id": 1, "status": "running", "phase": "running", "done": 5, "total": 20,
+                "failed": 0, "in_flight": 2, "elapsed_s": 15.0, "error": None, "summary": None,
+                "mode": "concurrency"}  # fmt: skip
+        return JobSnapshot(**{**base, **kw})  # type: ignore[arg-type]
+
+    assert run_progress(snap()) == (0.25, "5/20 requests · 15.0 s")
+    # Its request count is only a cap (1,000,000): progress is the time sent of the duration.
+    fraction, text = run_progress(snap(total=1_000_000, config={"duration_s": 60.0}))
+    assert fraction == pytest.approx(0.25) and text == "5 requests · 15.0 s of 1:00"
+    assert run_progress(snap(total=1_000_000, elapsed_s=61.2, config={"duration_s": 60.0}))[0] == 1.0

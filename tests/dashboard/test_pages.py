@@ -190,7 +190,7 @@ def test_bad_jsonl_upload_is_a_clear_error(app_test: Callable[..., Any], fresh_d
     with pytest.raises(WorkloadError, match="line 2: not valid JSON"):
         parse_jsonl(b'{"prompt": "ok"}\n{not json}\n', origin="prompts.jsonl")
     at = app_test("app_pages/concurrency.py")
-    at.radio(key="concurrency.source").set_value("jsonl").run()
+    at.selectbox(key="concurrency.source").set_value("jsonl").run()
     _no_exception(at)
     assert "Upload a JSONL prompt file" in _texts(at)
 
@@ -279,6 +279,134 @@ def test_run_form_passes_workers_and_warmup_into_the_config() -> None:
     assert len(at.error) == 1 and "5 workers need a concurrency of at least 5" in at.error[0].value
 
 
+def _submit_form() -> None:
+    """The run form of ``st.session_state["mode"]`` (default concurrency); ``submitted`` is the config it
+    built on this run, or None when the form refused (the reason is on the page)."""
+    import streamlit as st
+
+    from dashboard import ui
+
+    class Slot:
+        def state(self) -> object:
+            return type("State", (), {"options": {"kind": "native"}})()
+
+        def engine(self) -> object:
+            return object()
+
+    class Manager:
+        def submit(self, config: object, engine: object = None) -> None:
+            st.session_state["submitted"] = config.model_dump()  # type: ignore[attr-defined]
+
+    ui.init_state()
+    st.session_state["submitted"] = None
+    fields = ui.workload_form(st.session_state.setdefault("mode", "concurrency"))
+    if fields is not None:
+        ui.submit_run(Slot(), Manager(), fields)
+
+
+def _one_line_error(at: Any, text: str) -> None:
+    assert len(at.error) == 1, [e.value for e in at.error]
+    assert text in at.error[0].value and "\n" not in at.error[0].value, at.error[0].value
+    assert at.session_state["submitted"] is None
+
+
+def test_run_form_builds_slos_duration_ramp_up_and_workload_sources(tmp_path: Path) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    from bench.config import DURATION_MAX_REQUESTS
+    from bench.workloads import WORKLOAD_SOURCES
+    from dashboard import ui
+
+    assert set(ui.SOURCE_LABELS) == set(WORKLOAD_SOURCES)  # every source is offered
+    at = AppTest.from_function(_submit_form, default_timeout=30).run()
+    _no_exception(at)
+    cfg = at.session_state["submitted"]
+    assert cfg["slos"] == [] and cfg["duration_s"] is None and cfg["ramp_up_s"] == 0.0 and cfg["requests"] == 32
+    assert "Runs are judged on: no SLOs (no goodput)" in _texts(at)
+
+    at.selectbox(key="concurrency.slo_preset").set_value("interactive").run()
+    at.text_area(key="concurrency.slo_text").set_value("e2e_ms:p99<=5000\n\n ttft_ms:p99<=1000 ").run()
+    at.radio(key="concurrency.size").set_value("duration").run()
+    at.number_input(key="concurrency.duration").set_value(12.5).run()
+    at.number_input(key="concurrency.ramp_up").set_value(2.0).run()
+    _no_exception(at)
+    cfg = at.session_state["submitted"]
+    # The text's TTFT p99 replaces the preset's; the config keeps the expanded texts.
+    assert cfg["slos"] == ["ttft_ms:p99<=1000", "tpot_ms:p99<=15", "e2e_ms:p99<=5000"]
+    assert "Runs are judged on: TTFT p99 ≤ 1000 ms, TPOT p99 ≤ 15 ms, E2E p99 ≤ 5000 ms" in _texts(at)
+    assert (cfg["duration_s"], cfg["ramp_up_s"]) == (12.5, 2.0)
+    assert cfg["requests"] == DURATION_MAX_REQUESTS  # left to RunConfig: a closed loop's cap
+
+    at.selectbox(key="concurrency.source").set_value("shared_prefix").run()
+    at.number_input(key="concurrency.prefix_groups").set_value(3).run()
+    at.number_input(key="concurrency.prefix_len").set_value(24).run()
+    w = at.session_state["submitted"]["workload"]
+    assert (w["source"], w["prefix_groups"], w["prefix_len"], w["input_dist"]) == ("shared_prefix", 3, 24, "fixed")
+    at.selectbox(key="concurrency.input_dist").set_value("uniform").run()  # without its bounds: refused
+    _one_line_error(at, "a uniform input length needs input_min and input_max")
+    assert at.number_input(key="concurrency.input_len").disabled  # a uniform length has no mean
+    at.number_input(key="concurrency.input_min").set_value(40).run()
+    at.number_input(key="concurrency.input_max").set_value(20).run()
+    _one_line_error(at, "input_min (40) is above input_max (20)")
+    at.number_input(key="concurrency.input_max").set_value(80).run()
+    at.selectbox(key="concurrency.output_dist").set_value("normal").run()
+    at.number_input(key="concurrency.output_std").set_value(4.0).run()
+    _no_exception(at)
+    w = at.session_state["submitted"]["workload"]
+    assert (w["input_dist"], w["input_min"], w["input_max"]) == ("uniform", 40, 80)
+    assert (w["output_dist"], w["output_std"], w["output_min"], w["output_max"]) == ("normal", 4.0, None, None)
+
+    at.selectbox(key="concurrency.source").set_value("multi_turn").run()
+    at.number_input(key="concurrency.sessions").set_value(2).run()
+    at.number_input(key="concurrency.turns").set_value(5).run()
+    w = at.session_state["submitted"]["workload"]
+    assert (w["source"], w["sessions"], w["turns"]) == ("multi_turn", 2, 5)
+
+    at.selectbox(key="concurrency.source").set_value("builtin").run()
+    assert not any(e.label == "Length distribution" for e in at.expander)  # built-in prompts have fixed lengths
+    assert at.number_input(key="concurrency.input_len").disabled
+    assert at.session_state["submitted"]["workload"]["input_dist"] == "fixed"
+
+    at.selectbox(key="concurrency.source").set_value("sharegpt").run()
+    assert at.session_state["submitted"] is None and "Give the path of a ShareGPT JSON file" in _texts(at)
+    at.text_input(key="concurrency.sharegpt_path").set_value(str(tmp_path / "missing.json")).run()
+    _one_line_error(at, "missing.json' does not exist")
+    data_file = tmp_path / "sharegpt.json"
+    data_file.write_text("[]")
+    at.text_input(key="concurrency.sharegpt_path").set_value(str(data_file)).run()
+    at.radio(key="concurrency.sharegpt_output_len").set_value("fixed").run()
+    w = at.session_state["submitted"]["workload"]
+    assert (w["source"], w["path"], w["sharegpt_output_len"]) == ("sharegpt", str(data_file), "fixed")
+
+    at.radio(key="concurrency.size").set_value("requests").run()
+    at.number_input(key="concurrency.requests").set_value(7).run()
+    cfg = at.session_state["submitted"]
+    assert cfg["duration_s"] is None and cfg["requests"] == 7
+
+    # A bad SLO line: one line, no run.
+    at.text_area(key="concurrency.slo_text").set_value("ttft:p99<=fast").run()
+    _no_exception(at)
+    _one_line_error(at, "SLO 'ttft:p99<=fast' is not METRIC:STAT<=LIMIT")
+    assert "Runs are judged on" not in _texts(at)
+
+
+def test_latency_form_offers_a_duration_but_no_ramp_up() -> None:
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_function(_submit_form, default_timeout=30)
+    at.session_state["mode"] = "latency"
+    at.run()
+    _no_exception(at)
+    keys = {w.key for w in at.number_input}
+    assert "latency.ramp_up" not in keys and "latency.concurrency" not in keys
+    at.radio(key="latency.size").set_value("duration").run()
+    at.number_input(key="latency.duration").set_value(5.0).run()
+    at.selectbox(key="latency.slo_preset").set_value("mlperf-server").run()
+    cfg = at.session_state["submitted"]
+    assert (cfg["mode"], cfg["duration_s"], cfg["ramp_up_s"], cfg["concurrency"]) == ("latency", 5.0, 0.0, 1)
+    assert cfg["slos"] == ["ttft_ms:p99<=2000", "tpot_ms:p99<=80"]
+
+
 def test_concurrency_run_completes_and_appears_on_results(
     app_test: Callable[..., Any], tiny_model: Path, session_store: Store
 ) -> None:
@@ -321,6 +449,83 @@ def test_concurrency_run_completes_and_appears_on_results(
     row = table[table["run_id"] == run.id]
     assert len(row) == 1 and row["status"].iloc[0] == "completed"
     assert row["output_throughput_tok_s"].iloc[0] == pytest.approx(run.summary.output_throughput_tok_s)
+
+
+def test_a_duration_run_with_slos_ramp_up_and_shared_prefixes_reports_goodput(
+    app_test: Callable[..., Any], tiny_model: Path, session_store: Store
+) -> None:
+    """The Concurrency form on the real tiny model: a bad SLO blocks Start with one line; fixed, the run
+    is duration-bound with a ramp-up over shared-prefix prompts, and its summary and charts carry the SLOs."""
+    import json
+
+    from dashboard import services
+
+    at = app_test()
+    if not services.get_engine_slot().state().ready:
+        at.selectbox(key="e.accelerator").set_value("cpu").run()
+        at.button(key="e.btn.load").click().run()
+        _poll(at, lambda a: ":green-badge[:material/check: ready]" in _texts(a), what="the engine to load")
+    at.switch_page("app_pages/concurrency.py").run()
+    _no_exception(at)
+    at.text_area(key="concurrency.slo_text").set_value("e2e_ms:p99<=60000\nttft_ms:p99<=slow").run()
+    _no_exception(at)
+    assert len(at.error) == 1 and "SLO 'ttft_ms:p99<=slow' is not METRIC:STAT<=LIMIT" in at.error[0].value
+    assert "\n" not in at.error[0].value
+    assert at.button(key="concurrency.btn.start").disabled  # the engine is ready: only the SLO blocks it
+    at.text_area(key="concurrency.slo_text").set_value("e2e_ms:p99<=60000").run()
+    assert not at.error and not at.button(key="concurrency.btn.start").disabled
+
+    at.selectbox(key="concurrency.slo_preset").set_value("interactive").run()
+    at.selectbox(key="concurrency.source").set_value("shared_prefix").run()
+    at.number_input(key="concurrency.prefix_groups").set_value(2).run()
+    at.number_input(key="concurrency.prefix_len").set_value(16).run()
+    at.number_input(key="concurrency.input_len").set_value(8).run()
+    at.number_input(key="s.max_tokens").set_value(4).run()
+    at.number_input(key="concurrency.concurrency").set_value(2).run()
+    at.number_input(key="concurrency.request_rate").set_value(0.0).run()
+    at.number_input(key="concurrency.warmup").set_value(0).run()
+    at.radio(key="concurrency.size").set_value("duration").run()
+    at.number_input(key="concurrency.duration").set_value(2.0).run()
+    at.number_input(key="concurrency.ramp_up").set_value(0.5).run()
+    _no_exception(at)
+    assert not at.error
+    before = {r.id for r in session_store.list_runs()}
+    at.button(key="concurrency.btn.start").click().run()
+    _no_exception(at)
+    _poll(at, lambda a: "· completed" in _texts(a), timeout=180, what="the run to complete")
+    (run,) = [r for r in session_store.list_runs() if r.id not in before]
+    cfg = run.config
+    assert cfg["slos"] == ["ttft_ms:p99<=1500", "tpot_ms:p99<=15", "e2e_ms:p99<=60000"]
+    assert (cfg["duration_s"], cfg["ramp_up_s"], cfg["concurrency"]) == (2.0, 0.5, 2)
+    w = cfg["workload"]
+    assert (w["source"], w["prefix_groups"], w["prefix_len"], w["input_len"]) == ("shared_prefix", 2, 16, 8)
+    summary = run.summary
+    assert run.status == "completed" and summary is not None and summary.completed > 0
+    assert summary.slos == tuple(cfg["slos"])
+    assert summary.goodput_rps is not None and summary.good_requests is not None
+    assert summary.good_requests <= summary.completed
+    assert all(n == 24 for n in _prompt_lengths(session_store, run.id))  # 16-token prefix + 8-token suffix
+    # The headline has goodput; the summary table too; the charts carry the SLOs of their metrics.
+    goodput = next(m for m in at.metric if m.label == "Goodput")
+    assert goodput.value.endswith(" req/s") and "TTFT p99 ≤ 1500 ms" in goodput.help
+    within = next(m for m in at.metric if m.label == "Within the SLOs")
+    assert within.value == f"{summary.good_requests:,} of {summary.completed:,}"
+    verdict = next(m for m in at.metric if m.label == "SLO verdict")
+    assert verdict.value == ("met" if summary.slo_met else "not met")
+    assert "goodput" in list(_frame(at, "figure")["figure"])
+    notes = {}
+    for c in at.get("plotly_chart"):
+        spec = json.loads(c.proto.spec)["layout"]
+        title = spec.get("title", {}).get("text", "")
+        notes[title] = {a.get("name") for a in spec.get("annotations", []) if str(a.get("name")).startswith("slo:")}
+    assert notes["TTFT distribution"] == {"slo:ttft_ms:p99<=1500"}
+    assert notes["TPOT distribution"] == {"slo:tpot_ms:p99<=15"}
+    assert notes["Per-request latency over time"] == {"slo:ttft_ms:p99<=1500", "slo:e2e_ms:p99<=60000"}
+    assert notes["Output tokens per second"] == set()
+
+
+def _prompt_lengths(store: Store, run_id: int) -> list[int]:
+    return [int(row["prompt_tokens"]) for row in store.sample_rows(run_id)]
 
 
 def test_a_run_survives_a_new_session_and_stop_ends_it_within_2_s(

@@ -100,6 +100,8 @@ vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
 vllm:num_preemptions_total{engine="0",model_name="m"} 2.0
 vllm:prompt_tokens_total{engine="0",model_name="m"} 100.0
 vllm:generation_tokens_total{engine="0",model_name="m"} 50.0
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 640.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 256.0
 vllm:cache_config_info{block_size="128",cache_dtype="auto",num_gpu_blocks="2427",x="a,b"} 1.0
 process_open_fds 12
 """
