@@ -580,16 +580,27 @@ sweeping = holder.active()
 
 
 @st.fragment(run_every=1.0 if sweeping else None)
+def _live_progress(drawn: int) -> None:
+    """The progress line, once a second. The charts stay outside: a whole-page redraw when a
+    run finishes (``drawn`` is the finished-run count they show), not a redraw every second,
+    so watching a sweep costs the machine (and the server it measures) little CPU."""
+    snap = holder.snapshot()
+    if snap is None or not snap.active or snap.runs_done != drawn:
+        st.rerun()  # ended, or a point finished: one full redraw with the new charts
+    _progress(snap)
+    if snap.error:
+        st.error(snap.error, icon=":material/error:")
+
+
 def _panel() -> None:
     snap = holder.snapshot()
     live = snap is not None and snap.active
-    if sweeping and not live:
-        st.rerun()  # it ended: one full redraw (form, sidebar), then no more refreshes
     if live:
         assert snap is not None
         sweep = store.get_sweep(snap.sweep_id) if snap.sweep_id is not None else None
         if sweep is None:
             st.info("Starting the sweep…", icon=":material/hourglass_top:")
+            _live_progress(snap.runs_done)
             return
     else:
         sweeps = store.list_sweeps(limit=200)
@@ -613,11 +624,9 @@ def _panel() -> None:
     _header(sweep, runs)
     if live:
         assert snap is not None
-        _progress(snap)
+        _live_progress(snap.runs_done)
     if sweep.error and sweep.status != "completed":
         (st.warning if sweep.status in ("cancelled", "interrupted") else st.error)(sweep.error)
-    if snap is not None and live and snap.error:
-        st.error(snap.error, icon=":material/error:")
     if sweep.kind == "capacity":
         _capacity_body(sweep, live)
     else:
