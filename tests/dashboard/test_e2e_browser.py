@@ -224,7 +224,8 @@ def test_load_run_watch_download(browser_page: Any, server: str, moebench_data: 
     _shot(page, "concurrency")
 
     # An uploaded JSONL prompt file is validated: a bad line is a clear error, a good file is saved.
-    main.get_by_text("Upload JSONL").click()
+    main.get_by_role("combobox", name="Prompts").click()  # the prompt-source dropdown
+    page.get_by_role("option", name="Upload JSONL").click()
     wait_idle(page)
     upload = main.locator('[data-testid="stFileUploaderDropzoneInput"]')
     upload.set_input_files(
