@@ -96,7 +96,7 @@ class SweepSpec(BaseModel):
     def _check(self) -> SweepSpec:
         n = len(self.points())
         if n < 1:
-            raise ValueError("nothing to sweep: give concurrency, request_rate, lengths or an engine option values")
+            raise ValueError("nothing to sweep: give concurrency, request_rate or lengths values, or engine options")
         if n > MAX_POINTS:
             raise ValueError(f"{n} points is more than {MAX_POINTS}")
         if self.stop_on_slo_margin is not None and not self.base.get("slos"):
