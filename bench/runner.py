@@ -197,7 +197,10 @@ def _measure(
         job.cancel_event.set()
 
     def tick(elapsed: float) -> None:
-        job.set_summary(recorder.live_summary(elapsed, max_concurrency=cfg.concurrency, **_load(cfg)))
+        live = recorder.live_summary(elapsed, max_concurrency=cfg.concurrency, **_load(cfg))
+        job.set_summary(live)
+        if live is not None:  # stored too: a run killed mid-way keeps what it had measured
+            store.set_summary(run_id, live)
 
     recorder = Recorder(store, run_id, tokenizer=engine.tokenizer(), slos=cfg.slos)
     sampler = Sampler(

@@ -342,6 +342,12 @@ class Store:
             (status, time.time(), json.dumps(summary.as_dict()) if summary else None, error, run_id),
         )
 
+    def set_summary(self, run_id: int, summary: RunSummary) -> None:
+        """The summary so far of a run still running (a killed run keeps the last one)."""
+        self._conn().execute(
+            "UPDATE runs SET summary_json=? WHERE id=? AND status='running'", (json.dumps(summary.as_dict()), run_id)
+        )
+
     def set_engine_info(self, run_id: int, info: dict[str, Any], model: str | None = None) -> None:
         self._conn().execute(
             "UPDATE runs SET engine_json=?, model=COALESCE(?, model) WHERE id=?",
@@ -692,11 +698,19 @@ def import_bundle_file(store: Store, path: str | os.PathLike[str]) -> int:
     return store.import_bundle(bundle)
 
 
+# A text cell starting with one of these is a formula to a spreadsheet (OWASP "CSV injection").
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
 def _fmt(v: Any) -> Any:
     if v is None:
         return ""
     if isinstance(v, float):
         return f"{v:.6g}" if abs(v) < 1e-3 and v != 0 else f"{v:.4f}".rstrip("0").rstrip(".")
+    if isinstance(v, str) and v.startswith(_FORMULA_START):
+        # Text (a run name, an error) that a spreadsheet would evaluate: a leading quote keeps
+        # it text, as OWASP recommends. Numbers are not str here, so -0.5 stays a number.
+        return "'" + v
     return v
 
 

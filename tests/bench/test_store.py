@@ -106,7 +106,7 @@ def test_killed_process_leaves_samples_and_an_interrupted_run(tmp_path: Path, ti
                 runs = s.list_runs()
                 count = s.sample_count(runs[0].id) if runs else 0
                 s.close()
-                if count >= 3:
+                if count >= 3 and runs[0].summary is not None:  # the live summary is stored every tick
                     break
             time.sleep(0.3)
         assert count >= 3, proc.stderr.read().decode() if proc.poll() is not None else "no samples in time"
@@ -120,6 +120,10 @@ def test_killed_process_leaves_samples_and_an_interrupted_run(tmp_path: Path, ti
     assert run.status == "interrupted" and "ended before it finished" in (run.error or "")
     assert store.sample_count(run.id) >= 3
     assert all(r.output_tokens == 16 for r in store.records(run.id))
+    # What it measured up to its last tick is its summary: `runs` and the summary CSV show it.
+    assert run.summary is not None and 1 <= run.summary.completed <= store.sample_count(run.id)
+    assert run.summary.output_tokens == 16 * run.summary.completed
+    assert run.summary_row()["requests"] == run.summary.requests
 
 
 def test_bundle_round_trip_keeps_everything(store: Store, tmp_path: Path) -> None:
@@ -140,3 +144,23 @@ def test_bundle_round_trip_keeps_everything(store: Store, tmp_path: Path) -> Non
 
     with pytest.raises(MoEBenchError, match="not a MoE Bench run bundle"):
         other.import_bundle({"format": "something else"})
+
+
+def test_csv_text_cells_cannot_be_formulas_but_numbers_stay_numbers(tmp_path: Path) -> None:
+    import csv
+    import io
+
+    from bench.metrics import RequestRecord, summarize
+
+    store = Store(tmp_path / "db.sqlite")
+    evil = '=HYPERLINK("http://evil.example","click")'
+    run_id = store.create_run(mode="concurrency", engine="fake", model="m", accelerator="cpu", config={}, name=evil)
+    rec = RequestRecord("r0", 0.0, 0.5, [0.1, 0.2], 4, 2, send_lag_ms=-0.25)
+    bad = RequestRecord("r1", 0.0, 0.1, [], 4, 0, error="+cmd|' /C calc'!A0", send_lag_ms=0.5)
+    store.add_samples(run_id, [(0, rec), (1, bad)])
+    store.finish_run(run_id, "completed", summary=summarize([rec, bad]), error="@SUM(1+1)")
+    (row,) = list(csv.DictReader(io.StringIO(store.summary_csv([run_id]).decode())))
+    assert row["name"] == "'" + evil and row["error"] == "'@SUM(1+1)"
+    rows = list(csv.DictReader(io.StringIO(store.requests_csv(run_id).decode())))
+    assert rows[0]["send_lag_ms"] == "-0.25"  # a number, not text: left as it is
+    assert rows[1]["error"] == "'+cmd|' /C calc'!A0"
