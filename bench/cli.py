@@ -287,6 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--csv", help="write the per-request CSV here")
     r.add_argument("--summary-csv", help="write the one-row summary CSV here")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument(
+        "--allow-failures",
+        action="store_true",
+        help="exit 0 when the run completed but some requests failed (default: exit 1, the failures are kept)",
+    )
 
     from bench.cli_sweep import add_sweep_commands
 
@@ -461,9 +466,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         Path(args.csv).write_bytes(store.requests_csv(run_id))
     if args.summary_csv:
         Path(args.summary_csv).write_bytes(store.summary_csv([run_id]))
-    print(f"run id        {run_id}  ({snap.status})")
+    failed = snap.summary.failed if snap.summary is not None else 0
+    total = snap.summary.requests if snap.summary is not None else 0
+    failures = f", {failed} of {total} requests failed" if failed else ""
+    print(f"run id        {run_id}  ({snap.status}{failures})")
     if snap.status != "completed":
         print(f"error: run {run_id} {snap.status}: {snap.error}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    if failed and not args.allow_failures:
+        first = next((r.error for r in store.records(run_id) if r.error), "")
+        print(
+            f"error: run {run_id}: {failed} of {total} requests failed (first: {first}); --allow-failures accepts that",
+            file=sys.stderr,
+        )
         return EXIT_RUN_FAILED
     return EXIT_OK
 

@@ -41,11 +41,16 @@ class RunConfig(BaseModel):
     request_rate: float | None = Field(
         None,
         gt=0.0,
+        allow_inf_nan=False,
         le=1_000_000.0,
         description="Open loop: arrivals per second, capped at the concurrency (empty or 0: closed loop)",
     )
     burstiness: float = Field(
-        1.0, gt=0.0, le=1000.0, description="Gamma shape of the arrival gaps: 1 = Poisson, below 1 burstier"
+        1.0,
+        gt=0.0,
+        le=1000.0,
+        allow_inf_nan=False,
+        description="Gamma shape of the arrival gaps: 1 = Poisson, below 1 burstier",
     )
     workers: int = Field(
         1,
@@ -56,6 +61,7 @@ class RunConfig(BaseModel):
     duration_s: float | None = Field(
         None,
         gt=0.0,
+        allow_inf_nan=False,
         le=7 * 86400.0,
         description="Duration-bound run: send for this many seconds, then let the requests in flight finish "
         "(requests becomes a cap; empty: the request count bounds the run)",
@@ -63,6 +69,7 @@ class RunConfig(BaseModel):
     ramp_up_s: float = Field(
         0.0,
         ge=0.0,
+        allow_inf_nan=False,
         le=86400.0,
         description="Linear ramp-up: the concurrency (closed loop) or the arrival rate (open loop) climbs to its "
         "target over this many seconds",
@@ -72,8 +79,8 @@ class RunConfig(BaseModel):
         description="Service-level objectives, METRIC:STAT<=LIMIT_MS (ttft_ms:p99<=2000) or a preset "
         "(mlperf-server, interactive): the run reports goodput and whether it met them",
     )
-    temperature: float = Field(0.0, ge=0.0, le=5.0, description="0 = greedy")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(0.0, ge=0.0, le=5.0, allow_inf_nan=False, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     ignore_eos: bool = Field(True, description="Every output is exactly output_len tokens long")
     name: str = Field("", max_length=200, description="A label for the run")
     sample_interval_s: float = Field(1.0, gt=0.0, le=60.0, description="Seconds between live samples")

@@ -423,9 +423,7 @@ def build_requests(
     if spec.source == "builtin":
         items = [{"prompt": p, "output_len": None} for p in BUILTIN_PROMPTS]
     else:
-        path = Path(spec.path or "")
-        if not path.is_file():
-            raise WorkloadError(f"prompt file '{path}' does not exist")
+        path = _existing_file(spec.path, "prompt file")
         items = parse_jsonl(path.read_bytes(), origin=path.name)
     reqs: list[GenerationRequest] = []
     for i in range(count):
@@ -527,6 +525,16 @@ def _multi_turn_requests(
     return reqs
 
 
+def _existing_file(raw: str | None, what: str) -> Path:
+    """``raw`` as a path to a regular file, or a one-line :class:`WorkloadError` saying what it is instead."""
+    path = Path(raw or "")
+    if path.is_dir():
+        raise WorkloadError(f"{what} '{path}' is a folder, not a file")
+    if not path.is_file():
+        raise WorkloadError(f"{what} '{path}' does not exist")
+    return path
+
+
 def _sharegpt_requests(
     spec: WorkloadSpec, count: int, sampling: SamplingParams, tokenizer: Any, prefix: str
 ) -> list[GenerationRequest]:
@@ -538,9 +546,7 @@ def _sharegpt_requests(
     """
     if tokenizer is None:
         raise WorkloadError("ShareGPT prompts need a tokenizer to measure their lengths; give the engine one")
-    path = Path(spec.path or "")
-    if not path.is_file():
-        raise WorkloadError(f"ShareGPT file '{path}' does not exist")
+    path = _existing_file(spec.path, "ShareGPT file")
     if path.stat().st_size > MAX_SHAREGPT_BYTES:
         raise WorkloadError(f"{path.name} is larger than {MAX_SHAREGPT_BYTES // 2**20} MiB")
     pairs = parse_sharegpt(path.read_bytes(), origin=path.name)

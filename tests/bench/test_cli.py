@@ -180,3 +180,33 @@ def test_engine_options_from_flags() -> None:
 def test_unknown_engine_option_is_a_one_line_reason(tmp_path: Path) -> None:
     p = cli("run", "--engine-opt", "no_such_option=1", db=tmp_path / "db.sqlite")
     assert p.returncode == 2 and "no_such_option: Extra inputs are not permitted" in p.stderr
+
+
+def test_a_run_with_failed_requests_exits_1_unless_failures_are_allowed(
+    tmp_path: Path, fake_engine_kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run completed, but 2 of its 8 requests failed: the status line and the exit code say so."""
+    from bench.cli import main
+
+    argv = ["run", "--engine", fake_engine_kind, "--engine-opt", "fail_every=4", "--prompts", "builtin",
+            "--requests", "8", "--concurrency", "2", "--output-len", "3", "--quiet",
+            "--db", str(tmp_path / "f.sqlite")]  # fmt: skip
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert "(completed, 2 of 8 requests failed)" in out
+    assert err.strip().startswith("error: run 1: 2 of 8 requests failed (first: RequestFailed: scripted failure")
+    assert "\n" not in err.strip()
+    assert main([*argv, "--allow-failures"]) == 0
+    (run, _) = Store(tmp_path / "f.sqlite").list_runs()
+    assert run.status == "completed" and run.summary is not None and run.summary.failed == 2
+
+
+@pytest.mark.parametrize("flag", ["--burstiness", "--temperature"])
+def test_nan_is_not_a_number_here(tmp_path: Path, flag: str) -> None:
+    p = cli("run", flag, "nan", db=tmp_path / "db.sqlite")
+    assert p.returncode == 2 and "should be a finite number" in p.stderr, p.stderr
+
+
+def test_a_folder_as_prompt_file_says_so(tmp_path: Path, tiny_model: Path) -> None:
+    p = cli("run", "--prompts", "jsonl", "--prompt-file", str(tmp_path), "--requests", "1", db=tmp_path / "db.sqlite")
+    assert p.returncode == 1 and f"prompt file '{tmp_path}' is a folder, not a file" in p.stderr, p.stderr
