@@ -97,8 +97,22 @@ class OpenAIOptions(EngineOptions):
             return None
         v = v.strip().rstrip("/")
         if not v.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, got '{v}'")
+            raise ValueError(f"base_url must start with http:// or https://, got '{_redacted(v)}'")
+        if "@" in v.split("://", 1)[1].split("/", 1)[0]:
+            # user:key@host would be stored with the run, its export and its errors: refuse it.
+            raise ValueError(
+                f"base_url carries credentials ({_redacted(v)}); give the key with MOEBENCH_OPENAI_API_KEY instead"
+            )
         return v
+
+
+def _redacted(url: str) -> str:
+    """``url`` with any ``user:password@`` part replaced by ``***@``."""
+    scheme, sep, rest = url.partition("://")
+    host, slash, path = rest.partition("/")
+    if "@" in host:
+        host = "***@" + host.rsplit("@", 1)[1]
+    return f"{scheme}{sep}{host}{slash}{path}" if sep else url
 
 
 SERVER_TOKENIZER = "server"  # options.tokenizer value: use the server's /tokenize

@@ -210,3 +210,11 @@ def test_nan_is_not_a_number_here(tmp_path: Path, flag: str) -> None:
 def test_a_folder_as_prompt_file_says_so(tmp_path: Path, tiny_model: Path) -> None:
     p = cli("run", "--prompts", "jsonl", "--prompt-file", str(tmp_path), "--requests", "1", db=tmp_path / "db.sqlite")
     assert p.returncode == 1 and f"prompt file '{tmp_path}' is a folder, not a file" in p.stderr, p.stderr
+
+
+def test_credentials_in_a_base_url_are_refused_and_never_echoed(tmp_path: Path) -> None:
+    db = tmp_path / "db.sqlite"
+    p = cli("run", "--engine", "openai", "--base-url", "http://user:sk-secret@127.0.0.1:9/v1", db=db)
+    assert p.returncode == 2 and "base_url carries credentials (http://***@127.0.0.1:9/v1)" in p.stderr, p.stderr
+    assert "sk-secret" not in p.stderr + p.stdout
+    assert not db.exists() or Store(db).list_runs() == []  # nothing stored
