@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from engines.accelerators import ACCELERATORS, Availability, MemoryStats
-from engines.errors import ConfigError, ServerUnreachable, UnknownEngine
+from engines.errors import ConfigError, RequestFailed, ServerUnreachable, UnknownEngine
 
 ProgressFn = Callable[[str, float], None]  # (message, fraction 0..1)
 
@@ -107,6 +107,12 @@ class TimedResult:
     unreachable: bool = False  # failed without reaching the server (connection refused, ...)
 
 
+def output_cap(max_tokens: int) -> int:
+    """The most output tokens a request may bring before it fails: a margin over what it asked
+    for (a server that streams without end must not fill the client's memory)."""
+    return max(2 * max_tokens, max_tokens + 64)
+
+
 class Stamper:
     """Turns an engine's chunks into a :class:`TimedResult`: the single timing point,
     shared by :func:`timed_stream` and :func:`timed_astream`."""
@@ -116,6 +122,7 @@ class Stamper:
         self.on_chunk = on_chunk
         self.parts: list[str] = []
         self.result = TimedResult(start=time.perf_counter(), prompt_tokens=request.prompt_tokens)
+        self.cap = output_cap(request.sampling.max_tokens)
 
     def add(self, chunk: StreamChunk, now: float | None = None) -> None:
         """Take one chunk; ``now`` is when it reached the caller (default: this moment).
@@ -144,6 +151,11 @@ class Stamper:
             self.parts.append(chunk.text)
             if self.on_chunk is not None:
                 self.on_chunk(tc)
+        if result.output_tokens > self.cap:
+            max_tokens = self.request.sampling.max_tokens
+            raise RequestFailed(
+                f"the server sent more than {self.cap} output tokens for max_tokens={max_tokens}: stopped reading"
+            )
 
     def fail(self, exc: BaseException) -> None:
         self.result.error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]

@@ -154,6 +154,9 @@ class ServerTokenizer:
         return SimpleNamespace(input_ids=self.encode(text, add_special_tokens=add_special_tokens))
 
 
+MAX_SSE_EVENT_BYTES = 4 * 2**20  # one SSE line or event; a real completion event is far smaller
+
+
 class SSEError(RequestFailed):
     """The server's event stream was malformed or ended early."""
 
@@ -169,9 +172,15 @@ class SSEDecoder:
     multi-byte sequence, and cheaper per chunk than an incremental text decoder.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_event_bytes: int | None = None) -> None:
         self._pending = b""
         self._data: list[str] = []
+        self._data_bytes = 0
+        self.max_event_bytes = max_event_bytes or MAX_SSE_EVENT_BYTES
+
+    def _too_big(self, what: str) -> SSEError:
+        mib = self.max_event_bytes / 2**20
+        return SSEError(f"an SSE {what} over {mib:g} MiB: stopped reading (a completion event is a few hundred bytes)")
 
     def line(self, raw: str) -> str | None:
         """Take one line; the event's payload when this line ends one."""
@@ -179,7 +188,7 @@ class SSEDecoder:
         if not line:
             if not self._data:
                 return None
-            payload, self._data = "\n".join(self._data), []
+            payload, self._data, self._data_bytes = "\n".join(self._data), [], 0
             return payload
         if line.startswith(":"):
             return None
@@ -189,6 +198,9 @@ class SSEDecoder:
         elif value.startswith(" "):
             value = value[1:]
         if name == "data":
+            self._data_bytes += len(value)
+            if self._data_bytes > self.max_event_bytes:
+                raise self._too_big("event")
             self._data.append(value)
         return None
 
@@ -198,10 +210,14 @@ class SSEDecoder:
             return []
         self._pending += chunk
         if b"\n" not in chunk:
+            if len(self._pending) > self.max_event_bytes:
+                raise self._too_big("line")
             return []
         *lines, self._pending = self._pending.split(b"\n")
         out = []
         for raw in lines:
+            if len(raw) > self.max_event_bytes:
+                raise self._too_big("line")
             payload = self.line(raw.decode("utf-8", errors="replace"))
             if payload is not None:
                 out.append(payload)

@@ -104,6 +104,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             w(_event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
             w(_event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3}}))
             w(b"data: [DONE]\n\n")
+        elif model == "huge-event":  # one event of 6 MiB of text: bounded, not read into memory whole
+            w(b'data: {"choices": [{"index": 0, "text": "' + b" a" * (3 * 2**20) + b'"}]}\n\n')
+            w(b"data: [DONE]\n\n")
+        elif model == "too-much":  # valid events far past max_tokens
+            for _ in range(300):
+                w(_event(_text_chunk("t")))
+            w(b"data: [DONE]\n\n")
         elif model == "endless":
             for _ in range(200):
                 w(_event(_text_chunk("t")))
@@ -199,6 +206,8 @@ def test_server_token_counts_are_used(server: str) -> None:
         ("dropped", "ended before [DONE]"),
         ("error-event", "server error mid-stream: engine died"),
         ("http500", "HTTP 500 from http://127.0.0.1:"),
+        ("huge-event", "an SSE line over 4 MiB: stopped reading"),
+        ("too-much", "the server sent more than 67 output tokens for max_tokens=3: stopped reading"),
     ],
 )
 @pytest.mark.parametrize("client", CLIENTS)
@@ -207,6 +216,7 @@ def test_failures_become_one_line_reasons(server: str, model: str, expected: str
     res = _timed(engine, _req(), client)
     assert res.error is not None and expected in res.error, res.error
     assert "\n" not in res.error and res.error.startswith(("RequestFailed", "SSEError"))
+    assert len(res.chunks) <= 68  # reading stopped at the chunk that crossed the limit
     if model == "http500":
         assert "CUDA out of memory" in res.error
     engine.stop()
@@ -422,3 +432,15 @@ def test_async_run_records_mid_run_failures_and_goes_on(server: str, store: Any)
     assert snap.status == "failed" and "every request failed; first error: SSEError: malformed" in (snap.error or "")
     recs = store.records(snap.run_id)
     assert all(r.error and "malformed SSE event" in r.error for r in recs)
+
+
+def test_sse_decoder_bounds_lines_and_events() -> None:
+    from engines.openai_http import SSEDecoder, SSEError
+
+    dec = SSEDecoder(max_event_bytes=100)
+    assert dec.feed(b"data: " + b"x" * 90 + b"\n\n") == ["x" * 90]
+    with pytest.raises(SSEError, match="an SSE line over"):
+        SSEDecoder(max_event_bytes=100).feed(b"data: " + b"x" * 200)  # no newline yet: still refused
+    many = SSEDecoder(max_event_bytes=100)
+    with pytest.raises(SSEError, match="an SSE event over"):
+        many.feed(b"data: " + b"y" * 60 + b"\ndata: " + b"y" * 60 + b"\n")  # two lines of one event
