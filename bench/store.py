@@ -244,6 +244,34 @@ def _process_started(pid: int) -> float | None:
         return None
 
 
+_OUR_TABLES = frozenset({"runs", "samples", "timeseries", "artifacts", "sweeps", "sqlite_sequence"})
+
+
+def _refuse_foreign(path: Path) -> None:
+    """Refuse, before writing anything (no tables, no WAL), a file that is not a MoE Bench store."""
+    from engines.errors import ConfigError
+
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    if path.is_dir():
+        raise ConfigError(f"database '{path}' is a folder, not a file")
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            run_cols = {r[1] for r in con.execute("PRAGMA table_info(runs)")} if "runs" in tables else set()
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:
+        raise ConfigError(f"'{path}' is not a MoE Bench database (SQLite says: {exc})") from exc
+    foreign = sorted(tables - _OUR_TABLES)
+    if foreign or ("runs" in tables and "config_json" not in run_cols):
+        shown = ", ".join(foreign[:5]) or "runs (another application's)"
+        raise ConfigError(
+            f"'{path}' is another application's SQLite file (tables: {shown}); give MoE Bench a file of its own"
+        )
+
+
 class Store:
     """A SQLite results file. Safe to share between threads."""
 
@@ -255,6 +283,7 @@ class Store:
             from engines.errors import ConfigError
 
             raise ConfigError(f"cannot create the folder of database '{self.path}': {exc.strerror}") from exc
+        _refuse_foreign(self.path)
         self._local = threading.local()
         self._lock = threading.Lock()
         conn = self._conn()
@@ -576,34 +605,55 @@ class Store:
         """Add a run from :meth:`export_bundle`'s document; returns its new id."""
         from engines.errors import MoEBenchError
 
-        if bundle.get("format") != "moebench-run/1":
+        if not isinstance(bundle, dict) or bundle.get("format") != "moebench-run/1":
             raise MoEBenchError("not a MoE Bench run bundle (format moebench-run/1)")
-        run = dict(bundle["run"])
-        run.pop("sweep_id", None)  # the sweep it belonged to is not in this file
+        if not isinstance(bundle.get("run"), dict):
+            raise MoEBenchError("run bundle: 'run' must be an object")
+        conn = self._conn()
+        # Columns come from this file's own tables, never from the bundle's keys.
+        run_cols = [c for c in self._columns("runs") if c not in ("id", "pid", "pid_started", "host", "sweep_id")]
+        sample_cols = [c for c in self._columns("samples") if c != "run_id"]
+        run = {c: bundle["run"][c] for c in run_cols if c in bundle["run"]}
+        missing = [c for c in ("created_at", "status", "mode", "engine", "model", "accelerator", "config_json")
+                   if run.get(c) is None]  # fmt: skip
+        if missing:
+            raise MoEBenchError(f"run bundle: the run lacks {', '.join(missing)}")
         if run.get("status") == "running":
             run["status"] = "interrupted"
         cols = list(run)
-        conn = self._conn()
         with self._lock:
             conn.execute("BEGIN")
-            cur = conn.execute(
-                f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", [run[c] for c in cols]
-            )
-            run_id = int(cur.lastrowid or 0)
-            for x in bundle.get("samples", []):
-                keys = ["run_id", *x]
-                conn.execute(
-                    f"INSERT INTO samples ({', '.join(keys)}) VALUES ({', '.join('?' * len(keys))})",
-                    [run_id, *x.values()],
+            try:
+                cur = conn.execute(
+                    f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                    [run[c] for c in cols],
                 )
-            conn.executemany(
-                "INSERT INTO timeseries VALUES (?,?,?,?)",
-                [(run_id, t, n, v) for t, n, v in bundle.get("timeseries", [])],
-            )
-            for name, content in bundle.get("artifacts", {}).items():
-                conn.execute("INSERT INTO artifacts VALUES (?,?,?)", (run_id, name, json.dumps(content)))
+                run_id = int(cur.lastrowid or 0)
+                for n, x in enumerate(bundle.get("samples", [])):
+                    if not isinstance(x, dict) or any(x.get(c) is None for c in ("seq", "request_id", "start_s")):
+                        raise MoEBenchError(f"run bundle: sample {n} is not a sample (seq, request_id, start_s, ...)")
+                    keys = [c for c in sample_cols if c in x]
+                    conn.execute(
+                        f"INSERT INTO samples (run_id, {', '.join(keys)}) VALUES (?, {', '.join('?' * len(keys))})",
+                        [run_id, *(x[c] for c in keys)],
+                    )
+                conn.executemany(
+                    "INSERT INTO timeseries VALUES (?,?,?,?)",
+                    [(run_id, t, n, v) for t, n, v in bundle.get("timeseries", [])],
+                )
+                for name, content in bundle.get("artifacts", {}).items():
+                    conn.execute("INSERT INTO artifacts VALUES (?,?,?)", (run_id, name, json.dumps(content)))
+            except sqlite3.Error as exc:
+                conn.execute("ROLLBACK")
+                raise MoEBenchError(f"run bundle: {exc}") from exc
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
             conn.execute("COMMIT")
         return run_id
+
+    def _columns(self, table: str) -> list[str]:
+        return [r[1] for r in self._conn().execute(f"PRAGMA table_info({table})")]
 
     # --- sweeps ------------------------------------------------------------------------
     def create_sweep(self, *, kind: str, config: dict[str, Any], name: str = "") -> int:

@@ -164,3 +164,48 @@ def test_csv_text_cells_cannot_be_formulas_but_numbers_stay_numbers(tmp_path: Pa
     rows = list(csv.DictReader(io.StringIO(store.requests_csv(run_id).decode())))
     assert rows[0]["send_lag_ms"] == "-0.25"  # a number, not text: left as it is
     assert rows[1]["error"] == "'+cmd|' /C calc'!A0"
+
+
+def test_another_applications_database_is_refused_untouched(tmp_path: Path) -> None:
+    import sqlite3
+
+    from engines.errors import ConfigError
+
+    other = tmp_path / "app.sqlite"
+    con = sqlite3.connect(other)
+    con.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY, who TEXT)")  # its own `runs`
+    con.execute("CREATE TABLE users (id INTEGER PRIMARY KEY)")
+    con.commit()
+    con.close()
+    before = other.read_bytes()
+    with pytest.raises(ConfigError, match=r"is another application's SQLite file \(tables: users\)"):
+        Store(other)
+    assert other.read_bytes() == before and not Path(f"{other}-wal").exists()  # nothing written, no WAL
+    text = tmp_path / "notes.txt"
+    text.write_text("not a database at all\n" * 100)
+    with pytest.raises(ConfigError, match="is not a MoE Bench database"):
+        Store(text)
+    Store(tmp_path / "fresh.sqlite").close()  # a new file is fine
+    Store(tmp_path / "fresh.sqlite").close()  # and so is our own, opened again
+
+
+def test_bundle_keys_never_reach_sql_and_bad_bundles_say_why(store: Store) -> None:
+    from engines.errors import MoEBenchError
+
+    run_id = _run(store)
+    store.add_samples(run_id, [(i, _rec(i)) for i in range(2)])
+    store.finish_run(run_id, "completed", summarize([_rec(i) for i in range(2)]))
+    bundle = store.export_bundle(run_id)
+    bundle["run"]["name) VALUES (1); --"] = "x"  # a key that would be SQL if pasted into a statement
+    bundle["samples"][0]["evil) --"] = 1
+    new_id = store.import_bundle(bundle)
+    assert store.get_run(new_id) is not None and len(store.records(new_id)) == 2
+    n_runs = len(store.list_runs())
+    for broken, reason in (
+        ({**bundle, "run": {"name": "no fields"}}, "the run lacks created_at, status, mode"),
+        ({**bundle, "samples": [{"seq": 0}]}, "sample 0 is not a sample"),
+        ({**bundle, "run": []}, "'run' must be an object"),
+    ):
+        with pytest.raises(MoEBenchError, match=reason):
+            store.import_bundle(broken)
+    assert len(store.list_runs()) == n_runs  # nothing half-imported
