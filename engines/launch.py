@@ -320,6 +320,17 @@ class ManagedProcess:
         kill_tree(pid, timeout=timeout, pgid=pid)  # start_new_session: pgid == pid
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5.0)
+        # Members of the group that are no longer our descendants (re-parented) may still be
+        # exiting: stop returns only once the whole group is gone.
+        deadline = time.monotonic() + timeout
+        while _group_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _group_alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            end = time.monotonic() + 5.0
+            while _group_alive(pid) and time.monotonic() < end:
+                time.sleep(0.05)
         self._forget()
 
     def _forget(self) -> None:

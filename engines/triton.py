@@ -198,6 +198,14 @@ class TritonEngine(ServerEngine):
         self.metrics_url: str | None = options.metrics_url
         self._last: tuple[float, dict[str, float]] | None = None
         self._metrics_lock = threading.Lock()
+        self._work: Path | None = None  # the model repository and backend folder of a managed server
+
+    def stop(self) -> None:
+        """Stop the server (and wait until its processes are gone), then remove its scratch folder."""
+        super().stop()
+        if self._work is not None:
+            shutil.rmtree(self._work, ignore_errors=True)
+            self._work = None
 
     def health_url(self) -> str:
         return f"{self.base_url}/v2/models/{self.served_name}/ready"
@@ -246,6 +254,7 @@ class TritonEngine(ServerEngine):
         dtype = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}.get(dtype, dtype)
         settings = get_settings()
         work = settings.data_dir / "triton" / f"{os.getpid()}-{id(self) & 0xFFFF:04x}"
+        self._work = work
         repo = write_repository(
             work / "repo",
             self.topts.model_name,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -94,9 +95,14 @@ def test_server_is_gone_after_stop(tiny_model: Path) -> None:
     engine.start()
     pid = engine.server.pid  # type: ignore[attr-defined]
     assert pid is not None and psutil.pid_exists(pid)
+    work = engine._work  # type: ignore[attr-defined]
+    assert work is not None and (work / "repo").is_dir()
     engine.stop()
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert not [p for p in _tritons() if p.pid == pid]
+    with pytest.raises(ProcessLookupError):  # nothing of its process group is left when stop returns
+        os.killpg(pid, 0)
+    assert not work.exists()  # its scratch folder (model repository) is removed
 
 
 def test_model_that_fails_to_load_gives_tritons_reason(tmp_path: Path, tiny_model: Path) -> None:
