@@ -450,7 +450,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                     sys.stderr.write(f"progress {snap.done}/{snap.total} failed {snap.failed}\n")
     except KeyboardInterrupt:
         job.cancel()
-        job.wait(10)
+        snap = job.wait(10)
+        if snap.active and snap.run_id is not None:
+            # Still busy in a phase that does not look at the cancel flag (building a million
+            # prompts): record the run as cancelled now; what was stored stays.
+            store.finish_run(snap.run_id, "cancelled", error=f"cancelled (Ctrl-C) during: {snap.phase}")
         sys.stderr.write("\ncancelled; what was measured is kept\n")
         return EXIT_INTERRUPTED
     snap = job.snapshot()

@@ -218,3 +218,26 @@ def test_credentials_in_a_base_url_are_refused_and_never_echoed(tmp_path: Path) 
     assert p.returncode == 2 and "base_url carries credentials (http://***@127.0.0.1:9/v1)" in p.stderr, p.stderr
     assert "sk-secret" not in p.stderr + p.stdout
     assert not db.exists() or Store(db).list_runs() == []  # nothing stored
+
+
+def test_ctrl_c_while_prompts_are_built_leaves_a_cancelled_run(tmp_path: Path, tiny_model: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    db = tmp_path / "db.sqlite"
+    argv = [sys.executable, "-m", "bench", "run", "--requests", "1000000", "--input-len", "64", "--quiet",
+            "--db", str(db)]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # the run is recorded, then its prompts are built for a long while
+        if db.exists() and Store(db).list_runs():
+            break
+        time.sleep(0.2)
+    time.sleep(8.0)  # the tiny model loads in a few seconds; a million prompts take far longer
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    (run,) = Store(db).list_runs()
+    assert run.status == "cancelled" and run.error == "cancelled (Ctrl-C) during: building prompts", run.error
