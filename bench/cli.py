@@ -158,7 +158,7 @@ def run_arguments(sweep: bool = False) -> argparse.ArgumentParser:
     if sweep:
         r.add_argument(
             "--lengths",
-            type=_lengths,
+            type=length_pairs,
             default=None,
             metavar="IN:OUT,...",
             help="(input_len, output_len) pairs to sweep, e.g. 128:128,512:128,2048:256",
@@ -255,7 +255,8 @@ def number_list(kind: type, name: str) -> Any:
     return parse
 
 
-def _lengths(text: str) -> list[tuple[int, int]]:
+def length_pairs(text: str) -> list[tuple[int, int]]:
+    """``128:64,512:128`` -> [(128, 64), (512, 128)] (``--lengths``)."""
     out = []
     for part in text.split(","):
         a, sep, b = part.strip().partition(":")

@@ -213,14 +213,18 @@ def _write_outputs(store: Store, sweep_id: int, args: argparse.Namespace) -> Non
         print(f"report        {args.html}")
 
 
+def _resume(args: argparse.Namespace, store: Store, kind: str, spec_type: Any, what: str) -> int:
+    """Run the stored sweep or search ``args.resume`` of ``kind`` again from its own config."""
+    row = store.get_sweep(args.resume)
+    if row is None or row.kind != kind:
+        raise ConfigError(f"no {what} {args.resume} in {store.path}")
+    return _drive(SweepTask(spec_type.build(**row.config), store, resume_id=row.id), args, store)
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     store = _store(args)
     if args.resume is not None:
-        row = store.get_sweep(args.resume)
-        if row is None or row.kind != "sweep":
-            raise ConfigError(f"no sweep {args.resume} in {store.path}")
-        spec = SweepSpec.build(**row.config)
-        return _drive(SweepTask(spec, store, resume_id=row.id), args, store)
+        return _resume(args, store, "sweep", SweepSpec, "sweep")
     base = run_config_data(args)
     data: dict[str, Any] = {
         "base": base,
@@ -242,11 +246,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_capacity(args: argparse.Namespace) -> int:
     store = _store(args)
     if args.resume is not None:
-        row = store.get_sweep(args.resume)
-        if row is None or row.kind != "capacity":
-            raise ConfigError(f"no capacity search {args.resume} in {store.path}")
-        spec = CapacitySpec.build(**row.config)
-        return _drive(SweepTask(spec, store, resume_id=row.id), args, store)
+        return _resume(args, store, "capacity", CapacitySpec, "capacity search")
     spec = CapacitySpec.build(
         base=run_config_data(args),
         axis=args.axis,
@@ -270,12 +270,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_sweeps(args: argparse.Namespace) -> int:
-    rows = _store(args).list_sweeps()
+    store = _store(args)
+    rows = store.list_sweeps()
     if not rows:
         print("no sweeps yet")
         return EXIT_OK
     print(f"{'id':>4}  {'kind':<9} {'status':<11} {'runs':>5}  name / result")
-    store = _store(args)
     for r in rows:
         n = len(store.sweep_runs(r.id))
         what = r.result.get("verdict") if r.kind == "capacity" else r.name

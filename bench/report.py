@@ -29,20 +29,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import plotly.graph_objects as go
-import plotly.io as pio
 
 from bench.metrics import METRIC_DEFINITIONS, PERCENTILES, RunSummary
+from bench.plot_style import COLORS, P50_COLOR, P99_COLOR, PRIMARY, register_template
 from bench.slo import Slo, judge_summary, parse_slos
 from bench.store import SUMMARY_CSV_COLUMNS, RunRow, Store, SweepRow, rows_to_csv
 from bench.sweep import PointResult, sweep_points
 from engines.errors import MoEBenchError
 
-# --- look: the dashboard's palette and template (dashboard/charts.py), restated here because
-# bench/ never imports dashboard/ ------------------------------------------------------------
-PRIMARY = "#4F46E5"  # indigo
-COLORS: tuple[str, ...] = ("#4F46E5", "#0EA5E9", "#10B981", "#F59E0B", "#EF4444", "#8B5CF6", "#EC4899", "#14B8A6")
-P50_COLOR = "#059669"
-P99_COLOR = "#DC2626"
+# --- look: the shared palette and template (bench/plot_style.py), with the report's own colours
 PASS_COLOR = "#16A34A"
 FAIL_COLOR = "#DC2626"
 OTHER_COLOR = "#94A3B8"  # slate: points off the Pareto front
@@ -54,19 +49,7 @@ KNEE_MIN_BEND = 0.1  # see knee()
 
 
 def _register_template() -> None:
-    base = pio.templates["plotly_white"].layout.to_plotly_json()
-    keep = ("autotypenumbers", "hovermode", "hoverlabel", "xaxis", "yaxis", "shapedefaults", "annotationdefaults")
-    tpl = go.layout.Template(layout={k: base[k] for k in keep if k in base})
-    tpl.layout.colorway = list(COLORS)
-    tpl.layout.font = {"family": "Inter, 'Source Sans Pro', 'Segoe UI', sans-serif", "size": 13, "color": "#1F2937"}
-    tpl.layout.title = {"font": {"size": 15, "color": "#111827"}, "x": 0.0, "xanchor": "left"}
-    tpl.layout.margin = {"l": 64, "r": 24, "t": 56, "b": 56}
-    tpl.layout.hoverlabel = {"bgcolor": "white", "font": {"size": 12}}
-    tpl.layout.xaxis = {"gridcolor": "#EEF0F6", "zeroline": False, "linecolor": "#D1D5DB"}
-    tpl.layout.yaxis = {"gridcolor": "#EEF0F6", "zeroline": False, "linecolor": "#D1D5DB", "rangemode": "tozero"}
-    tpl.layout.paper_bgcolor = "white"
-    tpl.layout.plot_bgcolor = "white"
-    pio.templates[TEMPLATE_NAME] = tpl
+    register_template(TEMPLATE_NAME, margin={"l": 64, "r": 24, "t": 56, "b": 56})
 
 
 _register_template()

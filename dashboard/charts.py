@@ -14,52 +14,26 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 import plotly.graph_objects as go
-import plotly.io as pio
 from plotly.subplots import make_subplots
+
+from bench.plot_style import COLORS, P50_COLOR, P99_COLOR, PRIMARY, register_template
 
 if TYPE_CHECKING:
     from bench.slo import Slo
 
-PRIMARY = "#4F46E5"  # indigo, the theme's primary colour
-COLORS: tuple[str, ...] = (
-    "#4F46E5",  # indigo
-    "#0EA5E9",  # sky
-    "#10B981",  # emerald
-    "#F59E0B",  # amber
-    "#EF4444",  # red
-    "#8B5CF6",  # violet
-    "#EC4899",  # pink
-    "#14B8A6",  # teal
-)
 BOOK_COLOR = "#94A3B8"  # slate: the book's figures
 MEASURED_COLOR = PRIMARY  # this project's measurements
-P50_COLOR = "#059669"
-P99_COLOR = "#DC2626"
 SLO_COLOR = "#B45309"  # amber: a service-level objective's limit
 MAX_POINTS = 2000  # the most markers a chart draws
 TEMPLATE_NAME = "moebench"
 
 
 def _register_template() -> None:
-    # Layout only: plotly_white's per-trace-type defaults would be deep-copied into every
-    # figure (about 20 ms each) and none of our traces needs them.
-    # Only the parts of plotly_white's layout our 2-D charts use: the template is copied into
-    # every figure, and polar/ternary/scene/geo/colorscale defaults made that copy most of a
-    # live redraw's build time (heat maps set their colorscale themselves).
-    base = pio.templates["plotly_white"].layout.to_plotly_json()
-    keep = ("autotypenumbers", "hovermode", "hoverlabel", "xaxis", "yaxis", "shapedefaults", "annotationdefaults")
-    tpl = go.layout.Template(layout={k: base[k] for k in keep if k in base})
-    tpl.layout.colorway = list(COLORS)
-    tpl.layout.font = {"family": "Inter, 'Source Sans Pro', 'Segoe UI', sans-serif", "size": 13, "color": "#1F2937"}
-    tpl.layout.title = {"font": {"size": 15, "color": "#111827"}, "x": 0.0, "xanchor": "left"}
-    tpl.layout.margin = {"l": 56, "r": 16, "t": 48, "b": 48}
-    tpl.layout.hoverlabel = {"bgcolor": "white", "font": {"size": 12}}
-    tpl.layout.legend = {"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "right", "x": 1.0}
-    tpl.layout.xaxis = {"gridcolor": "#EEF0F6", "zeroline": False, "linecolor": "#D1D5DB"}
-    tpl.layout.yaxis = {"gridcolor": "#EEF0F6", "zeroline": False, "linecolor": "#D1D5DB", "rangemode": "tozero"}
-    tpl.layout.paper_bgcolor = "white"
-    tpl.layout.plot_bgcolor = "white"
-    pio.templates[TEMPLATE_NAME] = tpl
+    register_template(
+        TEMPLATE_NAME,
+        margin={"l": 56, "r": 16, "t": 48, "b": 48},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "right", "x": 1.0},
+    )
 
 
 _register_template()

@@ -16,7 +16,7 @@ from typing import Any
 import streamlit as st
 
 from bench import report
-from bench.cli import number_list
+from bench.cli import length_pairs, number_list
 from bench.config import RunConfig, field_bounds
 from bench.store import SweepRow
 from bench.sweep import CapacitySpec, SweepSnapshot, SweepSpec, sweep_points
@@ -98,17 +98,10 @@ def _numbers(text: str, kind: type, label: str) -> list[Any]:
 
 
 def _lengths(text: str) -> list[tuple[int, int]]:
-    pairs = []
-    for part in text.split(","):
-        a, sep, b = part.strip().partition(":")
-        try:
-            pair = (int(a), int(b))
-        except ValueError:
-            pair = (0, 0)
-        if not sep or min(pair) < 1:
-            raise ConfigError(f"Input:output lengths: token pairs like 128:64,512:128, got '{text.strip()}'")
-        pairs.append(pair)
-    return pairs
+    try:
+        return length_pairs(text)
+    except argparse.ArgumentTypeError:
+        raise ConfigError(f"Input:output lengths: token pairs like 128:64,512:128, got '{text.strip()}'") from None
 
 
 def _form() -> None:
