@@ -29,7 +29,7 @@ from bench.slo import all_met, is_good, judge_summary, parse_slos
 from bench.store import Store
 from engines.accelerators import GIB
 from engines.base import Engine
-from engines.openai_http import count_tokens
+from engines.tokens import count_tokens
 
 # Live series written about once a second (names in the store's time series table).
 SERIES_OUTPUT_TOK_S = "output_tok_s"

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from engines.accelerators import ACCELERATORS, Availability, MemoryStats
-from engines.errors import ConfigError, RequestFailed, ServerUnreachable, UnknownEngine
+from engines.errors import ConfigError, RequestFailed, ServerUnreachable, UnknownEngine, one_line
 
 ProgressFn = Callable[[str, float], None]  # (message, fraction 0..1)
 
@@ -158,7 +158,7 @@ class Stamper:
             )
 
     def fail(self, exc: BaseException) -> None:
-        self.result.error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
+        self.result.error = one_line(f"{type(exc).__name__}: {exc}", 500)
         self.result.unreachable = isinstance(exc, ServerUnreachable)
 
     def finish(self, cancel: threading.Event | None) -> TimedResult:

@@ -6,12 +6,20 @@ Pages show ``str(exc)`` with ``st.error``; the CLI prints it and exits non-zero.
 from __future__ import annotations
 
 
+def one_line(text: object, limit: int | None = None) -> str:
+    """``text`` (a string, or an exception's ``str``) on one line, whitespace runs collapsed;
+    cut to ``limit`` characters with a trailing ``...`` when longer."""
+    flat = " ".join(str(text).split())
+    if limit is not None and len(flat) > limit:
+        return flat[: max(limit - 3, 0)] + "..."
+    return flat
+
+
 class MoEBenchError(Exception):
     """Base class: ``str(exc)`` is a one-line reason fit to show a user."""
 
     def __str__(self) -> str:
-        text = super().__str__()
-        return " ".join(text.split())  # always one line
+        return one_line(super().__str__())
 
 
 class ConfigError(MoEBenchError):

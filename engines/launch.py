@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from engines.errors import EngineUnavailable
+from engines.errors import EngineUnavailable, one_line
 from engines.settings import get_settings
 
 ProgressFn = Callable[[str, float], None]
@@ -111,11 +111,6 @@ def logs_dir() -> Path:
     path = get_settings().data_dir / "logs"
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def _one_line(text: str, limit: int = 400) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def kill_tree(pid: int, timeout: float = 10.0, pgid: int | None = None) -> None:
@@ -252,7 +247,7 @@ class ManagedProcess:
 
     def tail_one_line(self, lines: int = 4, limit: int = 600) -> str:
         """The last log lines joined with `` | `` (for one-line error reasons)."""
-        return _one_line(" | ".join(self.tail(lines)), limit)
+        return one_line(" | ".join(self.tail(lines)), limit)
 
     def wait_ready(
         self,
@@ -289,7 +284,7 @@ class ManagedProcess:
                 )
             if progress is not None:
                 last = self.tail(1)
-                progress(f"waiting for {self.name} ({elapsed:.0f} s): {_one_line(last[0], 120) if last else ''}", 0.0)
+                progress(f"waiting for {self.name} ({elapsed:.0f} s): {one_line(last[0], 120) if last else ''}", 0.0)
             time.sleep(interval)
 
     def wait_http(

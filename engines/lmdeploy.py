@@ -13,9 +13,7 @@ and Cambricon (``--device camb``) need the PyTorch backend.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import subprocess
 import sys
 from typing import Any, Literal
 
@@ -25,7 +23,8 @@ from engines.accelerators import Availability, get_accelerator
 from engines.base import ProgressFn, register_engine
 from engines.errors import ConfigError, EngineUnavailable
 from engines.launch import free_port
-from engines.openai_http import OpenAIOptions, ServerEngine
+from engines.managed import ServerEngine, probe_interpreter
+from engines.openai_http import OpenAIOptions
 from engines.settings import get_settings
 
 # MoE Bench accelerator -> LMDeploy --device
@@ -63,20 +62,20 @@ class LMDeployOptions(OpenAIOptions):
         return self
 
 
+_PROBE = r"""
+import importlib.util as u, json
+print(json.dumps({"lmdeploy": u.find_spec("lmdeploy") is not None}))
+"""
+
+
 def lmdeploy_python() -> str:
+    """The interpreter that has lmdeploy: ``MOEBENCH_LMDEPLOY_PYTHON``, else this one."""
     return os.environ.get("MOEBENCH_LMDEPLOY_PYTHON", "") or sys.executable
 
 
 def lmdeploy_installed(python: str | None = None) -> bool:
-    python = python or lmdeploy_python()
-    if python == sys.executable:
-        return importlib.util.find_spec("lmdeploy") is not None
-    probe = "import importlib.util as u; print(u.find_spec('lmdeploy') is not None)"
-    try:
-        out = subprocess.run([python, "-I", "-c", probe], capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out.stdout.strip() == "True"
+    """Whether ``python`` (default :func:`lmdeploy_python`) can import lmdeploy."""
+    return bool(probe_interpreter(python or lmdeploy_python(), _PROBE, timeout=30.0).get("lmdeploy"))
 
 
 def managed_availability(accelerator: str) -> Availability:

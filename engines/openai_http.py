@@ -19,26 +19,31 @@ prompt and output counts, so the store can compare them with the client's.
 for exact lengths (option ``exact_lengths``). The API key comes from the environment only
 (``MOEBENCH_OPENAI_API_KEY``, else ``OPENAI_API_KEY``) and is never part of the options,
 so it never reaches the database or an export.
+
+The pieces this engine is built from live in their own modules: :mod:`engines.sse` (the
+event-stream decoder), :mod:`engines.http_errors` (client errors as one-line reasons),
+:mod:`engines.tokens` (client-side token counts); :mod:`engines.managed` holds the base of
+the engines that launch their own server (vllm, triton, lmdeploy).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import threading
-import time
-from collections.abc import AsyncIterator, Iterable, Iterator
-from typing import Any, ClassVar, Literal
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from engines.accelerators import Availability
 from engines.base import Engine, EngineOptions, GenerationRequest, ProgressFn, StreamChunk, register_engine
-from engines.errors import EngineUnavailable, ModelLoadError, RequestFailed, ServerUnreachable
-from engines.launch import ManagedProcess, creeping_progress
+from engines.errors import EngineUnavailable, ModelLoadError, RequestFailed, one_line
+from engines.http_errors import aiohttp_errors, error_message, http_errors
 from engines.settings import get_settings
+from engines.sse import SSEError, asse_payloads, sse_object, sse_payloads
+from engines.tokens import SERVER_TOKENIZER, ServerTokenizer, TextCounter
 
 API_KEY_ENV_VARS: tuple[str, ...] = ("MOEBENCH_OPENAI_API_KEY", "OPENAI_API_KEY")
 
@@ -50,11 +55,6 @@ def api_key_from_env() -> str | None:
         if value:
             return value
     return None
-
-
-def _one_line(text: str, limit: int = 300) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class OpenAIOptions(EngineOptions):
@@ -115,200 +115,6 @@ def _redacted(url: str) -> str:
     return f"{scheme}{sep}{host}{slash}{path}" if sep else url
 
 
-SERVER_TOKENIZER = "server"  # options.tokenizer value: use the server's /tokenize
-
-
-class ServerTokenizer:
-    """The server's ``/tokenize`` and ``/detokenize`` (vLLM, SGLang) behind the few tokenizer
-    calls MoE Bench makes: counting tokens of prompts and streamed text. It has no vocabulary
-    to sample from, so random exact-length prompts still need a local tokenizer."""
-
-    supports_random_prompts = False
-
-    def __init__(self, client: Any, root: str, model: str) -> None:
-        self.client, self.root, self.model = client, root, model
-        self.all_special_ids: list[int] = []
-
-    def available(self) -> bool:
-        try:
-            return bool(self.encode("hello"))
-        except Exception:  # noqa: BLE001 - no such endpoint, or not this format
-            return False
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        body = {"model": self.model, "prompt": text, "add_special_tokens": add_special_tokens}
-        resp = self.client.post(f"{self.root}/tokenize", json=body, timeout=30.0)
-        resp.raise_for_status()
-        return list(resp.json()["tokens"])
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        resp = self.client.post(
-            f"{self.root}/detokenize", json={"model": self.model, "tokens": list(ids)}, timeout=30.0
-        )
-        resp.raise_for_status()
-        return str(resp.json()["prompt"])
-
-    def __call__(self, text: str, add_special_tokens: bool = True) -> Any:
-        from types import SimpleNamespace
-
-        return SimpleNamespace(input_ids=self.encode(text, add_special_tokens=add_special_tokens))
-
-
-MAX_SSE_EVENT_BYTES = 4 * 2**20  # one SSE line or event; a real completion event is far smaller
-
-
-class SSEError(RequestFailed):
-    """The server's event stream was malformed or ended early."""
-
-
-class SSEDecoder:
-    """An incremental server-sent-event decoder: bytes in, complete ``data`` payloads out.
-
-    Follows the SSE rules that matter here: ``data:`` lines of one event are joined
-    with newlines, a blank line ends an event, ``:`` lines are comments, other fields
-    (``event``, ``id``, ``retry``) are ignored; :meth:`close` gives a payload still
-    pending at the end (some servers omit the last blank line). Lines are split on
-    ``\\n`` before decoding, which is safe because ``\\n`` never occurs inside a UTF-8
-    multi-byte sequence, and cheaper per chunk than an incremental text decoder.
-    """
-
-    def __init__(self, max_event_bytes: int | None = None) -> None:
-        self._pending = b""
-        self._data: list[str] = []
-        self._data_bytes = 0
-        self.max_event_bytes = max_event_bytes or MAX_SSE_EVENT_BYTES
-
-    def _too_big(self, what: str) -> SSEError:
-        mib = self.max_event_bytes / 2**20
-        return SSEError(f"an SSE {what} over {mib:g} MiB: stopped reading (a completion event is a few hundred bytes)")
-
-    def line(self, raw: str) -> str | None:
-        """Take one line; the event's payload when this line ends one."""
-        line = raw.rstrip("\r\n")
-        if not line:
-            if not self._data:
-                return None
-            payload, self._data, self._data_bytes = "\n".join(self._data), [], 0
-            return payload
-        if line.startswith(":"):
-            return None
-        name, sep, value = line.partition(":")
-        if not sep:
-            name, value = line, ""
-        elif value.startswith(" "):
-            value = value[1:]
-        if name == "data":
-            self._data_bytes += len(value)
-            if self._data_bytes > self.max_event_bytes:
-                raise self._too_big("event")
-            self._data.append(value)
-        return None
-
-    def feed(self, chunk: bytes) -> list[str]:
-        """Take the next bytes of the stream; the payloads of the events they complete."""
-        if not chunk:
-            return []
-        self._pending += chunk
-        if b"\n" not in chunk:
-            if len(self._pending) > self.max_event_bytes:
-                raise self._too_big("line")
-            return []
-        *lines, self._pending = self._pending.split(b"\n")
-        out = []
-        for raw in lines:
-            if len(raw) > self.max_event_bytes:
-                raise self._too_big("line")
-            payload = self.line(raw.decode("utf-8", errors="replace"))
-            if payload is not None:
-                out.append(payload)
-        return out
-
-    def close(self) -> list[str]:
-        """The stream ended: the payload still pending, if any."""
-        out = []
-        if self._pending:
-            payload = self.line(self._pending.decode("utf-8", errors="replace"))
-            self._pending = b""
-            if payload is not None:
-                out.append(payload)
-        if self._data:
-            out.append("\n".join(self._data))
-            self._data = []
-        return out
-
-
-def sse_payloads(chunks: Iterable[bytes]) -> Iterator[str]:
-    """The ``data`` payloads of a server-sent event stream given as byte chunks."""
-    decoder = SSEDecoder()
-    for chunk in chunks:
-        yield from decoder.feed(chunk)
-    yield from decoder.close()
-
-
-async def asse_payloads(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
-    """:func:`sse_payloads` for an asynchronous byte stream (aiohttp's ``content.iter_any()``)."""
-    decoder = SSEDecoder()
-    async for chunk in chunks:
-        for payload in decoder.feed(chunk):
-            yield payload
-    for payload in decoder.close():
-        yield payload
-
-
-@contextlib.contextmanager
-def http_errors(url: str, who: str = "the server") -> Iterator[None]:
-    """Turn httpx's errors while talking to ``url`` into one-line :class:`RequestFailed`."""
-    import httpx
-
-    try:
-        yield
-    except httpx.TimeoutException as exc:
-        raise RequestFailed(f"timed out waiting for {url} ({type(exc).__name__})") from exc
-    except httpx.RemoteProtocolError as exc:
-        raise RequestFailed(f"connection dropped by {who}: {_one_line(str(exc), 200)}") from exc
-    except httpx.ConnectError as exc:
-        raise ServerUnreachable(f"could not connect to {url}: {_one_line(str(exc), 200)}") from exc
-    except httpx.HTTPError as exc:
-        raise RequestFailed(f"{type(exc).__name__} from {url}: {_one_line(str(exc), 200)}") from exc
-
-
-@contextlib.contextmanager
-def aiohttp_errors(url: str, who: str = "the server") -> Iterator[None]:
-    """:func:`http_errors` for the asynchronous client (aiohttp)."""
-    import aiohttp
-
-    try:
-        yield
-    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-        raise RequestFailed(f"timed out waiting for {url} ({type(exc).__name__})") from exc
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
-        raise RequestFailed(f"connection dropped by {who}: {_one_line(str(exc), 200)}") from exc
-    except aiohttp.ClientConnectorError as exc:
-        raise ServerUnreachable(f"could not connect to {url}: {_one_line(str(exc), 200)}") from exc
-    except aiohttp.ClientError as exc:
-        raise RequestFailed(f"{type(exc).__name__} from {url}: {_one_line(str(exc), 200)}") from exc
-
-
-def _error_message(body: bytes) -> str:
-    """The human part of an OpenAI-style error body (``{"error": {"message": ...}}`` and variants)."""
-    text = body.decode("utf-8", errors="replace")
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return _one_line(text, 200) or "(empty body)"
-    if isinstance(obj, dict):
-        err = obj.get("error", obj)
-        if isinstance(err, dict):
-            for key in ("message", "detail", "msg"):
-                if err.get(key):
-                    return _one_line(str(err[key]), 200)
-        elif isinstance(err, str):
-            return _one_line(err, 200)
-        if obj.get("detail"):
-            return _one_line(json.dumps(obj["detail"]), 200)
-    return _one_line(text, 200)
-
-
 def _carries_token(choice: dict[str, Any]) -> bool:
     """Whether a streamed choice stands for a generated token even when its text is empty.
 
@@ -320,74 +126,6 @@ def _carries_token(choice: dict[str, Any]) -> bool:
     if isinstance(delta, dict):
         return delta.get("content") is not None and "role" not in delta
     return choice.get("text") is not None
-
-
-def sse_object(payload: str, source: str = "") -> dict[str, Any]:
-    """One SSE ``data`` payload as a JSON object; :class:`SSEError` names what was wrong."""
-    where = f" from {source}" if source else ""
-    try:
-        obj = json.loads(payload)
-    except ValueError as exc:
-        raise SSEError(f"malformed SSE event{where} (not JSON): {_one_line(payload, 120)}") from exc
-    if not isinstance(obj, dict):
-        raise SSEError(f"malformed SSE event{where} (not an object): {_one_line(payload, 120)}")
-    return obj
-
-
-def count_tokens(tokenizer: Any, text: str) -> int:
-    """Tokens in ``text`` (no special tokens added), through a Hugging Face fast tokenizer's
-    Rust core when it has one (skipping the Python wrapper's per-call cost)."""
-    if not text:
-        return 0
-    core = getattr(tokenizer, "backend_tokenizer", None)
-    if core is not None:
-        return len(core.encode(text, add_special_tokens=False).ids)
-    return len(tokenizer.encode(text, add_special_tokens=False))
-
-
-class TextCounter:
-    """Client-side token counts of one stream: the growth of the token count of all text so far.
-
-    Counting the whole text (not each delta alone) avoids counting a multi-byte character
-    split across chunks twice; a chunk that stands for a token counts at least one, and a
-    later chunk gives back what such floors over-counted. The text's token count is kept
-    up to date from the growth over the last ``TAIL`` characters plus the delta, not by
-    re-encoding the whole text (which made a long stream quadratic): tokenizers split on
-    word boundaries, so the local growth is the global one. Exact only when the text
-    re-tokenizes as generated: the server's ``usage`` stays the reference.
-    """
-
-    TAIL = 64
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self.tail = ""
-        self.tail_tokens = 0  # tokens in self.tail
-        self.total = 0  # tokens in all text so far
-        self.counted = 0
-
-    def _len(self, text: str) -> int:
-        return count_tokens(self.tokenizer, text)
-
-    def add(self, delta: str, carries_token: bool) -> int:
-        floor = 1 if (delta or carries_token) else 0
-        # U+FFFD stands for bytes the server could not decode (a byte token of a split or
-        # invalid character): it says nothing about the token count, so it is left out.
-        clean = delta.replace("\ufffd", "")
-        if self.tokenizer is None or not clean:
-            n = floor
-        else:
-            grown = self.tail + clean
-            grown_tokens = self._len(grown)
-            self.total += grown_tokens - self.tail_tokens
-            if len(grown) > 2 * self.TAIL:  # one extra encode every TAIL characters or so
-                self.tail = grown[-self.TAIL :]
-                self.tail_tokens = self._len(self.tail)
-            else:
-                self.tail, self.tail_tokens = grown, grown_tokens
-            n = max(self.total - self.counted, floor)
-        self.counted += n
-        return n
 
 
 @register_engine
@@ -511,22 +249,22 @@ class OpenAIEngine(Engine):
         except httpx.HTTPError as exc:
             raise EngineUnavailable(
                 f"cannot reach the OpenAI-compatible server at {self.base_url}: {type(exc).__name__}: "
-                f"{_one_line(str(exc), 200) or 'no answer'}"
+                f"{one_line(exc, 200) or 'no answer'}"
             ) from exc
         if resp.status_code in (401, 403):
             raise EngineUnavailable(
                 f"{url} refused the credentials (HTTP {resp.status_code}): set MOEBENCH_OPENAI_API_KEY or "
-                f"OPENAI_API_KEY; {_error_message(resp.content)}"
+                f"OPENAI_API_KEY; {error_message(resp.content)}"
             )
         if resp.status_code == 404:
             return  # no /models on this server: nothing to check
         if resp.status_code != 200:
-            raise EngineUnavailable(f"{url} answered HTTP {resp.status_code}: {_error_message(resp.content)}")
+            raise EngineUnavailable(f"{url} answered HTTP {resp.status_code}: {error_message(resp.content)}")
         try:
             data = resp.json().get("data", [])
             self.served_models = [str(m.get("id")) for m in data if isinstance(m, dict)]
         except (ValueError, AttributeError) as exc:
-            raise EngineUnavailable(f"{url} did not answer an OpenAI model list: {_one_line(resp.text, 120)}") from exc
+            raise EngineUnavailable(f"{url} did not answer an OpenAI model list: {one_line(resp.text, 120)}") from exc
         if self.opts.check_model and self.served_models and self.served_name not in self.served_models:
             raise EngineUnavailable(
                 f"model '{self.served_name}' is not served at {self.base_url}; it serves: "
@@ -607,7 +345,7 @@ class OpenAIEngine(Engine):
         parser = CompletionStream(self._tokenizer)
         with http_errors(url), self._client.stream("POST", url, json=body) as resp:
             if resp.status_code >= 400:
-                raise RequestFailed(f"HTTP {resp.status_code} from {url}: {_error_message(resp.read())}")
+                raise RequestFailed(f"HTTP {resp.status_code} from {url}: {error_message(resp.read())}")
             for payload in sse_payloads(resp.iter_bytes()):
                 if cancel is not None and cancel.is_set():
                     return  # leaving the with-block closes the response
@@ -673,7 +411,7 @@ class OpenAIEngine(Engine):
         with aiohttp_errors(url):
             async with session.post(url, json=self.request_body(request)) as resp:
                 if resp.status >= 400:
-                    raise RequestFailed(f"HTTP {resp.status} from {url}: {_error_message(await resp.read())}")
+                    raise RequestFailed(f"HTTP {resp.status} from {url}: {error_message(await resp.read())}")
                 async for payload in asse_payloads(resp.content.iter_any()):
                     if cancel is not None and cancel.is_set():
                         return  # leaving the async-with block closes the response
@@ -707,7 +445,7 @@ class CompletionStream:
         if "error" in obj:
             err = obj["error"]
             msg = err.get("message", err) if isinstance(err, dict) else err
-            raise RequestFailed(f"server error mid-stream: {_one_line(str(msg), 200)}")
+            raise RequestFailed(f"server error mid-stream: {one_line(msg, 200)}")
         usage = obj.get("usage") or None
         choices = obj.get("choices") or []
         if not choices:
@@ -724,7 +462,7 @@ class CompletionStream:
             ]
         choice = choices[0]
         if not isinstance(choice, dict):
-            raise SSEError(f"malformed SSE event (bad choice): {_one_line(payload, 120)}")
+            raise SSEError(f"malformed SSE event (bad choice): {one_line(payload, 120)}")
         text, reasoning = _choice_text(choice)
         server_n: int | None = None
         if isinstance(choice.get("token_ids"), list):
@@ -763,117 +501,3 @@ def _choice_text(choice: dict[str, Any]) -> tuple[str, str]:
         reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
         return str(content), str(reasoning)
     return str(choice.get("text") or ""), ""
-
-
-class ServerEngine(OpenAIEngine):
-    """An HTTP engine that reaches a running server at ``base_url`` or launches its own.
-
-    Shared by the vllm, triton and lmdeploy engines: the launch (argv list, free port,
-    ready wait with the log's last lines on failure, the whole tree stopped on any error),
-    a long-lived probe client for metrics and health (``httpx.get`` would build a client and
-    an SSL context per call, holding the GIL while requests stream), and the health rule
-    (the process exited, or the ready URL has not answered for 15 s).
-    """
-
-    server_label: ClassVar[str] = "server"
-
-    def __init__(self, options: EngineOptions) -> None:
-        super().__init__(options)
-        self._url: str | None = getattr(options, "base_url", None)
-        self.server: ManagedProcess | None = None
-        self.argv: list[str] = []
-        self.load_seconds = 0.0
-        self._probe: Any = None
-        self._probe_lock = threading.Lock()
-        self._health_fail_since: float | None = None
-
-    @property
-    def base_url(self) -> str:
-        return self._url or ""
-
-    def health_url(self) -> str:
-        """The URL that answers 200 while the server can serve."""
-        raise NotImplementedError
-
-    def attach_sender(self, spec: dict[str, Any]) -> None:
-        self._url = spec["base_url"]  # a launched server's URL is known only after start
-        if hasattr(self, "model_name"):
-            self.model_name = spec["served_name"]
-        super().attach_sender(spec)
-
-    def launch(
-        self,
-        argv: list[str],
-        url: str,
-        report: ProgressFn,
-        *,
-        env: dict[str, str] | None = None,
-        timeout: float | None = None,
-    ) -> None:
-        """Start ``argv``, wait until :meth:`health_url` answers, then connect and check."""
-        t0 = time.perf_counter()
-        self.argv = argv
-        self.server = ManagedProcess(argv, name=self.server_label, env=env).start()
-        self._url = url
-        try:
-            wait = timeout or get_settings().server_start_timeout_s
-            self.server.wait_http(self.health_url(), wait, progress=creeping_progress(report, 0.2, 0.9))
-            self._client = self._make_client()
-            self._check_server()
-        except BaseException:
-            self.server.stop()
-            raise
-        self.load_seconds = time.perf_counter() - t0
-
-    def probe_client(self) -> Any:
-        import httpx
-
-        with self._probe_lock:
-            if self._probe is None:
-                self._probe = httpx.Client(timeout=5.0, limits=httpx.Limits(max_connections=4))
-            return self._probe
-
-    def stop(self) -> None:
-        super().stop()
-        with self._probe_lock:
-            if self._probe is not None:
-                self._probe.close()
-                self._probe = None
-        if self.server is not None:
-            self.server.stop()
-
-    def health(self) -> str | None:
-        """None while the server runs and answers; else why not (one line)."""
-        if self.server is not None:
-            reason = self.server.exit_reason()
-            if reason is not None:
-                what = reason.removeprefix(f"{self.server.name} ")
-                return f"{self.label} {what}; last log lines: {self.server.tail_one_line(3)}"
-        if not self.base_url:
-            return None
-        import httpx
-
-        try:
-            ok = self.probe_client().get(self.health_url(), timeout=5.0).status_code == 200
-        except httpx.HTTPError:
-            ok = False
-        if ok:
-            self._health_fail_since = None
-            return None
-        # A busy server may miss one probe: report only after 15 s without an answer.
-        now = time.monotonic()
-        if self._health_fail_since is None:
-            self._health_fail_since = now
-        if now - self._health_fail_since > 15.0:
-            return f"{self.label} at {self.base_url} has not answered {self.health_url()} for 15 s"
-        return None
-
-    def describe(self) -> dict[str, Any]:
-        info = super().describe()
-        info.update(
-            managed=self.server is not None,
-            server_argv=self.argv,
-            log_path=str(self.server.log_path) if self.server is not None else None,
-            load_seconds=round(self.load_seconds, 3),
-        )
-        return info

@@ -1,6 +1,10 @@
-"""Prometheus text-format parsing for server telemetry (vLLM, Triton, LMDeploy)."""
+"""Prometheus text-format parsing for server telemetry (vLLM, Triton, LMDeploy), and the
+step that turns cumulative counters into per-second rates."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -24,3 +28,26 @@ def parse_prometheus(text: str) -> dict[str, float]:
             continue
         out[name] = out.get(name, 0.0) + value
     return out
+
+
+class CounterRates:
+    """Per-second rates of cumulative counters between two scrapes (thread-safe).
+
+    The first scrape only sets the baseline; a counter that went down (the server
+    restarted) rates 0 for that interval rather than a negative rate.
+    """
+
+    def __init__(self) -> None:
+        self._last: tuple[float, dict[str, float]] | None = None
+        self._lock = threading.Lock()
+
+    def update(self, counters: dict[str, float], now: float | None = None) -> dict[str, float]:
+        """Take this scrape's counter values; each counter's rate since the previous scrape."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            last, self._last = self._last, (now, dict(counters))
+        if last is None or now <= last[0]:
+            return {}
+        then, before = last
+        span = now - then
+        return {name: max(0.0, value - before[name]) / span for name, value in counters.items() if name in before}

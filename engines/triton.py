@@ -21,11 +21,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import threading
-import time
 from collections.abc import Iterator
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,20 +30,15 @@ from pydantic import Field
 
 from engines.accelerators import Availability
 from engines.base import GenerationRequest, ProgressFn, StreamChunk, register_engine
-from engines.errors import EngineUnavailable, RequestFailed
+from engines.errors import EngineUnavailable, RequestFailed, one_line
+from engines.http_errors import error_message, http_errors
 from engines.launch import ManagedProcess, free_port
-from engines.openai_http import (
-    OpenAIOptions,
-    ServerEngine,
-    TextCounter,
-    _error_message,
-    _one_line,
-    http_errors,
-    sse_object,
-    sse_payloads,
-)
-from engines.prometheus import parse_prometheus
+from engines.managed import ServerEngine, probe_interpreter
+from engines.openai_http import OpenAIOptions
+from engines.prometheus import CounterRates, parse_prometheus
 from engines.settings import PROJECT_ROOT, get_settings
+from engines.sse import sse_object, sse_payloads
+from engines.tokens import TextCounter
 
 MODEL_TEMPLATE = Path(__file__).resolve().parent / "triton_repo" / "model.py"
 
@@ -107,24 +99,12 @@ print(json.dumps({
 """
 
 
-@lru_cache(maxsize=4)
-def probe_env(python: str, mtime: float) -> dict[str, Any]:
-    """What the Triton environment holds (pytriton's server, torch, transformers)."""
-    try:
-        out = subprocess.run([python, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=60, check=False)
-        return json.loads(out.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
-        return {"error": f"cannot probe {python}: {exc}"}
-
-
 def server_env() -> tuple[dict[str, Any] | None, str]:
     """(layout, reason): where tritonserver, its Python backend and the model's packages are."""
     python = triton_python()
-    try:
-        mtime = os.stat(python).st_mtime
-    except OSError:
+    if not os.path.exists(python):
         return None, f"no Triton environment at {python}: run `make triton` (or set MOEBENCH_TRITON_PYTHON)"
-    info = probe_env(python, mtime)
+    info = probe_interpreter(python, _PROBE)
     if "error" in info:
         return None, info["error"]
     if not (info.get("torch") and info.get("transformers")):
@@ -196,8 +176,7 @@ class TritonEngine(ServerEngine):
         super().__init__(options)
         self.topts: TritonOptions = options
         self.metrics_url: str | None = options.metrics_url
-        self._last: tuple[float, dict[str, float]] | None = None
-        self._metrics_lock = threading.Lock()
+        self._rates = CounterRates()
         self._work: Path | None = None  # the model repository and backend folder of a managed server
 
     def stop(self) -> None:
@@ -311,15 +290,14 @@ class TritonEngine(ServerEngine):
             model = self._client.get(f"{self.base_url}/v2/models/{self.served_name}/ready", timeout=10.0)
         except httpx.HTTPError as exc:
             raise EngineUnavailable(
-                f"cannot reach Triton at {self.base_url}: {type(exc).__name__}: "
-                f"{_one_line(str(exc), 200) or 'no answer'}"
+                f"cannot reach Triton at {self.base_url}: {type(exc).__name__}: {one_line(exc, 200) or 'no answer'}"
             ) from exc
         if ready.status_code != 200:
             raise EngineUnavailable(f"Triton at {self.base_url} is not ready (HTTP {ready.status_code})")
         if model.status_code != 200:
             raise EngineUnavailable(
                 f"model '{self.served_name}' is not ready on Triton at {self.base_url} (HTTP {model.status_code}): "
-                f"{_error_message(model.content)}"
+                f"{error_message(model.content)}"
             )
         if self.metrics_url is None:
             from urllib.parse import urlsplit
@@ -349,7 +327,7 @@ class TritonEngine(ServerEngine):
         url = f"{self.base_url}/v2/models/{self.served_name}/generate_stream"
         with http_errors(url, "Triton"), self._client.stream("POST", url, json=self.request_body(request)) as resp:
             if resp.status_code >= 400:
-                raise RequestFailed(f"HTTP {resp.status_code} from {url}: {_error_message(resp.read())}")
+                raise RequestFailed(f"HTTP {resp.status_code} from {url}: {error_message(resp.read())}")
             yield from self._triton_events(resp, cancel)
 
     def _triton_events(self, resp: Any, cancel: threading.Event | None) -> Iterator[StreamChunk]:
@@ -360,7 +338,7 @@ class TritonEngine(ServerEngine):
                 return
             obj = sse_object(payload, "Triton")
             if "error" in obj:
-                raise RequestFailed(f"Triton error: {_one_line(str(obj['error']), 200)}")
+                raise RequestFailed(f"Triton error: {one_line(obj['error'], 200)}")
             if o.output_name not in obj:
                 continue
             text = obj[o.output_name]
@@ -385,14 +363,7 @@ class TritonEngine(ServerEngine):
             if prom in values:
                 v = values[prom]
                 out[name] = v / 1024**3 if name.endswith("_gib") else v * (100.0 if name.endswith("_pct") else 1.0)
-        now = time.monotonic()
-        counters = {name: values[prom] for prom, name in COUNTERS.items() if prom in values}
-        with self._metrics_lock:
-            last, self._last = self._last, (now, counters)
-        if last is not None and now > last[0]:
-            for name, value in counters.items():
-                if name in last[1]:
-                    out[name] = max(0.0, value - last[1][name]) / (now - last[0])
+        out.update(self._rates.update({name: values[prom] for prom, name in COUNTERS.items() if prom in values}))
         return out
 
     def describe(self) -> dict[str, Any]:
@@ -410,5 +381,5 @@ def _model_load_error(server: ManagedProcess) -> str | None:
     """Triton's own reason when a model failed to load (from its log), one line."""
     for line in reversed(server.tail(200)):
         if "failed to load" in line and "'" in line:
-            return _one_line(line.split("]", 1)[-1].strip().strip('"'), 400)
+            return one_line(line.split("]", 1)[-1].strip().strip('"'), 400)
     return None

@@ -24,10 +24,8 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,8 +35,9 @@ from engines.accelerators import Availability
 from engines.base import SERIES_PREFIX_HITS, SERIES_PREFIX_QUERIES, ProgressFn, register_engine
 from engines.errors import EngineUnavailable
 from engines.launch import ManagedProcess, free_port
-from engines.openai_http import OpenAIOptions, ServerEngine
-from engines.prometheus import parse_prometheus
+from engines.managed import ServerEngine, probe_interpreter
+from engines.openai_http import OpenAIOptions
+from engines.prometheus import CounterRates, parse_prometheus
 from engines.settings import PROJECT_ROOT, get_settings
 
 VLLM_VERSION = "0.32.0"
@@ -95,29 +94,14 @@ print(json.dumps({
 """
 
 
-@lru_cache(maxsize=8)
-def probe_vllm(python: str, mtime: float = 0.0) -> dict[str, Any]:
+def probe_vllm(python: str) -> dict[str, Any]:
     """What the interpreter ``python`` has installed (vLLM builds, torch), without importing vLLM."""
-    try:
-        out = subprocess.run([python, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"error": f"cannot run {python}: {exc}"}
-    if out.returncode != 0:
-        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"error": f"{python} failed: {last}"}
-    try:
-        return json.loads(out.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return {"error": f"{python} printed no probe result"}
+    return probe_interpreter(python, _PROBE, missing=" (MOEBENCH_VLLM_PYTHON)")
 
 
 def _probe() -> tuple[str, dict[str, Any]]:
     python = vllm_python()
-    try:
-        mtime = os.stat(python).st_mtime
-    except OSError:
-        return python, {"error": f"the vLLM interpreter {python} does not exist (MOEBENCH_VLLM_PYTHON)"}
-    return python, probe_vllm(python, mtime)
+    return python, probe_vllm(python)
 
 
 def vllm_version(info: dict[str, Any]) -> str | None:
@@ -259,8 +243,7 @@ class VLLMEngine(ServerEngine):
         self.model_dir: str | None = None
         self.model_name: str = options.served_model_name or options.model
         self.cache_info: dict[str, str] = {}
-        self._last_counters: tuple[float, dict[str, float]] | None = None
-        self._metrics_lock = threading.Lock()
+        self._rates = CounterRates()
 
     # --- naming -----------------------------------------------------------------------
     def health_url(self) -> str:
@@ -338,20 +321,13 @@ class VLLMEngine(ServerEngine):
         if not self.base_url:
             return {}
         values = parse_prometheus(self._scrape())
-        now = time.monotonic()
         out: dict[str, float] = {}
         for prom, name in GAUGES.items():
             if prom in values:
                 out[name] = values[prom] * (100.0 if prom == "vllm:kv_cache_usage_perc" else 1.0)
         counters = {name: values[prom] for prom, name in COUNTERS.items() if prom in values}
-        with self._metrics_lock:
-            last = self._last_counters
-            self._last_counters = (now, counters)
-        for name, value in counters.items():
-            if name not in RATE_SERIES:
-                out[name] = value
-            elif last is not None and name in last[1] and now > last[0]:
-                out[name] = max(0.0, value - last[1][name]) / (now - last[0])
+        out.update({name: value for name, value in counters.items() if name not in RATE_SERIES})
+        out.update(self._rates.update({name: value for name, value in counters.items() if name in RATE_SERIES}))
         return out
 
     def describe(self) -> dict[str, Any]:

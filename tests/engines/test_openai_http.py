@@ -19,7 +19,7 @@ import pytest
 
 from engines.base import GenerationRequest, SamplingParams, TimedResult, create_engine, timed_astream, timed_stream
 from engines.errors import EngineUnavailable
-from engines.openai_http import SSEDecoder, sse_payloads
+from engines.sse import SSEDecoder, sse_payloads
 
 
 def _event(obj: Any) -> bytes:
@@ -312,7 +312,7 @@ def test_text_counter_matches_whole_text_counting_on_a_long_stream(tiny_model: A
 
     from transformers import AutoTokenizer
 
-    from engines.openai_http import TextCounter
+    from engines.tokens import TextCounter
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model))
     rng = random.Random(0)
@@ -435,7 +435,7 @@ def test_async_run_records_mid_run_failures_and_goes_on(server: str, store: Any)
 
 
 def test_sse_decoder_bounds_lines_and_events() -> None:
-    from engines.openai_http import SSEDecoder, SSEError
+    from engines.sse import SSEDecoder, SSEError
 
     dec = SSEDecoder(max_event_bytes=100)
     assert dec.feed(b"data: " + b"x" * 90 + b"\n\n") == ["x" * 90]

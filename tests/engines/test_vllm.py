@@ -169,7 +169,7 @@ def test_openai_engine_counts_agree_with_usage(vllm_engine: Any) -> None:
 
 def test_server_side_tokenizer_counts(vllm_engine: Any) -> None:
     """tokenizer="server": prompt and output counts from vLLM's /tokenize, no local tokenizer."""
-    from engines.openai_http import ServerTokenizer
+    from engines.tokens import ServerTokenizer
 
     engine = create_engine(
         {"kind": "openai", "model": "tiny-deepseek-v3", "base_url": vllm_engine.base_url, "tokenizer": "server"}

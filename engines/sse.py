@@ -1,0 +1,126 @@
+"""Server-sent events: an incremental, spec-following decoder from bytes to ``data`` payloads.
+
+Used by every engine that streams over HTTP (the OpenAI-compatible ones, Triton's
+``generate_stream``). Lines and events are bounded (:data:`MAX_SSE_EVENT_BYTES`), so a
+server that never ends a line cannot fill the client's memory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Any
+
+from engines.errors import RequestFailed, one_line
+
+MAX_SSE_EVENT_BYTES = 4 * 2**20  # one SSE line or event; a real completion event is far smaller
+
+
+class SSEError(RequestFailed):
+    """The server's event stream was malformed or ended early."""
+
+
+class SSEDecoder:
+    """An incremental server-sent-event decoder: bytes in, complete ``data`` payloads out.
+
+    Follows the SSE rules that matter here: ``data:`` lines of one event are joined
+    with newlines, a blank line ends an event, ``:`` lines are comments, other fields
+    (``event``, ``id``, ``retry``) are ignored; :meth:`close` gives a payload still
+    pending at the end (some servers omit the last blank line). Lines are split on
+    ``\\n`` before decoding, which is safe because ``\\n`` never occurs inside a UTF-8
+    multi-byte sequence, and cheaper per chunk than an incremental text decoder.
+    """
+
+    def __init__(self, max_event_bytes: int | None = None) -> None:
+        self._pending = b""
+        self._data: list[str] = []
+        self._data_bytes = 0
+        self.max_event_bytes = max_event_bytes or MAX_SSE_EVENT_BYTES
+
+    def _too_big(self, what: str) -> SSEError:
+        mib = self.max_event_bytes / 2**20
+        return SSEError(f"an SSE {what} over {mib:g} MiB: stopped reading (a completion event is a few hundred bytes)")
+
+    def line(self, raw: str) -> str | None:
+        """Take one line; the event's payload when this line ends one."""
+        line = raw.rstrip("\r\n")
+        if not line:
+            if not self._data:
+                return None
+            payload, self._data, self._data_bytes = "\n".join(self._data), [], 0
+            return payload
+        if line.startswith(":"):
+            return None
+        name, sep, value = line.partition(":")
+        if not sep:
+            name, value = line, ""
+        elif value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            self._data_bytes += len(value)
+            if self._data_bytes > self.max_event_bytes:
+                raise self._too_big("event")
+            self._data.append(value)
+        return None
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """Take the next bytes of the stream; the payloads of the events they complete."""
+        if not chunk:
+            return []
+        self._pending += chunk
+        if b"\n" not in chunk:
+            if len(self._pending) > self.max_event_bytes:
+                raise self._too_big("line")
+            return []
+        *lines, self._pending = self._pending.split(b"\n")
+        out = []
+        for raw in lines:
+            if len(raw) > self.max_event_bytes:
+                raise self._too_big("line")
+            payload = self.line(raw.decode("utf-8", errors="replace"))
+            if payload is not None:
+                out.append(payload)
+        return out
+
+    def close(self) -> list[str]:
+        """The stream ended: the payload still pending, if any."""
+        out = []
+        if self._pending:
+            payload = self.line(self._pending.decode("utf-8", errors="replace"))
+            self._pending = b""
+            if payload is not None:
+                out.append(payload)
+        if self._data:
+            out.append("\n".join(self._data))
+            self._data = []
+        return out
+
+
+def sse_payloads(chunks: Iterable[bytes]) -> Iterator[str]:
+    """The ``data`` payloads of a server-sent event stream given as byte chunks."""
+    decoder = SSEDecoder()
+    for chunk in chunks:
+        yield from decoder.feed(chunk)
+    yield from decoder.close()
+
+
+async def asse_payloads(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """:func:`sse_payloads` for an asynchronous byte stream (aiohttp's ``content.iter_any()``)."""
+    decoder = SSEDecoder()
+    async for chunk in chunks:
+        for payload in decoder.feed(chunk):
+            yield payload
+    for payload in decoder.close():
+        yield payload
+
+
+def sse_object(payload: str, source: str = "") -> dict[str, Any]:
+    """One SSE ``data`` payload as a JSON object; :class:`SSEError` names what was wrong."""
+    where = f" from {source}" if source else ""
+    try:
+        obj = json.loads(payload)
+    except ValueError as exc:
+        raise SSEError(f"malformed SSE event{where} (not JSON): {one_line(payload, 120)}") from exc
+    if not isinstance(obj, dict):
+        raise SSEError(f"malformed SSE event{where} (not an object): {one_line(payload, 120)}")
+    return obj
