@@ -46,7 +46,7 @@ triton: $(TRITON_STAMP)
 engines: vllm triton
 
 run: $(STAMP)
-	$(PY) -m streamlit run dashboard/app.py
+	$(PY) -m streamlit run dashboard/serve.py
 
 # Debian's chromium for the end-to-end browser test (Playwright cannot download its own here).
 browser:

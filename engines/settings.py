@@ -28,6 +28,10 @@ class Settings:
     # Interpreter of the environment that has vLLM (empty: .venv-vllm/bin/python when it
     # exists, else the current interpreter). Env: MOEBENCH_VLLM_PYTHON.
     vllm_python: str = ""
+    # Host names the dashboard answers to, comma-separated, any port (DNS-rebinding guard,
+    # dashboard/host_guard.py); a LAN demo adds the machine's name or address, `*` turns the
+    # check off. Env: MOEBENCH_ALLOWED_HOSTS.
+    allowed_hosts: str = "127.0.0.1,localhost,::1"
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:

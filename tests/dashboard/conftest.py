@@ -1,15 +1,73 @@
-"""Dashboard fixtures: AppTest factory, fresh data folders, the session's store."""
+"""Dashboard fixtures: AppTest factory, fresh data folders, the session's store, a real server."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from bench.store import Store
 
-APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
+ROOT = Path(__file__).resolve().parents[2]
+APP = ROOT / "dashboard" / "app.py"
+# What `make run` starts: app.py served behind the host guard (dashboard/serve.py).
+SERVE = ROOT / "dashboard" / "serve.py"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def running_dashboard(env: Mapping[str, str], log_path: Path, timeout_s: float = 60) -> Iterator[str]:
+    """The dashboard as `make run` starts it, on a free port; yields its URL once healthy.
+
+    The process (and its group) is killed at the end; its output goes to ``log_path``.
+    """
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "streamlit", "run", str(SERVE),
+        "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
+    ]  # fmt: skip
+    log = open(log_path, "wb")  # closed in the finally below, once the process is gone
+    proc = subprocess.Popen(argv, cwd=ROOT, env=dict(env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"streamlit exited with {proc.returncode}; see {log_path}")
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as resp:
+                    if resp.read().strip() == b"ok":
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"streamlit did not become healthy within {timeout_s:.0f} s; see {log_path}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+        log.close()
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """End to end: the real app in Chromium (Playwright), from loading the tiny model to a CSV download.
 
-Starts ``streamlit run dashboard/app.py`` on a free port with this session's data folder,
-loads the tiny model, runs a concurrency benchmark while watching the live chart grow,
+Starts the dashboard as ``make run`` does (``streamlit run dashboard/serve.py``) on a free port
+with this session's data folder, loads the tiny model, runs a concurrency benchmark while watching the live chart grow,
 downloads the per-request CSV from the Results page and checks its rows, imports the H200
 example runs on the Profiling page, and saves a screenshot of every page under tests/artifacts/.
 """
@@ -13,12 +13,7 @@ import io
 import itertools
 import os
 import re
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +22,7 @@ import pytest
 
 from bench.benchmarks.dashboard_live import goto_page, set_number, wait_idle
 from bench.store import REQUEST_CSV_COLUMNS
+from tests.dashboard.conftest import running_dashboard
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -44,60 +40,15 @@ REQUESTS, CONCURRENCY, OUTPUT_LEN = 24, 2, 32
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(moebench_data: Path, tiny_model: Path) -> Iterator[str]:
-    """The dashboard as a real server process; killed (with its process group) at the end."""
+    """The dashboard as a real server process, started as `make run` starts it."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is missing (make browser installs it)")
-    port = _free_port()
     env = {**os.environ, "MOEBENCH_DATA_DIR": str(moebench_data), "PYTHONUNBUFFERED": "1"}
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    log = open(ARTIFACTS / "streamlit-server.log", "wb")
-    argv = [
-        sys.executable,
-        "-m",
-        "streamlit",
-        "run",
-        str(ROOT / "dashboard" / "app.py"),
-        "--server.port",
-        str(port),
-        "--server.headless",
-        "true",
-        "--browser.gatherUsageStats",
-        "false",
-    ]
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"streamlit exited with {proc.returncode}; see {log.name}")
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as resp:
-                    if resp.read().strip() == b"ok":
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError("streamlit did not become healthy within 60 s")
-            time.sleep(0.3)
+    with running_dashboard(env, ARTIFACTS / "streamlit-server.log") as url:
         yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
-        log.close()
 
 
 @pytest.fixture(scope="module")
