@@ -24,7 +24,7 @@ from engines.base import ProgressFn, register_engine
 from engines.errors import ConfigError, EngineUnavailable
 from engines.launch import free_port
 from engines.managed import ServerEngine, probe_interpreter
-from engines.openai_http import OpenAIOptions
+from engines.openai_http import OpenAIEngine, OpenAIOptions
 from engines.settings import get_settings
 
 # MoE Bench accelerator -> LMDeploy --device
@@ -116,7 +116,7 @@ def server_argv(python: str, model_dir: str, name: str, host: str, port: int, o:
 
 
 @register_engine
-class LMDeployEngine(ServerEngine):
+class LMDeployEngine(ServerEngine, OpenAIEngine):
     """LMDeploy's api_server (managed or connect); see the module docstring."""
 
     kind = "lmdeploy"

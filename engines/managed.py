@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 
 from engines.base import EngineOptions, ProgressFn
 from engines.errors import one_line
+from engines.http_client import HTTPEngine
 from engines.launch import ManagedProcess, creeping_progress
-from engines.openai_http import OpenAIEngine
 from engines.settings import get_settings
 
 
@@ -59,10 +59,11 @@ def _probe_cached(python: str, mtime: float, script: str, timeout: float) -> dic
     return info
 
 
-class ServerEngine(OpenAIEngine):
+class ServerEngine(HTTPEngine):
     """An HTTP engine that reaches a running server at ``base_url`` or launches its own.
 
-    Shared by the vllm, triton and lmdeploy engines: the launch (argv list, free port,
+    Shared by the vllm, triton and lmdeploy engines (vllm and lmdeploy mix in
+    :class:`~engines.openai_http.OpenAIEngine` for the protocol): the launch (argv list, free port,
     ready wait with the log's last lines on failure, the whole tree stopped on any error),
     a long-lived probe client for metrics and health (``httpx.get`` would build a client and
     an SSL context per call, holding the GIL while requests stream), and the health rule

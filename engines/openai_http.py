@@ -16,11 +16,10 @@ The final ``usage`` chunk is passed on as ``StreamChunk(final=True)`` with the s
 prompt and output counts, so the store can compare them with the client's.
 
 ``ignore_eos`` and ``min_tokens`` (vLLM/SGLang extensions) are sent when sampling asks
-for exact lengths (option ``exact_lengths``). The API key comes from the environment only
-(``MOEBENCH_OPENAI_API_KEY``, else ``OPENAI_API_KEY``) and is never part of the options,
-so it never reaches the database or an export.
+for exact lengths (option ``exact_lengths``).
 
-The pieces this engine is built from live in their own modules: :mod:`engines.sse` (the
+The pieces this engine is built from live in their own modules: :mod:`engines.http_client`
+(the client, options and API-key rule every HTTP engine shares), :mod:`engines.sse` (the
 event-stream decoder), :mod:`engines.http_errors` (client errors as one-line reasons),
 :mod:`engines.tokens` (client-side token counts); :mod:`engines.managed` holds the base of
 the engines that launch their own server (vllm, triton, lmdeploy).
@@ -29,90 +28,43 @@ the engines that launch their own server (vllm, triton, lmdeploy).
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from engines.accelerators import Availability
-from engines.base import Engine, EngineOptions, GenerationRequest, ProgressFn, StreamChunk, register_engine
-from engines.errors import EngineUnavailable, ModelLoadError, RequestFailed, one_line
+from engines.base import EngineOptions, GenerationRequest, ProgressFn, StreamChunk, register_engine
+from engines.errors import EngineUnavailable, RequestFailed, one_line
+from engines.http_client import HTTPEngine, HTTPOptions
 from engines.http_errors import aiohttp_errors, error_message, http_errors
-from engines.settings import get_settings
 from engines.sse import SSEError, asse_payloads, sse_object, sse_payloads
 from engines.tokens import SERVER_TOKENIZER, ServerTokenizer, TextCounter
 
-API_KEY_ENV_VARS: tuple[str, ...] = ("MOEBENCH_OPENAI_API_KEY", "OPENAI_API_KEY")
 
-
-def api_key_from_env() -> str | None:
-    """The API key from ``MOEBENCH_OPENAI_API_KEY`` or ``OPENAI_API_KEY`` (None when unset)."""
-    for var in API_KEY_ENV_VARS:
-        value = os.environ.get(var)
-        if value:
-            return value
-    return None
-
-
-class OpenAIOptions(EngineOptions):
+class OpenAIOptions(HTTPOptions):
     """Options of an OpenAI-compatible endpoint. ``model`` is the name the server serves."""
 
     kind: Literal["openai"] = "openai"  # type: ignore[assignment]
-    base_url: str = Field(
+    base_url: str = Field(  # type: ignore[assignment]
         "http://127.0.0.1:8000/v1", description="The server's OpenAI API root, e.g. http://host:8000/v1"
-    )
-    endpoint: Literal["completions", "chat"] = Field(
-        "completions", description="/v1/completions (raw prompt) or /v1/chat/completions (chat template)"
-    )
-    tokenizer: str | None = Field(
-        None,
-        description="Local tokenizer folder for prompts and client counts ('server': the server's /tokenize); "
-        "default: the model's own when the model is a preset or a folder",
     )
     exact_lengths: bool = Field(
         True, description="Send ignore_eos (and min_tokens) so every output is exactly the requested length"
+    )
+    endpoint: Literal["completions", "chat"] = Field(
+        "completions", description="/v1/completions (raw prompt) or /v1/chat/completions (chat template)"
     )
     send_min_tokens: bool = Field(True, description="Send min_tokens too, for servers that ignore ignore_eos")
     server_token_counts: bool = Field(
         False, description="Ask the server for per-chunk token counts (vLLM: per-chunk usage or token ids)"
     )
-    timeout_s: float | None = Field(
-        None, gt=0, description="Per-request read timeout in seconds; default MOEBENCH_REQUEST_TIMEOUT_S"
-    )
-    max_connections: int = Field(1024, ge=1, le=65536, description="HTTP connection pool size (>= the concurrency)")
     check_model: bool = Field(True, description="At start, check that the server lists the model under /models")
     async_client: bool = Field(
         True,
         description="Send a run's requests from one asyncio loop (aiohttp), as vllm bench serve does; "
         "off: one thread per in-flight request (httpx)",
     )
-
-    @field_validator("base_url")
-    @classmethod
-    def _url(cls, v: str | None) -> str | None:
-        if v is None:  # the vllm engine's "launch a server" value
-            return None
-        v = v.strip().rstrip("/")
-        if not v.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, got '{_redacted(v)}'")
-        if "@" in v.split("://", 1)[1].split("/", 1)[0]:
-            # user:key@host would be stored with the run, its export and its errors: refuse it.
-            raise ValueError(
-                f"base_url carries credentials ({_redacted(v)}); give the key with MOEBENCH_OPENAI_API_KEY instead"
-            )
-        return v
-
-
-def _redacted(url: str) -> str:
-    """``url`` with any ``user:password@`` part replaced by ``***@``."""
-    scheme, sep, rest = url.partition("://")
-    host, slash, path = rest.partition("/")
-    if "@" in host:
-        host = "***@" + host.rsplit("@", 1)[1]
-    return f"{scheme}{sep}{host}{slash}{path}" if sep else url
 
 
 def _carries_token(choice: dict[str, Any]) -> bool:
@@ -129,76 +81,18 @@ def _carries_token(choice: dict[str, Any]) -> bool:
 
 
 @register_engine
-class OpenAIEngine(Engine):
+class OpenAIEngine(HTTPEngine):
     """An OpenAI-compatible server over HTTP; see the module docstring."""
 
     kind = "openai"
     label = "OpenAI-compatible HTTP server"
     options_model = OpenAIOptions
+    opts: OpenAIOptions
 
     def __init__(self, options: EngineOptions) -> None:
         super().__init__(options)
-        self.opts: OpenAIOptions = options  # type: ignore[assignment]
-        self._client: Any = None
-        self._tokenizer: Any = None
-        self.tokenizer_path: str | None = None
         self.served_models: list[str] = []
-        self._lock = threading.Lock()
         self._asession: Any = None  # aiohttp session between aopen() and aclose()
-
-    # --- what subclasses may override -------------------------------------------------
-    @property
-    def base_url(self) -> str:
-        return self.opts.base_url
-
-    @property
-    def served_name(self) -> str:
-        """The model name sent in requests."""
-        return self.opts.model
-
-    def _tokenizer_source(self) -> str | None:
-        """A local folder for the client tokenizer, or None when there is none."""
-        if self.opts.tokenizer == SERVER_TOKENIZER:
-            return None
-        if self.opts.tokenizer:
-            return self.opts.tokenizer
-        from engines.models import resolve_model
-
-        try:
-            return str(resolve_model(self.opts.model)[1])
-        except ModelLoadError:
-            return None  # a remote-only model name: no client tokenizer
-
-    # --- lifecycle --------------------------------------------------------------------
-    @classmethod
-    def availability(cls) -> Availability:
-        import importlib.util
-
-        if importlib.util.find_spec("httpx") is None:
-            return Availability(False, "httpx is not installed: pip install -r requirements.txt")
-        return Availability(True)
-
-    def _http_settings(self) -> tuple[float, dict[str, str], int]:
-        """(read timeout s, headers, pool size) shared by the threaded and the asyncio client."""
-        headers = {"Accept": "text/event-stream, application/json"}
-        key = api_key_from_env()
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        return self.opts.timeout_s or get_settings().request_timeout_s, headers, self.opts.max_connections
-
-    def _make_client(self) -> Any:
-        import httpx
-
-        read, headers, n = self._http_settings()
-        limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
-        # TCP_NODELAY, as aiohttp (vllm bench serve) sets it: httpcore writes the headers and
-        # the body separately, and Nagle + delayed ACK would hold the body back ~40 ms.
-        transport = httpx.HTTPTransport(limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
-        return httpx.Client(
-            timeout=httpx.Timeout(connect=10.0, read=read, write=30.0, pool=None),
-            transport=transport,
-            headers=headers,
-        )
 
     def start(self, progress: ProgressFn | None = None) -> None:
         if self.started:
@@ -224,20 +118,6 @@ class OpenAIEngine(Engine):
             self.tokenizer_path = f"{root}/tokenize"
         elif self.opts.tokenizer == SERVER_TOKENIZER:
             raise EngineUnavailable(f"{root} has no /tokenize endpoint; give a local tokenizer folder instead")
-
-    def _load_tokenizer(self, report: ProgressFn) -> None:
-        source = self._tokenizer_source()
-        if source is None:
-            return
-        report(f"loading tokenizer {source}", 0.1)
-        try:
-            from transformers import AutoTokenizer
-
-            self._tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=self.opts.trust_remote_code)
-        except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise ModelLoadError(f"could not load tokenizer '{source}': {type(exc).__name__}: {first}") from exc
-        self.tokenizer_path = source
 
     def _check_server(self) -> None:
         """GET /models: the server answers, and serves ``model`` (when it lists models)."""
@@ -271,40 +151,9 @@ class OpenAIEngine(Engine):
                 f"{', '.join(self.served_models)}"
             )
 
-    def stop(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-        self.started = False
-
-    def tokenizer(self) -> Any | None:
-        return self._tokenizer
-
-    # --- sending from other processes (bench.sender) ----------------------------------
-    def sender_spec(self) -> dict[str, Any] | None:
-        if not self.started or not self.base_url:
-            return None
-        return {**self.base_sender_spec(), "base_url": self.base_url, "served_name": self.served_name}
-
-    def attach_sender(self, spec: dict[str, Any]) -> None:
-        # No tokenizer in a sender process: chunks count as the server says (token ids,
-        # usage) or one per chunk, and the recorder recounts a request's text with the
-        # parent's tokenizer where the server's usage disagrees.
-        self._tokenizer = None
-        if not self.async_capable():
-            self._client = self._make_client()
-        self.started = True
-
     def describe(self) -> dict[str, Any]:
         info = super().describe()
-        info.update(
-            base_url=self.base_url,
-            served_model=self.served_name,
-            endpoint=self.opts.endpoint,
-            tokenizer=self.tokenizer_path,
-            api_key_set=api_key_from_env() is not None,
-            served_models=self.served_models,
-        )
+        info.update(endpoint=self.opts.endpoint, served_models=self.served_models)
         return info
 
     # --- requests ---------------------------------------------------------------------

@@ -26,15 +26,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from engines.accelerators import Availability
 from engines.base import GenerationRequest, ProgressFn, StreamChunk, register_engine
 from engines.errors import EngineUnavailable, RequestFailed, one_line
+from engines.http_client import HTTPOptions
 from engines.http_errors import error_message, http_errors
 from engines.launch import ManagedProcess, free_port
 from engines.managed import ServerEngine, probe_interpreter
-from engines.openai_http import OpenAIOptions
 from engines.prometheus import CounterRates, parse_prometheus
 from engines.settings import PROJECT_ROOT, get_settings
 from engines.sse import sse_object, sse_payloads
@@ -55,23 +55,43 @@ COUNTERS: dict[str, str] = {
 }
 
 
-class TritonOptions(OpenAIOptions):
+# OpenAI-protocol fields that TritonOptions carried (and never read) before it had its own
+# base: a stored config (a sweep to resume) still holds them; they are dropped on load.
+_OPENAI_ONLY_FIELDS = ("endpoint", "send_min_tokens", "server_token_counts", "check_model", "async_client")
+
+
+class TritonOptions(HTTPOptions):
     """Triton options. ``model`` is the checkpoint (preset or folder) for a managed server."""
 
     kind: Literal["triton"] = "triton"  # type: ignore[assignment]
-    base_url: str | None = None  # type: ignore[assignment]  # e.g. http://127.0.0.1:8000; None: launch
-    model_name: str = "moebench"  # the Triton model to call (and the name of the managed one)
-    metrics_url: str | None = None  # default: the server's host on metrics_port
+    base_url: str | None = Field(
+        None, description="A running Triton server's root, e.g. http://127.0.0.1:8000; empty: launch one"
+    )
+    exact_lengths: bool = Field(
+        True, description="Send the ignore_eos input so every output is exactly the requested length"
+    )
+    model_name: str = Field("moebench", description="The Triton model to call (and the name of the managed one)")
+    metrics_url: str | None = Field(
+        None, description="Triton's Prometheus URL; default: the server's host on metrics_port"
+    )
     metrics_port: int = Field(8002, ge=1, le=65535)
     input_name: str = "text_input"
     output_name: str = "text_output"
     max_tokens_name: str = "max_tokens"
     stream_name: str | None = "stream"
-    ignore_eos_name: str | None = "ignore_eos"  # None: do not send (servers without the input)
-    tokens_name: str | None = "num_tokens"  # per-response token count output; None: count with the tokenizer
+    ignore_eos_name: str | None = Field("ignore_eos", description="Input for ignore_eos; empty: not sent")
+    tokens_name: str | None = Field(
+        "num_tokens", description="Per-response token count output; empty: count with the tokenizer"
+    )
     instance_count: int = Field(1, ge=1, le=64)
     start_timeout_s: float | None = Field(None, gt=0)
-    check_model: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_openai_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and any(k in data for k in _OPENAI_ONLY_FIELDS):
+            data = {k: v for k, v in data.items() if k not in _OPENAI_ONLY_FIELDS}
+        return data
 
 
 def triton_python() -> str:

@@ -36,7 +36,7 @@ from engines.base import SERIES_PREFIX_HITS, SERIES_PREFIX_QUERIES, ProgressFn, 
 from engines.errors import EngineUnavailable
 from engines.launch import ManagedProcess, free_port
 from engines.managed import ServerEngine, probe_interpreter
-from engines.openai_http import OpenAIOptions
+from engines.openai_http import OpenAIEngine, OpenAIOptions
 from engines.prometheus import CounterRates, parse_prometheus
 from engines.settings import PROJECT_ROOT, get_settings
 
@@ -225,7 +225,7 @@ def _split_labels(body: str) -> list[str]:
 
 
 @register_engine
-class VLLMEngine(ServerEngine):
+class VLLMEngine(ServerEngine, OpenAIEngine):
     """vLLM's OpenAI server, launched here (or reached at ``base_url``); see the module docstring."""
 
     kind = "vllm"
