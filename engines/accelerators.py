@@ -20,6 +20,27 @@ from engines.errors import AcceleratorUnavailable, ConfigError
 
 GIB = 1024**3
 
+DTYPES: tuple[str, ...] = ("auto", "float16", "bfloat16", "float32")
+_DTYPE_ALIASES: dict[str, str] = {
+    "": "auto",
+    "fp16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "fp32": "float32",
+    "float": "float32",
+}
+
+
+def canonical_dtype(name: str | None) -> str:
+    """``name`` or one of its aliases (fp16, half, bf16, fp32, float; None or empty: auto) as
+    one of :data:`DTYPES`; :class:`ValueError` with a one-line reason for anything else.
+    Engine options validate their ``dtype`` with it once, so engines read canonical names."""
+    key = (name or "").strip().lower()
+    key = _DTYPE_ALIASES.get(key, key)
+    if key not in DTYPES:
+        raise ValueError(f"unknown dtype '{name}'; use auto, float16, bfloat16 or float32")
+    return key
+
 
 @dataclass(frozen=True)
 class Availability:
@@ -75,16 +96,17 @@ class Accelerator:
         return getattr(torch, self.default_dtype_name)
 
     def resolve_dtype(self, name: str | None) -> Any:
-        """``"auto"``/None -> this backend's default; else a torch dtype by name."""
+        """``"auto"``/None -> this backend's default; else the torch dtype of that name
+        (:func:`canonical_dtype`'s names; options hold them already)."""
         import torch
 
-        if name in (None, "", "auto"):
+        try:
+            canonical = canonical_dtype(name)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        if canonical == "auto":
             return self.default_dtype()
-        aliases = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}
-        dtype = getattr(torch, aliases.get(name, name), None)
-        if not isinstance(dtype, torch.dtype) or dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            raise ConfigError(f"unknown dtype '{name}'; use auto, float16, bfloat16 or float32")
-        return dtype
+        return getattr(torch, canonical)
 
     def place(self, model: Any) -> Any:
         """Move a module to this device."""

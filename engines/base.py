@@ -26,11 +26,11 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from engines.accelerators import ACCELERATORS, Availability, MemoryStats
+from engines.accelerators import ACCELERATORS, Availability, MemoryStats, canonical_dtype
 from engines.errors import ConfigError, RequestFailed, ServerUnreachable, UnknownEngine, one_line
 
 ProgressFn = Callable[[str, float], None]  # (message, fraction 0..1)
@@ -229,8 +229,15 @@ class EngineOptions(BaseModel):
     kind: str
     model: str = "tiny-deepseek-v3"
     accelerator: str = "cpu"
-    dtype: str = "auto"
+    dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
     trust_remote_code: bool = False
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _canonical_dtype(cls, v: Any) -> str:
+        # Aliases (fp16, half, bf16, fp32, float) become canonical names here, once; engines
+        # read only auto | float16 | bfloat16 | float32.
+        return canonical_dtype(v if isinstance(v, str) or v is None else str(v))
 
     @field_validator("accelerator")
     @classmethod

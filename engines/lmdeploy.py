@@ -108,8 +108,8 @@ def server_argv(python: str, model_dir: str, name: str, host: str, port: int, o:
         argv += ["--max-batch-size", str(o.max_batch_size)]
     if o.cache_max_entry_count is not None:
         argv += ["--cache-max-entry-count", f"{o.cache_max_entry_count:g}"]
-    if o.dtype not in ("auto", ""):
-        argv += ["--dtype", {"fp16": "float16", "bf16": "bfloat16"}.get(o.dtype, o.dtype)]
+    if o.dtype != "auto":
+        argv += ["--dtype", o.dtype]
     if o.trust_remote_code:
         argv.append("--trust-remote-code")
     return argv + [str(a) for a in o.extra_args]

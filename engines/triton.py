@@ -249,8 +249,9 @@ class TritonEngine(ServerEngine):
             get_accelerator("cuda").require()
         report("resolving model", 0.02)
         _name, path = resolve_model(self.topts.model)
-        dtype = {"auto": "float32" if acc == "cpu" else "bfloat16"}.get(self.topts.dtype, self.topts.dtype)
-        dtype = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}.get(dtype, dtype)
+        dtype = self.topts.dtype
+        if dtype == "auto":
+            dtype = "float32" if acc == "cpu" else "bfloat16"
         settings = get_settings()
         work = settings.data_dir / "triton" / f"{os.getpid()}-{id(self) & 0xFFFF:04x}"
         self._work = work

@@ -161,14 +161,19 @@ class VLLMOptions(OpenAIOptions):
     start_timeout_s: float | None = Field(None, gt=0)  # default: Settings.server_start_timeout_s
 
 
+def vllm_dtype(opts: VLLMOptions) -> str:
+    """The dtype vLLM is given: the option, except ``auto`` on cpu, which becomes bfloat16
+    (vLLM's CPU backend runs bf16, and fp32 for the tiny model is slower)."""
+    if opts.dtype == "auto" and opts.accelerator == "cpu":
+        return "bfloat16"
+    return opts.dtype
+
+
 def server_argv(python: str, model_dir: str, name: str, host: str, port: int, opts: VLLMOptions) -> list[str]:
     """The server's argv for these options (``--dtype auto`` becomes bfloat16 on cpu)."""
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir]
     argv += ["--served-model-name", name, "--host", host, "--port", str(port)]
-    dtype = opts.dtype
-    if dtype == "auto" and opts.accelerator == "cpu":
-        dtype = "bfloat16"  # vLLM's CPU backend runs bf16 (and fp32 for the tiny model is slower)
-    argv += ["--dtype", dtype]
+    argv += ["--dtype", vllm_dtype(opts)]
     if opts.max_model_len is not None:
         argv += ["--max-model-len", str(opts.max_model_len)]
     if opts.tensor_parallel_size != 1:
@@ -454,10 +459,9 @@ def run_offline(
     from engines.models import resolve_model
 
     _, path = resolve_model(opts.model)
-    dtype = "bfloat16" if opts.dtype == "auto" and opts.accelerator == "cpu" else opts.dtype
     engine_args: dict[str, Any] = {
         "model": str(path),
-        "dtype": dtype,
+        "dtype": vllm_dtype(opts),
         "max_model_len": opts.max_model_len,
         "tensor_parallel_size": opts.tensor_parallel_size,
         "enforce_eager": opts.enforce_eager,

@@ -8,6 +8,7 @@ from engines.accelerators import (
     ACCELERATORS,
     GIB,
     DeviceModuleAccelerator,
+    canonical_dtype,
     get_accelerator,
     list_accelerators,
 )
@@ -70,6 +71,27 @@ def test_default_dtypes_follow_the_seed() -> None:
     assert get_accelerator("cuda").resolve_dtype("bf16") == torch.bfloat16
     with pytest.raises(ConfigError, match="unknown dtype"):
         get_accelerator("cpu").resolve_dtype("int3")
+
+
+@pytest.mark.parametrize(
+    ("given", "canonical"),
+    [("auto", "auto"), ("", "auto"), ("fp16", "float16"), ("half", "float16"), ("BF16", "bfloat16"),
+     ("bfloat16", "bfloat16"), ("fp32", "float32"), ("float", "float32"), ("float16", "float16")],
+)  # fmt: skip
+@pytest.mark.parametrize("kind", ["native", "vllm", "triton", "lmdeploy", "openai"])
+def test_dtype_is_made_canonical_once_in_the_options(kind: str, given: str, canonical: str) -> None:
+    from engines.base import parse_options
+
+    assert canonical_dtype(given) == canonical
+    assert parse_options({"kind": kind, "dtype": given}).dtype == canonical
+
+
+@pytest.mark.parametrize("kind", ["native", "vllm", "triton"])
+def test_unknown_dtype_is_a_one_line_config_error(kind: str) -> None:
+    from engines.base import parse_options
+
+    with pytest.raises(ConfigError, match=r"^dtype: unknown dtype 'int8'; use auto, float16, bfloat16 or float32$"):
+        parse_options({"kind": kind, "dtype": "int8"})
 
 
 def test_unknown_accelerator_lists_the_known_ones() -> None:
