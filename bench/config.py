@@ -19,7 +19,6 @@ MODES: tuple[str, ...] = ("latency", "concurrency", "profile")
 
 MAX_WORKERS = 16
 DURATION_MAX_REQUESTS = 1_000_000  # the request cap of a duration-bound run that names none
-PROMPT_POOL = 2048  # distinct prompts built for a duration-bound run; its requests cycle them
 
 
 class RunConfig(BaseModel):

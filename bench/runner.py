@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench.config import MODES, PROMPT_POOL, Mode, RunConfig
+from bench.config import MODES, Mode, RunConfig
 from bench.job import Job, JobManager, JobSnapshot, error_reason
 from bench.metrics import summarize
 from bench.recorder import (
@@ -47,9 +47,9 @@ from bench.recorder import (
     Sampler,
 )
 from bench.schedule import strategy_for
-from bench.sender import CycledRequests, make_sender
+from bench.sender import make_sender
 from bench.store import Store
-from bench.workloads import build_requests
+from bench.workloads import RequestSource, build_requests, request_source
 from engines.accelerators import GIB
 from engines.base import SERIES_PREFIX_HITS, SERIES_PREFIX_QUERIES, Engine, create_engine
 from engines.settings import get_settings
@@ -101,11 +101,10 @@ def _execute(job: Job, engine: Engine | None, owns_engine: bool) -> None:
         job.set_phase("building prompts")
         sampling = cfg.sampling()
         tok = engine.tokenizer()
-        # A duration-bound run cycles a pool of prompts up to its cap.
-        pool_n = min(cfg.requests, PROMPT_POOL) if cfg.duration_s is not None else cfg.requests
-        requests: Sequence[Any] = build_requests(cfg.workload, pool_n, sampling, tok)
-        if pool_n < cfg.requests:
-            requests = CycledRequests(requests, cfg.requests)
+        # Prompts are built a block at a time as the run reads them (the first block now):
+        # the first request leaves at once whatever the count, and memory stays flat.
+        context = engine.context_length()
+        requests: Sequence[Any] = request_source(cfg.workload, cfg.requests, sampling, tok, context_len=context)
         # The warm-up's prompts differ from the run's (another seed): a prefix cache it warms
         # must not serve the first measured request.
         warm_spec = cfg.workload.model_copy(update={"seed": (cfg.workload.seed + 2**30 + 12345) % 2**31})
@@ -190,6 +189,8 @@ def _measure(
     )
     if strategy.max_requests is not None and strategy.max_requests < len(requests):
         requests = requests[: strategy.max_requests]  # arrivals past a duration's end
+    if isinstance(requests, RequestSource):
+        requests.read_ahead = True  # the next block is built while this one is sent
     sender = make_sender(engine, cfg.workers)
 
     def unhealthy(reason: str) -> None:

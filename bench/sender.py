@@ -51,6 +51,8 @@ from bench.schedule import LocalTickets, Strategy, Tickets
 from engines.base import Engine, GenerationRequest, TimedResult, client_from_spec, timed_astream
 from engines.errors import MoEBenchError
 
+FEED_AHEAD_BLOCKS = 4  # blocks of prompts a sender process holds ahead of the tickets taken
+FEED_POLL_S = 0.01  # how often the feeder looks at the tickets taken
 EMIT_BATCH_S = 0.05  # a child sends its finished requests to the parent this often (or per EMIT_BATCH_N)
 EMIT_BATCH_N = 256
 READY_TIMEOUT_S = 120.0  # a sender process must have opened its session and warmed up by then
@@ -90,14 +92,51 @@ class Completion:
     text: str | None = None
 
 
-class CycledRequests(Sequence[GenerationRequest]):
-    """``n`` requests that cycle a pool of prompts (a duration-bound run's cap can be large);
-    request ``i`` is the pool's ``i % len(pool)`` under the id ``{prefix}{i}``."""
+class FedRequests(Sequence[GenerationRequest]):
+    """A sender process's view of the run's requests: blocks the parent feeds it over a pipe.
 
-    def __init__(self, pool: Sequence[GenerationRequest], n: int, prefix: str = "r") -> None:
-        if not pool:
-            raise ValueError("an empty prompt pool")
-        self.pool, self.n, self.prefix = list(pool), n, prefix
+    The parent builds the prompts (lazily, a block at a time: :class:`bench.workloads.RequestSource`)
+    and sends each block to every sender process a few blocks ahead of the tickets taken;
+    a reader thread files them here. A request whose block has not arrived yet waits for it
+    (the send lag records the wait: the parent fell behind). Old blocks are dropped.
+    """
+
+    KEEP_BLOCKS = 8
+
+    def __init__(self, n: int, block_size: int, first: dict[int, list[GenerationRequest]]) -> None:
+        self.n, self.block_size = n, block_size
+        self._blocks = dict(first)
+        self._cond = threading.Condition()
+        self._closed = False
+        self._cancel: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:  # sent to the child with its first blocks
+        return {"n": self.n, "block_size": self.block_size, "blocks": self._blocks}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["n"], state["block_size"], state["blocks"])  # type: ignore[misc]
+
+    def feed_from(self, conn: Connection, cancel: Any) -> None:
+        """Start filing the blocks that arrive on ``conn`` (until it closes)."""
+        self._cancel = cancel
+
+        def reader() -> None:
+            try:
+                while True:
+                    k, block = pickle.loads(conn.recv_bytes())
+                    with self._cond:
+                        self._blocks[k] = block
+                        for old in sorted(self._blocks)[: -self.KEEP_BLOCKS]:
+                            del self._blocks[old]
+                        self._cond.notify_all()
+            except (EOFError, OSError):
+                pass
+            finally:
+                with self._cond:
+                    self._closed = True
+                    self._cond.notify_all()
+
+        threading.Thread(target=reader, name="feed", daemon=True).start()
 
     def __len__(self) -> int:
         return self.n
@@ -109,11 +148,33 @@ class CycledRequests(Sequence[GenerationRequest]):
     def __getitem__(self, i: int | slice) -> GenerationRequest | list[GenerationRequest]:
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(self.n))]
-        if not -self.n <= i < self.n:
+        if not 0 <= i < self.n:
             raise IndexError(i)
-        i %= self.n
-        base = self.pool[i % len(self.pool)]
-        return dataclasses.replace(base, request_id=f"{self.prefix}{i}")
+        k, j = divmod(i, self.block_size)
+        with self._cond:
+            while k not in self._blocks:
+                if self._closed or (self._cancel is not None and self._cancel.is_set()):
+                    raise MoEBenchError(f"request {i}: its prompt never arrived from the parent process")
+                self._cond.wait(CANCEL_POLL_S)
+            return self._blocks[k][j]
+
+
+def _light(block: Sequence[GenerationRequest]) -> list[GenerationRequest]:
+    """The requests without token ids: HTTP engines send text."""
+    return [dataclasses.replace(r, prompt_token_ids=None) for r in block]
+
+
+def _blocks_of(requests: Sequence[GenerationRequest]) -> tuple[int, Callable[[int], list[GenerationRequest]]]:
+    """(block size, block k) of a run's requests: a lazy source's own blocks, else slices of the list."""
+    size = getattr(requests, "block_size", None)
+    if size is not None and hasattr(requests, "block"):
+        return size, requests.block  # type: ignore[attr-defined]
+    size = 256
+
+    def block(k: int) -> list[GenerationRequest]:
+        return list(requests[k * size : (k + 1) * size])
+
+    return size, block
 
 
 def completion(seq: int, req: GenerationRequest, res: TimedResult, due: float, keep_text: bool) -> Completion:
@@ -406,13 +467,15 @@ def _child_main(
     w: int,
     spec: dict[str, Any],
     strategy: Strategy,
-    requests: Sequence[GenerationRequest],
+    requests: FedRequests,
     warmup: list[GenerationRequest],
     slots: list[int],
     shared: _Shared,
     conn: Connection,
+    feed: Connection,
 ) -> None:
     """A sender process: rebuild the engine's client, warm up, wait for the start, send."""
+    requests.feed_from(feed, shared.cancel)
     out: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
 
     def writer() -> None:  # pipe writes off the loop: a full pipe must not stall it
@@ -553,25 +616,41 @@ class ProcessSender:
             tokens=self._tokens,
             in_flight=self._in_flight,
         )
-        # The children send text, never token ids: HTTP engines do not need them.
-        light = [dataclasses.replace(r, prompt_token_ids=None) for r in requests]
-        light_warm = [dataclasses.replace(r, prompt_token_ids=None) for r in warmup]
+        # The children send text, never token ids: HTTP engines do not need them. They get
+        # the first blocks of prompts now and the rest from a feeder, ahead of the tickets.
+        size, block = _blocks_of(requests)
+        n_blocks = -(-len(requests) // size)
+        ahead = max(FEED_AHEAD_BLOCKS, -(-2 * strategy.slots // size))
+        first = {k: _light(block(k)) for k in range(min(ahead, n_blocks))}
+        light_warm = _light(warmup)
         procs: list[Any] = []
         conns: dict[Connection, int] = {}
+        feeds: list[Connection] = []
+        feeder: threading.Thread | None = None
+        self.feed_error: str | None = None
+        self._feed_stop = threading.Event()
         try:
             for w, slots in enumerate(split_slots(strategy.slots, self.workers)):
                 reader, writer = ctx.Pipe(duplex=False)
+                feed_r, feed_w = ctx.Pipe(duplex=False)
+                fed = FedRequests(len(requests), size, first)
                 p = ctx.Process(
                     target=_child_main,
-                    args=(w, self.spec, strategy, light, light_warm, slots, shared, writer),
+                    args=(w, self.spec, strategy, fed, light_warm, slots, shared, writer, feed_r),
                     name=f"moebench-sender-{w}",
                     daemon=True,
                 )
                 with _main_not_reimported():
                     p.start()
                 writer.close()
+                feed_r.close()
                 procs.append(p)
                 conns[reader] = w
+                feeds.append(feed_w)
+            feeder = threading.Thread(
+                target=self._feed, args=(feeds, block, size, len(first), n_blocks, ahead, shared), daemon=True
+            )
+            feeder.start()
             self._wait_ready(conns, procs, shared, cancel)
             if cancel.is_set():
                 shared.cancel.set()
@@ -584,11 +663,48 @@ class ProcessSender:
             self._collect(conns, shared, cancel, emit)
         finally:
             shared.cancel.set()  # a child still waiting for `go` leaves
+            self._feed_stop.set()
+            if feeder is not None:
+                feeder.join(timeout=10)
+            for f in feeds:
+                f.close()
             for p in procs:
                 p.join(timeout=10)
                 if p.is_alive():
                     p.kill()
                     p.join(timeout=5)
+
+    def _feed(
+        self,
+        feeds: list[Connection],
+        block: Callable[[int], list[GenerationRequest]],
+        size: int,
+        start: int,
+        n_blocks: int,
+        ahead: int,
+        shared: _Shared,
+    ) -> None:
+        """Build and send blocks ``start..n_blocks-1`` to every child, ``ahead`` blocks before the tickets.
+
+        It never takes a lock the children share (the tickets' or the cancel event's): a
+        parent killed while holding one would leave them waiting forever. It reads the
+        ticket counter unlocked (one aligned 64-bit word) and stops on its own event.
+        """
+        taken = shared.tickets.get_obj()
+        try:
+            for k in range(start, n_blocks):
+                while (k - ahead) * size >= taken.value:
+                    if self._feed_stop.wait(FEED_POLL_S):
+                        return
+                if self._feed_stop.is_set():
+                    return
+                data = pickle.dumps((k, _light(block(k))), protocol=pickle.HIGHEST_PROTOCOL)
+                for f in feeds:
+                    with contextlib.suppress(OSError):  # a child that ended is reported by _collect
+                        f.send_bytes(data)
+        except Exception as exc:  # noqa: BLE001 - a prompt that cannot be built ends the run with its reason
+            self.feed_error = str(exc) if isinstance(exc, MoEBenchError) else f"{type(exc).__name__}: {exc}"
+            shared.cancel.set()
 
     def _wait_ready(self, conns: dict[Connection, int], procs: list[Any], shared: _Shared, cancel: Any) -> None:
         waiting = set(conns)
@@ -633,6 +749,8 @@ class ProcessSender:
                     open_.discard(c)
                 elif kind == "done":
                     open_.discard(c)
+        if self.feed_error is not None:
+            errors.insert(0, f"building prompts: {self.feed_error}")
         if errors:
             shared.cancel.set()
             raise MoEBenchError("; ".join(errors))

@@ -399,6 +399,7 @@ class Store:
                 "UPDATE runs SET status='interrupted', error=COALESCE(error, ?) WHERE id=? AND status='running'",
                 ("the process running it ended before it finished", run_id),
             )
+            self._summarize_stored(run_id)
         for r in self._conn().execute("SELECT id, pid, pid_started, host FROM sweeps WHERE status='running'"):
             started = _process_started(int(r["pid"] or 0)) if r["pid"] else None
             if r["host"] == host and (
@@ -409,6 +410,26 @@ class Store:
                     ("the process running it ended before it finished; resume it to run the points left", r["id"]),
                 )
         return len(gone)
+
+    def _summarize_stored(self, run_id: int) -> None:
+        """The exact summary of a run's stored requests, in place of the last live one it wrote
+        (up to a second older than what was measured when its process died)."""
+        from bench.metrics import summarize
+
+        records = self.records(run_id)
+        run = self.get_run(run_id)
+        if not records or run is None:
+            return
+        cfg, old = run.config, run.summary
+        summary = summarize(
+            records,
+            peak_memory_gib=old.peak_memory_gib if old else None,
+            max_concurrency=run.concurrency,
+            request_rate=cfg.get("request_rate"),
+            burstiness=cfg.get("burstiness"),
+            slos=cfg.get("slos") or None,
+        )
+        self._conn().execute("UPDATE runs SET summary_json=? WHERE id=?", (json.dumps(summary.as_dict()), run_id))
 
     def _row(self, r: sqlite3.Row) -> RunRow:
         summary = RunSummary.from_dict(json.loads(r["summary_json"])) if r["summary_json"] else None

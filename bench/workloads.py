@@ -10,11 +10,13 @@ prompts are built from such pieces and checked to re-encode exactly as a whole.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, get_args, overload
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -46,6 +48,11 @@ LENGTH_DISTS: tuple[str, ...] = get_args(LengthDist)
 
 MAX_INPUT_LEN = 131072
 MAX_OUTPUT_LEN = 32768
+# A prompt longer than this many characters per token of the model's context is refused
+# without tokenizing it (tokenizing 50 MB of text takes minutes and gigabytes); real
+# tokenizers average 3-5 characters per token.
+CHARS_PER_TOKEN_LIMIT = 32
+MAX_PROMPT_CHARS = MAX_INPUT_LEN * CHARS_PER_TOKEN_LIMIT
 
 # Turn markers of multi-turn prompts; each turn's prompt ends with the assistant marker.
 USER_MARKER = "User:"
@@ -169,26 +176,59 @@ def parse_jsonl(data: bytes | str, origin: str = "upload") -> list[dict[str, Any
             data = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise WorkloadError(f"{origin} is not UTF-8 text (byte {exc.start})") from exc
-    items: list[dict[str, Any]] = []
-    for n, line in enumerate(data.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise WorkloadError(f"{origin} line {n}: not valid JSON ({exc.msg})") from exc
-        if not isinstance(obj, dict):
-            raise WorkloadError(f"{origin} line {n}: expected an object with a 'prompt' field")
-        prompt = obj.get("prompt")
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise WorkloadError(f"{origin} line {n}: 'prompt' must be a non-empty string")
-        out_len = obj.get("output_len")
-        if out_len is not None and (not isinstance(out_len, int) or isinstance(out_len, bool) or out_len < 1):
-            raise WorkloadError(f"{origin} line {n}: 'output_len' must be a positive integer")
-        items.append({"prompt": prompt, "output_len": out_len})
+    items = [item for n, line in enumerate(data.splitlines(), start=1) if (item := _jsonl_item(line, n, origin))]
     if not items:
         raise WorkloadError(f"{origin} holds no prompts")
     return items
+
+
+def read_jsonl(path: Path, context_len: int | None = None) -> list[dict[str, Any]]:
+    """:func:`parse_jsonl` of a file, read a line at a time (its size is checked first).
+
+    A line longer than ``context_len`` x :data:`CHARS_PER_TOKEN_LIMIT` characters (or
+    :data:`MAX_PROMPT_CHARS` without a context) is refused before it is tokenized.
+    """
+    size = path.stat().st_size
+    if size > MAX_JSONL_BYTES:
+        raise WorkloadError(f"{path.name} is larger than {MAX_JSONL_BYTES // 2**20} MiB")
+    max_chars = MAX_PROMPT_CHARS if context_len is None else context_len * CHARS_PER_TOKEN_LIMIT
+    items: list[dict[str, Any]] = []
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, start=1):
+            if len(raw) > max_chars:
+                context = f"the model's context of {context_len} tokens" if context_len else "any model's context"
+                raise WorkloadError(
+                    f"{path.name} line {n}: {len(raw):,} bytes is too long for {context} "
+                    f"(limit {max_chars:,} characters, {CHARS_PER_TOKEN_LIMIT} per token of context)"
+                )
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise WorkloadError(f"{path.name} line {n} is not UTF-8 text (byte {exc.start})") from exc
+            if item := _jsonl_item(line, n, path.name):
+                items.append(item)
+    if not items:
+        raise WorkloadError(f"{path.name} holds no prompts")
+    return items
+
+
+def _jsonl_item(line: str, n: int, origin: str) -> dict[str, Any] | None:
+    """Line ``n`` as ``{"prompt", "output_len"}``, ``None`` when blank; a bad line raises :class:`WorkloadError`."""
+    if not line.strip():
+        return None
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise WorkloadError(f"{origin} line {n}: not valid JSON ({exc.msg})") from exc
+    if not isinstance(obj, dict):
+        raise WorkloadError(f"{origin} line {n}: expected an object with a 'prompt' field")
+    prompt = obj.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise WorkloadError(f"{origin} line {n}: 'prompt' must be a non-empty string")
+    out_len = obj.get("output_len")
+    if out_len is not None and (not isinstance(out_len, int) or isinstance(out_len, bool) or out_len < 1):
+        raise WorkloadError(f"{origin} line {n}: 'output_len' must be a positive integer")
+    return {"prompt": prompt, "output_len": out_len}
 
 
 def _special_ids(tokenizer: Any) -> set[int]:
@@ -303,25 +343,6 @@ def draw_lengths(
     raise WorkloadError(f"unknown length distribution '{dist}'; known: {', '.join(LENGTH_DISTS)}")
 
 
-def _input_lengths(spec: WorkloadSpec, n: int) -> list[int]:
-    # Lengths have their own seeded streams, so a fixed distribution draws nothing and
-    # the prompts of existing runs stay what they were.
-    rng = random.Random(f"input-lengths:{spec.seed}")
-    return draw_lengths(
-        spec.input_dist, spec.input_len, spec.input_min, spec.input_max, spec.input_std, MAX_INPUT_LEN, n, rng
-    )
-
-
-def _output_lengths(spec: WorkloadSpec, n: int, sampling: SamplingParams) -> list[int] | None:
-    """Drawn output lengths, or ``None`` for a fixed distribution (``sampling`` is used as is)."""
-    if spec.output_dist == "fixed":
-        return None
-    rng = random.Random(f"output-lengths:{spec.seed}")
-    return draw_lengths(
-        spec.output_dist, spec.output_len, spec.output_min, spec.output_max, spec.output_std, MAX_OUTPUT_LEN, n, rng
-    )
-
-
 class _SamplingFor:
     """``sampling`` with ``max_tokens`` replaced, one copy per distinct length."""
 
@@ -397,6 +418,316 @@ def multi_turn_position(spec: WorkloadSpec, index: int) -> tuple[int, int]:
     return rounds * spec.sessions + session, turn
 
 
+REQUEST_BLOCK = 256  # requests built at a time by a lazy :class:`RequestSource`
+
+
+class RequestSource(Sequence[GenerationRequest]):
+    """``count`` requests of a workload, built a block at a time as they are first read.
+
+    A run of a million requests starts sending after its first block is built (well
+    under a second), and only the blocks being read are held. Block ``k`` is a pure
+    function of the workload, its seed and ``k`` (see :class:`_BlockBuilder`), so a
+    sender process building or receiving blocks sees the same prompts as the parent.
+    Slicing keeps it lazy (``source[:n]`` is a shorter source).
+    """
+
+    KEEP_BLOCKS = 4  # built blocks kept; readers move forward, a few blocks apart at most
+
+    def __init__(self, builder: _BlockBuilder, count: int) -> None:
+        self.builder, self.count = builder, count
+        self._blocks: dict[int, list[GenerationRequest]] = {}
+        self._building: dict[int, threading.Event] = {}
+        self._lock = threading.Lock()
+        self.read_ahead = False  # set: reading block k starts building block k + 1 on a thread
+
+    @property
+    def block_size(self) -> int:
+        return self.builder.block_size
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def blocks(self) -> int:
+        """How many blocks the ``count`` requests span."""
+        return -(-self.count // self.block_size)
+
+    def block(self, k: int) -> list[GenerationRequest]:
+        """Block ``k``'s requests (the last block cut at ``count``), built on first use.
+
+        One thread builds a block; others asking for it meanwhile wait for that build.
+        """
+        while True:
+            with self._lock:
+                got = self._blocks.get(k)
+                if got is not None:
+                    return got
+                building = self._building.get(k)
+                if building is None:
+                    building = self._building[k] = threading.Event()
+                    mine = True
+                else:
+                    mine = False
+            if not mine:
+                building.wait()
+                continue  # built (or failed: then this thread builds it and raises the reason)
+            try:
+                got = self.builder(k, self.count)
+                with self._lock:
+                    self._blocks[k] = got
+                    for old in sorted(self._blocks)[: -self.KEEP_BLOCKS]:
+                        del self._blocks[old]
+                return got
+            finally:
+                with self._lock:
+                    self._building.pop(k, None)
+                building.set()
+
+    def prefetch(self, k: int) -> None:
+        """Build block ``k`` on a thread now, unless it is built, being built or past the end."""
+        with self._lock:
+            if k >= self.blocks or k in self._blocks or k in self._building:
+                return
+        threading.Thread(target=self._build_quietly, args=(k,), name=f"prompts-block{k}", daemon=True).start()
+
+    def _build_quietly(self, k: int) -> None:
+        with contextlib.suppress(Exception):  # a reader that needs it builds it again and gets the reason
+            self.block(k)
+
+    @overload
+    def __getitem__(self, i: int) -> GenerationRequest: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[GenerationRequest]: ...
+    def __getitem__(self, i: int | slice) -> GenerationRequest | Sequence[GenerationRequest]:
+        if isinstance(i, slice):
+            start, stop, step = i.indices(self.count)
+            if start == 0 and step == 1:
+                return RequestSource(self.builder, max(0, stop))
+            return [self[k] for k in range(start, stop, step)]
+        if not -self.count <= i < self.count:
+            raise IndexError(i)
+        i %= self.count
+        k, j = divmod(i, self.block_size)
+        if self.read_ahead and j == 0:
+            self.prefetch(k + 1)
+        return self.block(k)[j]
+
+
+def _stream(name: str, seed: int, k: int) -> random.Random:
+    """The random stream ``name`` of block ``k``; block 0 keeps the single stream runs always had."""
+    if k == 0:
+        return random.Random(f"{name}{seed}" if name else seed)
+    return random.Random(f"{name}{seed}:block{k}")
+
+
+class _BlockBuilder:
+    """Builds block ``k`` of a workload's requests (ids ``{prefix}{i}``); picklable, stateless per call."""
+
+    block_size = REQUEST_BLOCK
+
+    def __init__(self, spec: WorkloadSpec, sampling: SamplingParams, tokenizer: Any, prefix: str) -> None:
+        self.spec, self.sampling, self.tokenizer, self.prefix = spec, sampling, tokenizer, prefix
+        self.sp = _SamplingFor(sampling)
+
+    def rows(self, k: int, count: int) -> range:
+        """Block ``k``'s request indices, cut at ``count``."""
+        start = k * self.block_size
+        return range(start, min(start + self.block_size, count))
+
+    def lengths(self, k: int, n: int) -> tuple[list[int], list[int] | None]:
+        """Input lengths and drawn output lengths (``None``: fixed) of block ``k``'s ``n`` rows."""
+        spec = self.spec
+        ins = draw_lengths(
+            spec.input_dist, spec.input_len, spec.input_min, spec.input_max, spec.input_std, MAX_INPUT_LEN, n,
+            _stream("input-lengths:", spec.seed, k),
+        )  # fmt: skip
+        outs = None
+        if spec.output_dist != "fixed":
+            outs = draw_lengths(
+                spec.output_dist, spec.output_len, spec.output_min, spec.output_max, spec.output_std, MAX_OUTPUT_LEN,
+                n, _stream("output-lengths:", spec.seed, k),
+            )  # fmt: skip
+        return ins, outs
+
+    def __call__(self, k: int, count: int) -> list[GenerationRequest]:
+        raise NotImplementedError
+
+
+class _RandomBlocks(_BlockBuilder):
+    def __call__(self, k: int, count: int) -> list[GenerationRequest]:
+        rng = _stream("", self.spec.seed, k)
+        rows = self.rows(k, count)
+        ins, outs = self.lengths(k, len(rows))
+        reqs = []
+        for j, i in enumerate(rows):
+            text, ids = random_prompt(self.tokenizer, ins[j], rng)
+            reqs.append(
+                GenerationRequest(f"{self.prefix}{i}", text, self.sp(outs[j] if outs else None), tuple(ids), len(ids))
+            )
+        return reqs
+
+
+class _SharedPrefixBlocks(_BlockBuilder):
+    """Request ``i`` is group ``i % prefix_groups``'s prefix followed by its own random suffix."""
+
+    def __init__(self, spec: WorkloadSpec, sampling: SamplingParams, tokenizer: Any, prefix: str) -> None:
+        super().__init__(spec, sampling, tokenizer, prefix)
+        rng = random.Random(spec.seed)
+        self.prefixes = [random_prompt(tokenizer, spec.prefix_len, rng) for _ in range(spec.prefix_groups)]
+        self._after_prefixes = rng.getstate()  # block 0 goes on with the same stream
+
+    def __call__(self, k: int, count: int) -> list[GenerationRequest]:
+        spec, tok = self.spec, self.tokenizer
+        rng = _stream("", spec.seed, k)
+        if k == 0:
+            rng.setstate(self._after_prefixes)
+        rows = self.rows(k, count)
+        ins, outs = self.lengths(k, len(rows))
+        first = rows.start
+        prompts = _compose_all(
+            tok,
+            rows,
+            lambda i: [self.prefixes[i % spec.prefix_groups], random_prompt(tok, ins[i - first], rng)],
+            lambda i: (
+                f"could not build a shared-prefix prompt of exactly {spec.prefix_len} + {ins[i - first]} tokens "
+                "with this tokenizer"
+            ),
+        )
+        reqs = []
+        for i in rows:
+            text, ids = prompts[i]
+            out = outs[i - first] if outs else None
+            reqs.append(GenerationRequest(f"{self.prefix}{i}", text, self.sp(out), tuple(ids), len(ids)))
+        return reqs
+
+
+class _MultiTurnBlocks(_BlockBuilder):
+    """Chat sessions whose every turn resends the whole history so far; a block is one round.
+
+    A turn's prompt is ``User: <u1>\nAssistant: <a1>\nUser: <u2>\nAssistant:``: earlier
+    user turns (``input_len`` random tokens each) and *synthetic* assistant replies of
+    that turn's output length (random tokens: the model's real replies are not known
+    when the requests are built, so the history is not what the model said). Requests
+    are turn-major, so in a closed loop a session's turn is sent after its earlier
+    turns were; ``count`` below ``sessions * turns`` drops the last turns, above it
+    starts further rounds of new sessions (each round a block).
+    """
+
+    def __init__(self, spec: WorkloadSpec, sampling: SamplingParams, tokenizer: Any, prefix: str) -> None:
+        super().__init__(spec, sampling, tokenizer, prefix)
+        self.block_size = spec.sessions * spec.turns
+        self.markers = [
+            (m, tokenizer.encode(m, add_special_tokens=False))
+            for m in (USER_MARKER, NEXT_USER_MARKER, ASSISTANT_MARKER)
+        ]
+
+    def __call__(self, k: int, count: int) -> list[GenerationRequest]:
+        spec, tok = self.spec, self.tokenizer
+        (user0, user, assistant), rng = self.markers, _stream("", spec.seed, k)
+        rows = self.rows(k, count)
+        ins, outs = self.lengths(k, len(rows))
+        first = rows.start
+        history: dict[int, Piece] = {}  # session -> its last prompt + synthetic reply
+        positions = {i: multi_turn_position(spec, i) for i in rows}
+
+        def draw(i: int) -> list[Piece]:
+            session, turn = positions[i]
+            if turn == 0:
+                return [user0, random_prompt(tok, ins[i - first], rng), assistant]
+            return [history[session], user, random_prompt(tok, ins[i - first], rng), assistant]
+
+        def failure(i: int) -> str:
+            session, turn = positions[i]
+            return f"could not build a multi-turn prompt (session {session}, turn {turn}) that re-encodes exactly"
+
+        reqs: list[GenerationRequest] = []
+        for start in range(rows.start, rows.stop, spec.sessions):  # one turn of ``sessions`` sessions at a time
+            turn_rows = range(start, min(start + spec.sessions, rows.stop))
+            prompts = _compose_all(tok, turn_rows, draw, failure)
+            for i in turn_rows:
+                session, turn = positions[i]
+                text, ids = prompts[i]
+                max_tokens = outs[i - first] if outs else self.sampling.max_tokens
+                reqs.append(GenerationRequest(f"{self.prefix}{i}", text, self.sp(max_tokens), tuple(ids), len(ids)))
+                history.pop(session, None)
+                if turn + 1 < spec.turns:
+                    reply_text, reply_ids = random_prompt(tok, max_tokens, rng)
+                    history[session] = (text + reply_text, ids + reply_ids)
+        return reqs
+
+
+Item = tuple[str, "int | None", "int | None"]  # prompt, its token count (if known), output length (None: the run's)
+
+
+class _ItemBlocks(_BlockBuilder):
+    """Requests that cycle a list of prompts (built-in, JSONL, ShareGPT), counted once each."""
+
+    def __init__(self, items: list[Item], sampling: SamplingParams, prefix: str) -> None:
+        super().__init__(WorkloadSpec(source="builtin"), sampling, None, prefix)
+        self.items = items
+
+    def __call__(self, k: int, count: int) -> list[GenerationRequest]:
+        reqs = []
+        for i in self.rows(k, count):
+            prompt, n_prompt, out = self.items[i % len(self.items)]
+            reqs.append(GenerationRequest(f"{self.prefix}{i}", prompt, self.sp(out), None, n_prompt))
+        return reqs
+
+
+def request_source(
+    spec: WorkloadSpec,
+    count: int,
+    sampling: SamplingParams,
+    tokenizer: Any | None,
+    prefix: str = "r",
+    context_len: int | None = None,
+) -> RequestSource:
+    """``count`` requests of the workload, ids ``{prefix}0`` .. ``{prefix}{count-1}``, built lazily.
+
+    Built-in, JSONL and ShareGPT prompts are cycled when there are fewer than
+    ``count``; multi-turn workloads are cut or run further rounds of new sessions
+    (see :func:`multi_turn_position`). With ``context_len`` (the model's context in
+    tokens), a prompt plus its output that cannot fit is refused here, before any
+    request is sent, with a one-line :class:`WorkloadError`. The first block is built
+    here too, so a workload that cannot be built fails before the run starts.
+    """
+    if count < 1:
+        raise WorkloadError("a run needs at least one request")
+    builder: _BlockBuilder
+    if spec.source in ("random", "shared_prefix", "multi_turn"):
+        what = {
+            "random": "random prompts",
+            "shared_prefix": "shared-prefix prompts",
+            "multi_turn": "multi-turn prompts",
+        }
+        _need_local_tokenizer(tokenizer, what[spec.source])
+        if context_len is not None:
+            _check_lengths(spec, sampling, tokenizer, context_len)
+        if spec.source == "random":
+            builder = _RandomBlocks(spec, sampling, tokenizer, prefix)
+        elif spec.source == "shared_prefix":
+            builder = _SharedPrefixBlocks(spec, sampling, tokenizer, prefix)
+        else:
+            builder = _MultiTurnBlocks(spec, sampling, tokenizer, prefix)
+    else:
+        if spec.source == "sharegpt":
+            items = _sharegpt_items(spec, count, sampling, tokenizer)
+        elif spec.source == "builtin":
+            items = [(p, _prompt_tokens(tokenizer, p), None) for p in BUILTIN_PROMPTS]
+        else:
+            path = _existing_file(spec.path, "prompt file")
+            items = [
+                (obj["prompt"], _prompt_tokens(tokenizer, obj["prompt"]), obj["output_len"])
+                for obj in read_jsonl(path, context_len)
+            ]
+        if context_len is not None:
+            _check_items(items, sampling, context_len)
+        builder = _ItemBlocks(items, sampling, prefix)
+    source = RequestSource(builder, count)
+    source.block(0)
+    return source
+
+
 def build_requests(
     spec: WorkloadSpec,
     count: int,
@@ -404,125 +735,52 @@ def build_requests(
     tokenizer: Any | None,
     prefix: str = "r",
 ) -> list[GenerationRequest]:
-    """``count`` requests from the workload, ids ``{prefix}0`` .. ``{prefix}{count-1}``.
+    """All ``count`` requests of :func:`request_source`, as a list (for small counts)."""
+    return list(request_source(spec, count, sampling, tokenizer, prefix))
 
-    Built-in, JSONL and ShareGPT prompts are cycled when there are fewer than
-    ``count``; multi-turn workloads are cut or run further rounds of new sessions
-    (see :func:`multi_turn_position`).
-    """
-    if count < 1:
-        raise WorkloadError("a run needs at least one request")
-    if spec.source == "random":
-        return _random_requests(spec, count, sampling, tokenizer, prefix)
-    if spec.source == "shared_prefix":
-        return _shared_prefix_requests(spec, count, sampling, tokenizer, prefix)
-    if spec.source == "multi_turn":
-        return _multi_turn_requests(spec, count, sampling, tokenizer, prefix)
-    if spec.source == "sharegpt":
-        return _sharegpt_requests(spec, count, sampling, tokenizer, prefix)
-    if spec.source == "builtin":
-        items = [{"prompt": p, "output_len": None} for p in BUILTIN_PROMPTS]
+
+def _prompt_tokens(tokenizer: Any | None, prompt: str) -> int | None:
+    return len(tokenizer(prompt).input_ids) if tokenizer is not None else None
+
+
+def _largest(dist: str, base: int, hi: int | None, cap: int) -> tuple[int, str]:
+    """The longest length a distribution can draw, and how to lower it when it is too long."""
+    if dist == "fixed":
+        return base, ""
+    return (hi or cap), f"; lower the {dist} distribution's maximum"
+
+
+def _check_lengths(spec: WorkloadSpec, sampling: SamplingParams, tokenizer: Any, context_len: int) -> None:
+    """Refuse a generated workload whose longest prompt plus output cannot fit ``context_len``."""
+    longest_in, hint_in = _largest(spec.input_dist, spec.input_len, spec.input_max, MAX_INPUT_LEN)
+    if spec.output_dist == "fixed":
+        longest_out, hint_out = sampling.max_tokens, ""
     else:
-        path = _existing_file(spec.path, "prompt file")
-        items = parse_jsonl(path.read_bytes(), origin=path.name)
-    reqs: list[GenerationRequest] = []
-    for i in range(count):
-        item = items[i % len(items)]
-        sp = sampling
-        if item.get("output_len"):
-            sp = sampling.model_copy(update={"max_tokens": int(item["output_len"])})
-        n_prompt = len(tokenizer(item["prompt"]).input_ids) if tokenizer is not None else None
-        reqs.append(GenerationRequest(f"{prefix}{i}", item["prompt"], sp, None, n_prompt))
-    return reqs
-
-
-def _random_requests(
-    spec: WorkloadSpec, count: int, sampling: SamplingParams, tokenizer: Any, prefix: str
-) -> list[GenerationRequest]:
-    _need_local_tokenizer(tokenizer, "random prompts")
-    rng = random.Random(spec.seed)
-    in_lens, out_lens, sp = _input_lengths(spec, count), _output_lengths(spec, count, sampling), _SamplingFor(sampling)
-    reqs: list[GenerationRequest] = []
-    for i in range(count):
-        text, ids = random_prompt(tokenizer, in_lens[i], rng)
-        reqs.append(
-            GenerationRequest(f"{prefix}{i}", text, sp(out_lens[i] if out_lens else None), tuple(ids), len(ids))
+        longest_out, hint_out = _largest(spec.output_dist, spec.output_len, spec.output_max, MAX_OUTPUT_LEN)
+    if spec.source == "random":
+        total, what = longest_in + longest_out, f"prompts of up to {longest_in} tokens"
+    elif spec.source == "shared_prefix":
+        longest_in += spec.prefix_len
+        total, what = longest_in + longest_out, f"prompts of up to {longest_in} tokens (prefix {spec.prefix_len})"
+    else:
+        marks = sum(len(tokenizer.encode(m, add_special_tokens=False)) for m in (NEXT_USER_MARKER, ASSISTANT_MARKER))
+        total = spec.turns * (longest_in + longest_out + marks)
+        what = f"{spec.turns} turns of up to {longest_in} + {longest_out} tokens of history"
+    if total > context_len:
+        raise WorkloadError(
+            f"{what} plus {longest_out} output tokens need {total} tokens, over the model's context of "
+            f"{context_len}{hint_in or hint_out}"
         )
-    return reqs
 
 
-def _shared_prefix_requests(
-    spec: WorkloadSpec, count: int, sampling: SamplingParams, tokenizer: Any, prefix: str
-) -> list[GenerationRequest]:
-    """Request ``i`` is group ``i % prefix_groups``'s prefix followed by its own random suffix."""
-    _need_local_tokenizer(tokenizer, "shared-prefix prompts")
-    rng = random.Random(spec.seed)
-    prefixes = [random_prompt(tokenizer, spec.prefix_len, rng) for _ in range(spec.prefix_groups)]
-    in_lens, out_lens, sp = _input_lengths(spec, count), _output_lengths(spec, count, sampling), _SamplingFor(sampling)
-    prompts = _compose_all(
-        tokenizer,
-        range(count),
-        lambda i: [prefixes[i % spec.prefix_groups], random_prompt(tokenizer, in_lens[i], rng)],
-        lambda i: (
-            f"could not build a shared-prefix prompt of exactly {spec.prefix_len} + {in_lens[i]} tokens "
-            "with this tokenizer"
-        ),
-    )
-    reqs: list[GenerationRequest] = []
-    for i in range(count):
-        text, ids = prompts[i]
-        reqs.append(
-            GenerationRequest(f"{prefix}{i}", text, sp(out_lens[i] if out_lens else None), tuple(ids), len(ids))
-        )
-    return reqs
-
-
-def _multi_turn_requests(
-    spec: WorkloadSpec, count: int, sampling: SamplingParams, tokenizer: Any, prefix: str
-) -> list[GenerationRequest]:
-    """Chat sessions whose every turn resends the whole history so far.
-
-    A turn's prompt is ``User: <u1>\\nAssistant: <a1>\\nUser: <u2>\\nAssistant:``: earlier
-    user turns (``input_len`` random tokens each) and *synthetic* assistant replies of
-    that turn's output length (random tokens: the model's real replies are not known
-    when the requests are built, so the history is not what the model said). Requests
-    are turn-major, so in a closed loop a session's turn is sent after its earlier
-    turns were; ``count`` below ``sessions * turns`` drops the last turns, above it
-    starts further rounds of new sessions.
-    """
-    _need_local_tokenizer(tokenizer, "multi-turn prompts")
-    rng = random.Random(spec.seed)
-    user0, user, assistant = (
-        (m, tokenizer.encode(m, add_special_tokens=False)) for m in (USER_MARKER, NEXT_USER_MARKER, ASSISTANT_MARKER)
-    )
-    in_lens, out_lens, sp = _input_lengths(spec, count), _output_lengths(spec, count, sampling), _SamplingFor(sampling)
-    history: dict[int, Piece] = {}  # session -> its last prompt + synthetic reply
-    positions = [multi_turn_position(spec, i) for i in range(count)]
-
-    def draw(i: int) -> list[Piece]:
-        session, turn = positions[i]
-        if turn == 0:
-            return [user0, random_prompt(tokenizer, in_lens[i], rng), assistant]
-        return [history[session], user, random_prompt(tokenizer, in_lens[i], rng), assistant]
-
-    def failure(i: int) -> str:
-        session, turn = positions[i]
-        return f"could not build a multi-turn prompt (session {session}, turn {turn}) that re-encodes exactly"
-
-    reqs: list[GenerationRequest] = []
-    for start in range(0, count, spec.sessions):  # one turn of ``sessions`` sessions at a time
-        rows = range(start, min(start + spec.sessions, count))
-        prompts = _compose_all(tokenizer, rows, draw, failure)
-        for i in rows:
-            session, turn = positions[i]
-            text, ids = prompts[i]
-            max_tokens = out_lens[i] if out_lens else sampling.max_tokens
-            reqs.append(GenerationRequest(f"{prefix}{i}", text, sp(max_tokens), tuple(ids), len(ids)))
-            history.pop(session, None)
-            if turn + 1 < spec.turns:
-                reply_text, reply_ids = random_prompt(tokenizer, max_tokens, rng)
-                history[session] = (text + reply_text, ids + reply_ids)
-    return reqs
+def _check_items(items: list[Item], sampling: SamplingParams, context_len: int) -> None:
+    for n, (prompt, n_prompt, out) in enumerate(items, start=1):
+        need = (n_prompt or 0) + (out or sampling.max_tokens)
+        if n_prompt is not None and need > context_len:
+            raise WorkloadError(
+                f"prompt {n} ({prompt[:40]!r}...) has {n_prompt} tokens; with {out or sampling.max_tokens} "
+                f"output tokens it needs {need}, over the model's context of {context_len}"
+            )
 
 
 def _existing_file(raw: str | None, what: str) -> Path:
@@ -535,10 +793,8 @@ def _existing_file(raw: str | None, what: str) -> Path:
     return path
 
 
-def _sharegpt_requests(
-    spec: WorkloadSpec, count: int, sampling: SamplingParams, tokenizer: Any, prefix: str
-) -> list[GenerationRequest]:
-    """ShareGPT prompts in a seeded shuffle, as vllm bench samples them (cycled when short).
+def _sharegpt_items(spec: WorkloadSpec, count: int, sampling: SamplingParams, tokenizer: Any) -> list[Item]:
+    """ShareGPT prompts in a seeded shuffle, as vllm bench samples them (up to ``count``; cycled when short).
 
     The output length is the reply's token count (``sharegpt_output_len="dataset"``)
     or ``sampling.max_tokens``. Pairs with a prompt or a dataset reply under 4 tokens,
@@ -553,9 +809,11 @@ def _sharegpt_requests(
     order = list(range(len(pairs)))
     random.Random(spec.seed).shuffle(order)
     fixed = spec.sharegpt_output_len == "fixed"
-    items: list[tuple[str, int, int]] = []  # prompt, its token count, output length
+    items: list[Item] = []
     for k in order:
         prompt, reply = pairs[k]
+        if max(len(prompt), len(reply)) > spec.sharegpt_max_len * CHARS_PER_TOKEN_LIMIT:
+            continue  # far over sharegpt_max_len whatever the tokenizer; not worth tokenizing
         n_prompt = len(tokenizer(prompt).input_ids)
         n_out = sampling.max_tokens if fixed else len(tokenizer.encode(reply, add_special_tokens=False))
         if n_prompt < SHAREGPT_MIN_TOKENS or n_out < SHAREGPT_MIN_TOKENS or n_prompt + n_out > spec.sharegpt_max_len:
@@ -568,9 +826,4 @@ def _sharegpt_requests(
             f"{path.name} has no usable conversation: prompts and replies need {SHAREGPT_MIN_TOKENS}+ tokens and "
             f"prompt + output at most {spec.sharegpt_max_len} tokens"
         )
-    sp = _SamplingFor(sampling)
-    reqs: list[GenerationRequest] = []
-    for i in range(count):
-        prompt, n_prompt, n_out = items[i % len(items)]
-        reqs.append(GenerationRequest(f"{prefix}{i}", prompt, sp(n_out), None, n_prompt))
-    return reqs
+    return items

@@ -1,4 +1,4 @@
-"""MoE Bench dashboard: the router. ``streamlit run dashboard/app.py`` (``make run``).
+"""MoE Bench dashboard: the router. ``make run`` serves it through ``dashboard/serve.py`` (the host guard).
 
 Builds ``st.navigation`` over ``dashboard/app_pages/`` (one file per page, UI only) and
 draws the shared sidebar: the loaded engine, its memory and the run (or sweep) in progress.

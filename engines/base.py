@@ -327,6 +327,11 @@ class Engine:
         """A Hugging Face tokenizer for exact-length prompts and client counts, if known."""
         return None
 
+    def context_length(self) -> int | None:
+        """The most tokens (prompt + output) one request may hold, if known; prompts that
+        cannot fit are refused before a run sends anything. Default: unknown."""
+        return None
+
     def telemetry(self) -> dict[str, float]:
         """Extra live series sampled about once a second during a run (e.g. a server's
         Prometheus gauges: ``kv_cache_usage_pct``, ``requests_waiting``). Names become

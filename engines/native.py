@@ -184,6 +184,10 @@ class NativeEngine(Engine):
     def tokenizer(self) -> Any | None:
         return self._tokenizer
 
+    def context_length(self) -> int | None:
+        n = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        return int(n) if isinstance(n, int) and n > 0 else None
+
     def expert_routing(self) -> dict[str, Any] | None:
         return self._routing.snapshot() if self._routing is not None else None
 

@@ -1,7 +1,7 @@
 """A large run started from the real dashboard, watched in Chromium: is the page still responsive?
 
 Starts the zero-compute stub server (:mod:`bench.benchmarks.stub_server`, events ``--itl-ms``
-apart) and the dashboard (``streamlit run dashboard/app.py``, a temporary data folder),
+apart) and the dashboard (``streamlit run dashboard/serve.py``, as ``make run`` starts it; a temporary data folder),
 then drives the page with Playwright: loads the ``openai`` engine on the stub's URL, starts
 a concurrency run of ``--requests`` requests, and while it runs records
 
@@ -51,7 +51,7 @@ def _start_dashboard(data_dir: Path, log: Path) -> tuple[str, subprocess.Popen[b
     port = _free_port()
     env = {**os.environ, "MOEBENCH_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
     argv = [
-        sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboard" / "app.py"),
+        sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboard" / "serve.py"),
         "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
     ]  # fmt: skip
     out = log.open("wb")

@@ -227,7 +227,8 @@ def test_distribution_percentiles_within_one_percent_with_signs() -> None:
 
 @pytest.mark.slow
 def test_sender_processes_stop_when_their_parent_is_killed(tmp_path: Path, tiny_model: object) -> None:
-    """A CLI killed mid-run (SIGKILL: no clean-up runs) leaves no sender process sending."""
+    """A CLI killed mid-run (SIGKILL: no clean-up runs) leaves no sender process sending, and
+    the run, found interrupted, is summarized exactly from the requests it had stored."""
     import os
     import signal
     import subprocess
@@ -251,11 +252,17 @@ def test_sender_processes_stop_when_their_parent_is_killed(tmp_path: Path, tiny_
             senders = [p for p in psutil.Process(cli.pid).children(recursive=True) if "spawn" in " ".join(p.cmdline())]
             time.sleep(0.2)
         assert len(senders) == 2, "the sender processes did not start"
-        time.sleep(1.0)  # sending
+        db = tmp_path / "db.sqlite"
+        while time.time() < deadline and Store(db).sample_count(1) < 20:
+            time.sleep(0.2)
         os.kill(cli.pid, signal.SIGKILL)
         cli.wait(10)
         _, alive = psutil.wait_procs(senders, timeout=10)
         assert not alive, f"sender processes still running after their parent died: {alive}"
+        (run,) = Store(db).list_runs()  # opening the store finds the run's process gone
+        stored = Store(db).sample_count(run.id)
+        assert run.status == "interrupted" and stored >= 20
+        assert run.summary is not None and run.summary.requests == stored and run.summary.output_tokens > 0
     finally:
         stub.stop()
 
@@ -292,3 +299,28 @@ def test_a_server_that_goes_away_is_not_hammered_and_fails_the_run(store: Store)
     # ~15 s until the health check gives up, 2 slots waiting up to 1 s each between tries.
     assert len(refused) < 80, len(refused)
     assert len(recs) < 2000
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sender_processes_get_prompts_block_by_block_in_order(
+    store: Store, fake_engine_kind: str, tmp_path: Path, workers: int
+) -> None:
+    """700 requests span three blocks of prompts: the first go with the processes, the rest
+    are fed ahead of the tickets. Each request must get its own prompt: line i % 5 of the
+    file asks for i % 5 + 1 tokens, so the output length tells which prompt was sent."""
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(f'{{"prompt": "line {k}", "output_len": {k + 1}}}\n' for k in range(5)))
+    _, snap = _run(
+        store,
+        fake_engine_kind,
+        engine={"processes": True, "ttft_s": 0.0, "itl_s": 0.0},
+        workload={"source": "jsonl", "path": str(f)},
+        requests=700,
+        concurrency=8,
+        workers=workers,
+        wait=120,
+    )
+    assert snap.status == "completed", snap.error
+    recs = store.records(snap.run_id)  # type: ignore[arg-type]
+    assert len(recs) == 700
+    assert all(r.output_tokens == int(r.request_id[1:]) % 5 + 1 for r in recs)

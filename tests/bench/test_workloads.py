@@ -471,3 +471,80 @@ def test_workload_flags_give_only_what_was_set_and_take_help_from_the_fields() -
         assert " ".join(description.split()) in help_text
     with pytest.raises(SystemExit):
         parser.parse_args(["--input-dist", "zipf"])
+
+
+# --- lazy building and the context check --------------------------------------------------
+
+
+def test_a_million_requests_start_at_once_and_hold_few_blocks(tokenizer: object) -> None:
+    from bench.workloads import REQUEST_BLOCK, RequestSource, request_source
+
+    src = request_source(WorkloadSpec(input_len=32), 1_000_000, SamplingParams(), tokenizer)
+    assert list(src._blocks) == [0]  # only the first block is built before the run starts
+    assert len(src) == 1_000_000 and src[0].request_id == "r0"
+    last = src[999_999]
+    assert last.request_id == "r999999" and last.prompt_tokens == 32
+    for k in range(0, 40 * REQUEST_BLOCK, REQUEST_BLOCK):
+        src[k]
+    assert len(src._blocks) <= RequestSource.KEEP_BLOCKS  # memory stays flat as the run reads on
+    # Block k is a function of the seed and k alone: a second source agrees, in any order.
+    again = request_source(WorkloadSpec(input_len=32), 1_000_000, SamplingParams(), tokenizer)
+    assert again[999_999].prompt == last.prompt and again[REQUEST_BLOCK + 3].prompt == src[REQUEST_BLOCK + 3].prompt
+    assert src[REQUEST_BLOCK].prompt != src[0].prompt
+    head = src[:300]
+    assert isinstance(head, RequestSource) and len(head) == 300 and head[299].prompt == src[299].prompt
+
+
+def test_read_ahead_builds_the_next_block_on_a_thread(tokenizer: object) -> None:
+    from bench.workloads import REQUEST_BLOCK, request_source
+
+    src = request_source(WorkloadSpec(input_len=8), 3 * REQUEST_BLOCK, SamplingParams(), tokenizer)
+    src.read_ahead = True
+    src[REQUEST_BLOCK]  # first read of block 1 starts block 2
+    deadline = time.monotonic() + 10
+    while 2 not in src._blocks and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert 2 in src._blocks
+
+
+@pytest.mark.parametrize(
+    ("spec", "needs"),
+    [
+        (dict(input_len=2000), "2000 tokens plus 100 output tokens need 2100"),
+        (dict(input_dist="uniform", input_min=8, input_max=4000), "lower the uniform distribution's maximum"),
+        (dict(input_dist="normal", input_std=4.0), "need 131172 tokens"),
+        (dict(source="shared_prefix", prefix_len=1500, input_len=500), "(prefix 1500)"),
+        (dict(source="multi_turn", turns=20, input_len=64), "20 turns"),
+    ],
+)
+def test_prompts_that_cannot_fit_the_context_are_refused_before_any_request(
+    tokenizer: object, spec: dict[str, Any], needs: str
+) -> None:
+    from bench.workloads import request_source
+
+    with pytest.raises(WorkloadError, match="over the model's context of 2048") as err:
+        request_source(WorkloadSpec(**spec), 4, SamplingParams(max_tokens=100), tokenizer, context_len=2048)
+    assert needs in str(err.value) and "\n" not in str(err.value)
+    request_source(WorkloadSpec(**spec), 4, SamplingParams(max_tokens=100), tokenizer, context_len=1_000_000)
+
+
+def test_a_prompt_file_line_too_long_for_the_context_is_refused_unread(tmp_path: Path, tokenizer: object) -> None:
+    from bench.workloads import request_source
+
+    f = tmp_path / "big.jsonl"
+    with f.open("w") as out:
+        out.write('{"prompt": "fine"}\n')
+        out.write('{"prompt": "' + " a" * 3_000_000 + '"}\n')  # 6 MB: minutes to tokenize
+    seen: list[int] = []
+
+    class Counting:  # the tiny tokenizer, recording the length of each text it is given
+        def __call__(self, text: str) -> Any:
+            seen.append(len(text))
+            return tokenizer(text)  # type: ignore[operator]
+
+    with pytest.raises(WorkloadError, match=r"big.jsonl line 2: 6,000,015 bytes is too long for the model's context"):
+        request_source(WorkloadSpec(source="jsonl", path=str(f)), 2, SamplingParams(), Counting(), context_len=2048)
+    assert max(seen, default=0) < 100  # the long line was refused before anything tokenized it
+    f.write_text('{"prompt": "' + " a" * 1500 + '"}\n')  # fits the character limit, not the context
+    with pytest.raises(WorkloadError, match=r"prompt 1 .* has 1500 tokens; with 16 output tokens it needs 1516"):
+        request_source(WorkloadSpec(source="jsonl", path=str(f)), 2, SamplingParams(), tokenizer, context_len=1024)
