@@ -260,6 +260,7 @@ class Job(BackgroundTask):
         self._progress: Callable[[], tuple[int, int, int]] | None = None
         # Set by the runner: () -> the records so far (for a failed run's partial summary)
         self._records: Callable[[], list[Any]] | None = None
+        self.write_error: str | None = None  # requests the store could not take (kept for the summary)
 
     @property
     def run_id(self) -> int | None:

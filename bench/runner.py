@@ -237,6 +237,7 @@ def _measure(
         t_end = time.perf_counter()
         sampler.stop(t_end if started else None)
         recorder.close()
+        job.write_error = recorder.write_error
     if not started:
         raise _Cancelled
 
@@ -275,6 +276,12 @@ def _finish(job: Job, engine: Engine) -> None:
     )
     job.set_summary(summary)
     engine_error = job.error
+    if job.write_error is not None:
+        # The summary counts every request; the store's per-request table lacks some.
+        reason = f"{job.write_error} (the summary counts them; the per-request table lacks them)"
+        store.finish_run(run_id, "failed", summary=summary, error=reason)
+        job.transition("failed", error=reason)
+        return
     if engine_error is None and summary.failed:
         # Requests failing fast (connection refused) can end a run before the sampler's next
         # health poll: ask once more, so a dead server fails the run instead of "completing" it.

@@ -263,7 +263,11 @@ def validate_checkpoint(path: Path) -> dict[str, Any]:
         cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"'{cfg_file}' is not valid JSON: {exc}") from exc
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"'{cfg_file}' holds a JSON {type(cfg).__name__}, not a model config object")
     archs = cfg.get("architectures") or []
+    if not isinstance(archs, list):
+        raise ModelLoadError(f"'{cfg_file}': 'architectures' should be a list of class names")
     if not any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
         what = ", ".join(map(str, archs)) or f"model_type '{cfg.get('model_type', '?')}' without architectures"
         raise ModelLoadError(f"'{path}' holds a {what} config, not a causal language model")

@@ -58,6 +58,17 @@ def test_non_causal_config_is_rejected(tmp_path: Path) -> None:
         resolve_model(str(tmp_path))
 
 
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [([1, 2], "holds a JSON list, not a model config object"), ({"architectures": "X"}, "should be a list")],
+)
+def test_a_config_of_the_wrong_shape_is_one_line(tmp_path: Path, content: object, reason: str) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(content))
+    with pytest.raises(ModelLoadError, match=reason) as err:
+        resolve_model(str(tmp_path))
+    assert "\n" not in str(err.value)
+
+
 def test_real_presets_not_on_this_machine_say_where_to_put_them() -> None:
     for name in ("deepseek-v2-lite", "deepseek-v3", "deepseek-r1"):
         assert PRESETS[name].hub_id
