@@ -14,15 +14,18 @@ or an export.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 from pydantic import Field, field_validator
 
 from engines.accelerators import Availability
 from engines.base import Engine, EngineOptions, ProgressFn
-from engines.errors import ModelLoadError
+from engines.errors import EngineUnavailable, ModelLoadError, RequestFailed
+from engines.http_errors import CONNECT_TIMEOUT_S, WRITE_TIMEOUT_S, RequestDeadline, error_message, http_errors
 from engines.settings import get_settings
 from engines.tokens import SERVER_TOKENIZER
 
@@ -59,7 +62,7 @@ class HTTPOptions(EngineOptions):
     )
     exact_lengths: bool = Field(True, description="Ask the server for exactly the requested output length (ignore_eos)")
     timeout_s: float | None = Field(
-        None, gt=0, description="Per-request read timeout in seconds; default MOEBENCH_REQUEST_TIMEOUT_S"
+        None, gt=0, description="Deadline of each whole request in seconds; default MOEBENCH_REQUEST_TIMEOUT_S"
     )
     max_connections: int = Field(1024, ge=1, le=65536, description="HTTP connection pool size (>= the concurrency)")
 
@@ -126,13 +129,21 @@ class HTTPEngine(Engine):
             return Availability(False, "httpx is not installed: pip install -r requirements.txt")
         return Availability(True)
 
+    def request_deadline(self) -> RequestDeadline:
+        """The time limits of one request, starting now: the total is the ``timeout_s`` option,
+        else ``MOEBENCH_REQUEST_TIMEOUT_S``; the first byte ``MOEBENCH_FIRST_BYTE_TIMEOUT_S``."""
+        settings = get_settings()
+        if self.opts.timeout_s:
+            return RequestDeadline(self.opts.timeout_s, settings.first_byte_timeout_s, "option timeout_s")
+        return RequestDeadline(settings.request_timeout_s, settings.first_byte_timeout_s)
+
     def _http_settings(self) -> tuple[float, dict[str, str], int]:
         """(read timeout s, headers, pool size) shared by the threaded and the asyncio client."""
         headers = {"Accept": "text/event-stream, application/json"}
         key = api_key_from_env()
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        return self.opts.timeout_s or get_settings().request_timeout_s, headers, self.opts.max_connections
+        return self.request_deadline().read_s, headers, self.opts.max_connections
 
     def _make_client(self) -> Any:
         import httpx
@@ -143,10 +154,27 @@ class HTTPEngine(Engine):
         # the body separately, and Nagle + delayed ACK would hold the body back ~40 ms.
         transport = httpx.HTTPTransport(limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
         return httpx.Client(
-            timeout=httpx.Timeout(connect=10.0, read=read, write=30.0, pool=None),
+            timeout=httpx.Timeout(connect=CONNECT_TIMEOUT_S, read=read, write=WRITE_TIMEOUT_S, pool=None),
             transport=transport,
             headers=headers,
         )
+
+    @contextlib.contextmanager
+    def post_stream(self, url: str, body: dict[str, Any], who: str = "the server") -> Iterator[Iterator[bytes]]:
+        """POST ``body`` to ``url`` with the threaded client and give the response's bytes as
+        they arrive, under the request's :class:`RequestDeadline`. HTTP errors (status >= 400,
+        timeouts, dropped connections) become one-line :class:`RequestFailed`."""
+        if self._client is None:
+            raise EngineUnavailable(f"the {self.kind} engine is not started")
+        deadline = self.request_deadline()
+        with (
+            http_errors(url, who, deadline),
+            self._client.stream("POST", url, json=body, timeout=deadline.httpx_timeout()) as resp,
+        ):
+            deadline.answered = True
+            if resp.status_code >= 400:
+                raise RequestFailed(f"HTTP {resp.status_code} from {url}: {error_message(resp.read())}")
+            yield deadline.checked(resp.iter_bytes())
 
     def _load_tokenizer(self, report: ProgressFn) -> None:
         source = self._tokenizer_source()

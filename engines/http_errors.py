@@ -1,4 +1,5 @@
-"""HTTP client errors as one-line project exceptions, for both clients (httpx and aiohttp).
+"""HTTP client errors as one-line project exceptions, for both clients (httpx and aiohttp),
+and the time limits of one request (:class:`RequestDeadline`).
 
 A timeout, a dropped connection or a refused connect becomes :class:`RequestFailed` or
 :class:`ServerUnreachable` with the URL and a short reason; :func:`error_message` pulls
@@ -9,18 +10,84 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from engines.errors import RequestFailed, ServerUnreachable, one_line
 
+CONNECT_TIMEOUT_S = 10.0
+WRITE_TIMEOUT_S = 30.0
+
+
+class RequestDeadline:
+    """The time limits of one streamed request, started when it is sent.
+
+    ``total_s`` bounds the whole request (``MOEBENCH_REQUEST_TIMEOUT_S``, or the engine's
+    ``timeout_s`` option), however the server trickles bytes (an SSE keep-alive comment every
+    2 s does not keep it alive). ``first_byte_s`` (``MOEBENCH_FIRST_BYTE_TIMEOUT_S``) bounds
+    the wait for the response headers, and any silence while the body streams. The httpx
+    client checks the total on every received chunk; aiohttp enforces it itself
+    (``ClientTimeout.total``).
+    """
+
+    def __init__(self, total_s: float, first_byte_s: float, total_source: str = "MOEBENCH_REQUEST_TIMEOUT_S") -> None:
+        self.total_s = total_s
+        self.first_byte_s = first_byte_s
+        self.total_source = total_source
+        self.end = time.monotonic() + total_s
+        self.answered = False  # the response headers arrived
+
+    @property
+    def read_s(self) -> float:
+        """The longest wait for any one read: the headers, or the next bytes of the body."""
+        return min(self.first_byte_s, self.total_s)
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.end
+
+    def exceeded(self) -> RequestFailed:
+        return RequestFailed(f"request exceeded its {self.total_s:g} s deadline ({self.total_source})")
+
+    def read_timed_out(self, url: str) -> RequestFailed:
+        """The reason for a read that waited :attr:`read_s` in vain."""
+        if self.first_byte_s >= self.total_s or self.expired():
+            return self.exceeded()
+        limit = f"{self.first_byte_s:g} s (MOEBENCH_FIRST_BYTE_TIMEOUT_S)"
+        if not self.answered:
+            return RequestFailed(f"no response from {url} within {limit}")
+        return RequestFailed(f"{url} sent nothing for {limit}")
+
+    def checked(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
+        """``chunks``, failing with :meth:`exceeded` at the first one received after the deadline."""
+        for chunk in chunks:
+            if time.monotonic() >= self.end:
+                raise self.exceeded()
+            yield chunk
+
+    def httpx_timeout(self) -> Any:
+        import httpx
+
+        return httpx.Timeout(connect=CONNECT_TIMEOUT_S, read=self.read_s, write=WRITE_TIMEOUT_S, pool=None)
+
+    def aiohttp_timeout(self) -> Any:
+        import aiohttp
+
+        return aiohttp.ClientTimeout(total=self.total_s, connect=CONNECT_TIMEOUT_S, sock_read=self.read_s)
+
 
 @contextlib.contextmanager
-def http_errors(url: str, who: str = "the server") -> Iterator[None]:
-    """Turn httpx's errors while talking to ``url`` into one-line :class:`RequestFailed`."""
+def http_errors(url: str, who: str = "the server", deadline: RequestDeadline | None = None) -> Iterator[None]:
+    """Turn httpx's errors while talking to ``url`` into one-line :class:`RequestFailed`
+    (a read timeout says which of ``deadline``'s limits passed)."""
     import httpx
 
     try:
         yield
+    except httpx.ReadTimeout as exc:
+        if deadline is None:
+            raise RequestFailed(f"timed out waiting for {url} ({type(exc).__name__})") from exc
+        raise deadline.read_timed_out(url) from exc
     except httpx.TimeoutException as exc:
         raise RequestFailed(f"timed out waiting for {url} ({type(exc).__name__})") from exc
     except httpx.RemoteProtocolError as exc:
@@ -32,13 +99,17 @@ def http_errors(url: str, who: str = "the server") -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def aiohttp_errors(url: str, who: str = "the server") -> Iterator[None]:
+def aiohttp_errors(url: str, who: str = "the server", deadline: RequestDeadline | None = None) -> Iterator[None]:
     """:func:`http_errors` for the asynchronous client (aiohttp)."""
     import aiohttp
 
     try:
         yield
-    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+    except TimeoutError as exc:
+        if deadline is not None and deadline.expired():
+            raise deadline.exceeded() from exc
+        if deadline is not None and isinstance(exc, aiohttp.SocketTimeoutError):
+            raise deadline.read_timed_out(url) from exc
         raise RequestFailed(f"timed out waiting for {url} ({type(exc).__name__})") from exc
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
         raise RequestFailed(f"connection dropped by {who}: {one_line(exc, 200)}") from exc

@@ -37,7 +37,7 @@ from pydantic import Field
 from engines.base import EngineOptions, GenerationRequest, ProgressFn, StreamChunk, register_engine
 from engines.errors import EngineUnavailable, RequestFailed, one_line
 from engines.http_client import HTTPEngine, HTTPOptions
-from engines.http_errors import aiohttp_errors, error_message, http_errors
+from engines.http_errors import CONNECT_TIMEOUT_S, aiohttp_errors, error_message
 from engines.sse import SSEError, asse_payloads, sse_object, sse_payloads
 from engines.tokens import SERVER_TOKENIZER, ServerTokenizer, TextCounter
 
@@ -187,15 +187,9 @@ class OpenAIEngine(HTTPEngine):
         return self.base_url + ("/chat/completions" if self.opts.endpoint == "chat" else "/completions")
 
     def stream(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[StreamChunk]:
-        if self._client is None:
-            raise EngineUnavailable(f"the {self.kind} engine is not started")
-        url = self._url_for_endpoint()
-        body = self.request_body(request)
         parser = CompletionStream(self._tokenizer)
-        with http_errors(url), self._client.stream("POST", url, json=body) as resp:
-            if resp.status_code >= 400:
-                raise RequestFailed(f"HTTP {resp.status_code} from {url}: {error_message(resp.read())}")
-            for payload in sse_payloads(resp.iter_bytes()):
+        with self.post_stream(self._url_for_endpoint(), self.request_body(request)) as chunks:
+            for payload in sse_payloads(chunks):
                 if cancel is not None and cancel.is_set():
                     return  # leaving the with-block closes the response
                 yield from parser.feed(payload)
@@ -213,9 +207,9 @@ class OpenAIEngine(HTTPEngine):
         import aiohttp
 
         read, headers, n = self._http_settings()
-        # aiohttp sets TCP_NODELAY itself; as in vllm bench serve: no total timeout, a read one.
+        # aiohttp sets TCP_NODELAY itself. Each request sets its own deadline (astream).
         connector = aiohttp.TCPConnector(limit=n, limit_per_host=n, keepalive_timeout=60)
-        timeout = aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=read)
+        timeout = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S, sock_read=read)
         self._asession = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers)
         # One round trip before the clock starts, as vllm bench serve's test request goes through
         # its session: the first request of a fresh session pays for aiohttp's lazy set-up (the
@@ -257,8 +251,10 @@ class OpenAIEngine(HTTPEngine):
             raise EngineUnavailable(f"the {self.kind} engine has no open asynchronous session (aopen)")
         url = self._url_for_endpoint()
         parser = CompletionStream(self._tokenizer)
-        with aiohttp_errors(url):
-            async with session.post(url, json=self.request_body(request)) as resp:
+        deadline = self.request_deadline()
+        with aiohttp_errors(url, deadline=deadline):
+            async with session.post(url, json=self.request_body(request), timeout=deadline.aiohttp_timeout()) as resp:
+                deadline.answered = True
                 if resp.status >= 400:
                     raise RequestFailed(f"HTTP {resp.status} from {url}: {error_message(await resp.read())}")
                 async for payload in asse_payloads(resp.content.iter_any()):

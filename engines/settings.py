@@ -21,7 +21,12 @@ class Settings:
     db_path: Path = PROJECT_ROOT / "data" / "moebench.sqlite"
     model_cache_dir: Path = PROJECT_ROOT / "data" / "models"
     models_dir: Path = PROJECT_ROOT / "data" / "models"  # where real checkpoints are looked for
+    # The whole of one request, however the server trickles bytes (an engine's timeout_s
+    # option overrides it per engine). Env: MOEBENCH_REQUEST_TIMEOUT_S.
     request_timeout_s: float = 600.0
+    # Time allowed until a request's response headers arrive, and the longest silence while
+    # its body streams. Env: MOEBENCH_FIRST_BYTE_TIMEOUT_S.
+    first_byte_timeout_s: float = 300.0
     server_start_timeout_s: float = 300.0
     sample_interval_s: float = 1.0
     host: str = "127.0.0.1"

@@ -32,7 +32,7 @@ from engines.accelerators import Availability
 from engines.base import GenerationRequest, ProgressFn, StreamChunk, register_engine
 from engines.errors import EngineUnavailable, RequestFailed, one_line
 from engines.http_client import HTTPOptions
-from engines.http_errors import error_message, http_errors
+from engines.http_errors import error_message
 from engines.launch import ManagedProcess, free_port
 from engines.managed import ServerEngine, probe_interpreter
 from engines.prometheus import CounterRates, parse_prometheus
@@ -342,19 +342,14 @@ class TritonEngine(ServerEngine):
         return False  # generate_stream goes through the threaded client (stream below)
 
     def stream(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[StreamChunk]:
-        if self._client is None:
-            raise EngineUnavailable("the triton engine is not started")
-
         url = f"{self.base_url}/v2/models/{self.served_name}/generate_stream"
-        with http_errors(url, "Triton"), self._client.stream("POST", url, json=self.request_body(request)) as resp:
-            if resp.status_code >= 400:
-                raise RequestFailed(f"HTTP {resp.status_code} from {url}: {error_message(resp.read())}")
-            yield from self._triton_events(resp, cancel)
+        with self.post_stream(url, self.request_body(request), "Triton") as chunks:
+            yield from self._triton_events(chunks, cancel)
 
-    def _triton_events(self, resp: Any, cancel: threading.Event | None) -> Iterator[StreamChunk]:
+    def _triton_events(self, chunks: Iterator[bytes], cancel: threading.Event | None) -> Iterator[StreamChunk]:
         o = self.topts
         counter = TextCounter(self._tokenizer)
-        for payload in sse_payloads(resp.iter_bytes()):
+        for payload in sse_payloads(chunks):
             if cancel is not None and cancel.is_set():
                 return
             obj = sse_object(payload, "Triton")

@@ -63,6 +63,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path not in ("/v1/completions", "/v1/chat/completions"):  # no /tokenize here
+            self._json(404, {"error": {"message": "not found"}})
+            return
         type(self).seen.append(body)
         type(self).headers_seen.append(dict(self.headers))
         model = body["model"]
@@ -111,6 +114,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             for _ in range(300):
                 w(_event(_text_chunk("t")))
             w(b"data: [DONE]\n\n")
+        elif model == "keepalive":  # one token, then an SSE comment every 0.2 s, never [DONE]
+            w(_event(_text_chunk("Hi")))
+            while True:  # until the client hangs up (BrokenPipeError, ignored by _Server)
+                self.wfile.flush()
+                time.sleep(0.2)
+                w(b": keep-alive\n\n")
         elif model == "endless":
             for _ in range(200):
                 w(_event(_text_chunk("t")))
@@ -224,9 +233,42 @@ def test_failures_become_one_line_reasons(server: str, model: str, expected: str
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_timeout(server: str, client: str) -> None:
-    engine = _engine(server, model="slow", timeout_s=0.5)
+    engine = _engine(server, model="slow", timeout_s=0.5)  # no headers for 2 s
     res = _timed(engine, _req(), client)
-    assert res.error is not None and "timed out waiting for" in res.error
+    assert res.error == "RequestFailed: request exceeded its 0.5 s deadline (option timeout_s)", res.error
+    engine.stop()
+
+
+@pytest.mark.parametrize("via", ["env", "option"])
+@pytest.mark.parametrize("client", CLIENTS)
+def test_keep_alive_comments_do_not_outlive_the_request_deadline(
+    server: str, client: str, via: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that sends `: keep-alive` every 0.2 s forever: the total deadline still ends
+    the request (the per-read timeout never would), and what arrived is kept."""
+    if via == "env":
+        monkeypatch.setenv("MOEBENCH_REQUEST_TIMEOUT_S", "1")
+        engine, source = _engine(server, model="keepalive"), "MOEBENCH_REQUEST_TIMEOUT_S"
+    else:
+        engine, source = _engine(server, model="keepalive", timeout_s=1), "option timeout_s"
+    t0 = time.perf_counter()
+    res = _timed(engine, _req(), client)
+    elapsed = time.perf_counter() - t0
+    assert res.error == f"RequestFailed: request exceeded its 1 s deadline ({source})", res.error
+    assert 0.9 < elapsed < 2.0, elapsed
+    assert res.text == "Hi" and res.output_tokens == 1 and len(res.chunks) == 1  # the timed result keeps it
+    engine.stop()
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_first_byte_timeout(server: str, client: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MOEBENCH_FIRST_BYTE_TIMEOUT_S", "0.5")
+    engine = _engine(server, model="slow")  # headers after 2 s; the total stays 600 s
+    t0 = time.perf_counter()
+    res = _timed(engine, _req(), client)
+    assert res.error is not None and res.error.endswith("within 0.5 s (MOEBENCH_FIRST_BYTE_TIMEOUT_S)"), res.error
+    assert res.error.startswith("RequestFailed: no response from http://127.0.0.1:")
+    assert time.perf_counter() - t0 < 1.5
     engine.stop()
 
 
