@@ -9,7 +9,7 @@ each engine's own: :mod:`engines.openai_http` for OpenAI-compatible servers,
 
 The API key comes from the environment only (``MOEBENCH_OPENAI_API_KEY``, else
 ``OPENAI_API_KEY``) and is never part of the options, so it never reaches the database
-or an export.
+or an export; it is sent only to the hosts in ``MOEBENCH_API_KEY_HOSTS`` (:func:`api_key_for`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import os
 import socket
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
@@ -39,6 +40,23 @@ def api_key_from_env() -> str | None:
         if value:
             return value
     return None
+
+
+def api_key_for(base_url: str) -> tuple[str | None, str]:
+    """(the key to send to ``base_url``, or None; what :meth:`HTTPEngine.describe` says about it).
+
+    The environment's key goes only to hosts in ``MOEBENCH_API_KEY_HOSTS`` (default
+    ``api.openai.com,127.0.0.1,localhost``; ``*``: any host), so pointing MoE Bench at some
+    other server does not hand it the user's OpenAI key.
+    """
+    key = api_key_from_env()
+    if key is None:
+        return None, "not set"
+    host = (urlsplit(base_url).hostname or "").lower()
+    allowed = {h.strip().lower() for h in get_settings().api_key_hosts.split(",") if h.strip()}
+    if "*" in allowed or host in allowed:
+        return key, "sent"
+    return None, f"withheld: host {host or '?'} not in MOEBENCH_API_KEY_HOSTS"
 
 
 def redacted(url: str) -> str:
@@ -140,7 +158,7 @@ class HTTPEngine(Engine):
     def _http_settings(self) -> tuple[float, dict[str, str], int]:
         """(read timeout s, headers, pool size) shared by the threaded and the asyncio client."""
         headers = {"Accept": "text/event-stream, application/json"}
-        key = api_key_from_env()
+        key, _ = api_key_for(self.base_url)
         if key:
             headers["Authorization"] = f"Bearer {key}"
         return self.request_deadline().read_s, headers, self.opts.max_connections
@@ -221,5 +239,6 @@ class HTTPEngine(Engine):
             served_model=self.served_name,
             tokenizer=self.tokenizer_path,
             api_key_set=api_key_from_env() is not None,
+            api_key=api_key_for(self.base_url)[1],
         )
         return info

@@ -36,7 +36,7 @@ from pydantic import Field
 
 from engines.base import EngineOptions, GenerationRequest, ProgressFn, StreamChunk, register_engine
 from engines.errors import EngineUnavailable, RequestFailed, one_line
-from engines.http_client import HTTPEngine, HTTPOptions
+from engines.http_client import HTTPEngine, HTTPOptions, api_key_for
 from engines.http_errors import CONNECT_TIMEOUT_S, aiohttp_errors, error_message
 from engines.sse import SSEError, asse_payloads, sse_object, sse_payloads
 from engines.tokens import SERVER_TOKENIZER, ServerTokenizer, TextCounter
@@ -132,9 +132,14 @@ class OpenAIEngine(HTTPEngine):
                 f"{one_line(exc, 200) or 'no answer'}"
             ) from exc
         if resp.status_code in (401, 403):
+            _, key = api_key_for(self.base_url)
+            fix = (
+                f"the API key is {key}"
+                if key.startswith("withheld")
+                else "set MOEBENCH_OPENAI_API_KEY or OPENAI_API_KEY"
+            )
             raise EngineUnavailable(
-                f"{url} refused the credentials (HTTP {resp.status_code}): set MOEBENCH_OPENAI_API_KEY or "
-                f"OPENAI_API_KEY; {error_message(resp.content)}"
+                f"{url} refused the credentials (HTTP {resp.status_code}): {fix}; {error_message(resp.content)}"
             )
         if resp.status_code == 404:
             return  # no /models on this server: nothing to check

@@ -27,6 +27,10 @@ class Settings:
     # Time allowed until a request's response headers arrive, and the longest silence while
     # its body streams. Env: MOEBENCH_FIRST_BYTE_TIMEOUT_S.
     first_byte_timeout_s: float = 300.0
+    # Hosts that get the API key from the environment (OPENAI_API_KEY or
+    # MOEBENCH_OPENAI_API_KEY), comma-separated (`*`: any host); any other base URL is sent no key.
+    # Env: MOEBENCH_API_KEY_HOSTS.
+    api_key_hosts: str = "api.openai.com,127.0.0.1,localhost"
     server_start_timeout_s: float = 300.0
     sample_interval_s: float = 1.0
     host: str = "127.0.0.1"

@@ -323,7 +323,31 @@ def test_api_key_from_env_only(server: str, monkeypatch: pytest.MonkeyPatch) -> 
         assert _Handler.headers_seen[-1]["Authorization"] == "Bearer sk-secret-123", client
     dumped = json.dumps(engine.options.model_dump()) + json.dumps(engine.describe())
     assert "sk-secret" not in dumped and engine.describe()["api_key_set"] is True
+    assert engine.describe()["api_key"] == "sent"  # 127.0.0.1 is in the default MOEBENCH_API_KEY_HOSTS
     engine.stop()
+
+
+def test_api_key_goes_only_to_the_allowed_hosts(server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One server, two host names: the key reaches it as 127.0.0.1 (allowed), not as localhost."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-456")
+    monkeypatch.setenv("MOEBENCH_API_KEY_HOSTS", " 127.0.0.1 , api.example.com")
+    allowed = _engine(server)
+    other = _engine(server.replace("127.0.0.1", "localhost"))
+    for client in CLIENTS:
+        assert _timed(allowed, _req(), client).error is None
+        assert _Handler.headers_seen[-1]["Authorization"] == "Bearer sk-secret-456", client
+        assert _timed(other, _req(), client).error is None
+        assert "Authorization" not in _Handler.headers_seen[-1], client
+    assert allowed.describe()["api_key"] == "sent"
+    assert other.describe()["api_key"] == "withheld: host localhost not in MOEBENCH_API_KEY_HOSTS"
+    assert "sk-secret" not in json.dumps(other.describe())
+    monkeypatch.setenv("MOEBENCH_API_KEY_HOSTS", "*")
+    assert other.describe()["api_key"] == "sent"
+    monkeypatch.delenv("OPENAI_API_KEY")
+    monkeypatch.delenv("MOEBENCH_OPENAI_API_KEY", raising=False)
+    assert other.describe()["api_key"] == "not set"
+    allowed.stop()
+    other.stop()
 
 
 def test_model_check_and_unreachable_server(server: str) -> None:
