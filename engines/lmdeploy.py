@@ -6,8 +6,9 @@
   (``MOEBENCH_LMDEPLOY_PYTHON``, else this one), then talks to it through the OpenAI client.
 - **connect** (``base_url``): any running LMDeploy server (``http://host:23333/v1``).
 
-LMDeploy has no CPU backend: on a machine without CUDA, Ascend or Cambricon the managed
-mode is unavailable and says why. TurboMind runs on CUDA only; Ascend (``--device ascend``)
+LMDeploy has no CPU backend: on a machine without CUDA, Ascend or Cambricon the engine is
+listed as unavailable and says why (a remote LMDeploy server is still reachable with the
+``openai`` engine). TurboMind runs on CUDA only; Ascend (``--device ascend``)
 and Cambricon (``--device camb``) need the PyTorch backend.
 """
 
@@ -26,6 +27,8 @@ from engines.launch import free_port
 from engines.managed import ServerEngine, probe_interpreter
 from engines.openai_http import OpenAIEngine, OpenAIOptions
 from engines.settings import get_settings
+
+NO_CPU_BACKEND = "LMDeploy has no CPU backend; it runs on CUDA, Ascend (npu) or Cambricon (mlu)"
 
 # MoE Bench accelerator -> LMDeploy --device
 DEVICES: dict[str, str] = {"cuda": "cuda", "npu": "ascend", "mlu": "camb"}
@@ -81,7 +84,7 @@ def lmdeploy_installed(python: str | None = None) -> bool:
 def managed_availability(accelerator: str) -> Availability:
     """Whether a managed LMDeploy server can start here on ``accelerator``, and why not."""
     if accelerator not in DEVICES:
-        return Availability(False, "LMDeploy has no CPU backend; it runs on CUDA, Ascend (npu) or Cambricon (mlu)")
+        return Availability(False, NO_CPU_BACKEND)
     if not lmdeploy_installed():
         return Availability(False, f"lmdeploy is not installed: {INSTALL[accelerator]}")
     dev = get_accelerator(accelerator).availability()
@@ -139,6 +142,13 @@ class LMDeployEngine(ServerEngine, OpenAIEngine):
 
     @classmethod
     def availability(cls) -> Availability:
+        """Unavailable on a machine with none of LMDeploy's devices (every run there fails);
+        connect only where lmdeploy itself is not installed."""
+        if not any(get_accelerator(acc).availability().ok for acc in DEVICES):
+            return Availability(
+                False,
+                f"{NO_CPU_BACKEND}, and none is available here (for a remote LMDeploy server use the openai engine)",
+            )
         if not lmdeploy_installed():
             return Availability(True, "connect only (base_url): lmdeploy is not installed here (pip install lmdeploy)")
         return Availability(True)

@@ -6,6 +6,7 @@ import importlib.util
 
 import pytest
 
+from engines.accelerators import get_accelerator
 from engines.base import create_engine, list_engines
 from engines.errors import ConfigError, EngineUnavailable
 from engines.lmdeploy import LMDeployOptions, managed_availability, server_argv
@@ -55,9 +56,36 @@ def test_no_cpu_backend() -> None:
 
 
 @pytest.mark.skipif(not NO_LMDEPLOY, reason="lmdeploy is installed here")
-def test_missing_lmdeploy_is_named_with_the_install_line() -> None:
+def test_missing_lmdeploy_is_named_with_the_install_line(monkeypatch: pytest.MonkeyPatch) -> None:
     avail = managed_availability("cuda")
     assert not avail.ok and avail.reason == "lmdeploy is not installed: pip install lmdeploy"
     assert "dlinfer-ascend" in managed_availability("npu").reason
+    _pretend_devices(monkeypatch, {"cuda"})  # a GPU machine without lmdeploy: connect only
     listed = {kind: a for kind, _label, a in list_engines()}
     assert listed["lmdeploy"].ok and "lmdeploy is not installed" in listed["lmdeploy"].reason
+
+
+def _pretend_devices(monkeypatch: pytest.MonkeyPatch, present: set[str]) -> None:
+    import engines.lmdeploy as lm
+    from engines.accelerators import Availability, get_accelerator
+
+    class Device:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def availability(self) -> Availability:
+            return Availability(True) if self.name in present else get_accelerator(self.name).availability()
+
+    monkeypatch.setattr(lm, "get_accelerator", Device)
+
+
+def test_unavailable_without_any_lmdeploy_device() -> None:
+    """On a CPU-only machine every lmdeploy run fails: the listing says so, with the reason."""
+    for acc in ("cuda", "npu", "mlu"):
+        if get_accelerator(acc).availability().ok:
+            pytest.skip(f"this machine has a {acc} device")
+    listed = {kind: a for kind, _label, a in list_engines()}
+    avail = listed["lmdeploy"]
+    assert not avail.ok and avail.reason.startswith("LMDeploy has no CPU backend; it runs on CUDA")
+    assert avail.reason.endswith("none is available here (for a remote LMDeploy server use the openai engine)")
+    assert listed["openai"].ok
