@@ -380,7 +380,10 @@ def format_summary(summary: RunSummary) -> str:
         )
     if summary.prefix_cache_hit_rate is not None:
         lines.append(f"prefix cache  {summary.prefix_cache_hit_rate:.1%} of the prompt tokens served from the cache")
-    for warning in (summary.load_warning, summary.cache_warning):
+    if summary.tokens_per_chunk is not None:
+        share = f"{summary.single_chunk_share:.0%}" if summary.single_chunk_share is not None else "-"
+        lines.append(f"chunks        {summary.tokens_per_chunk:.2f} tokens per chunk, {share} of outputs in one chunk")
+    for warning in (summary.load_warning, summary.cache_warning, summary.burst_warning):
         if warning:
             lines.append(f"warning       {warning}")
     return "\n".join(lines)

@@ -25,6 +25,9 @@ from bench.load import client_bound_reason
 
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 PREFIX_CACHE_WARN = 0.10  # a prefix-cache hit rate above this gets a warning
+# Chunks arriving in bursts: above these, TPOT and ITL time the bursts, not the tokens.
+BURST_SINGLE_CHUNK_SHARE = 0.2  # share of multi-token outputs that arrived in one chunk
+BURST_TOKENS_PER_CHUNK = 2.0  # mean output tokens per chunk
 
 METRIC_DEFINITIONS: dict[str, str] = {
     "ttft_ms": "Time to first token: from sending the request to receiving the first chunk that carries output, in ms.",
@@ -56,6 +59,12 @@ METRIC_DEFINITIONS: dict[str, str] = {
     "prefix_cache_hit_rate": "Prompt tokens the server's prefix cache served / prompt tokens it looked up during "
     "the run (vLLM's prefix_cache_hits / prefix_cache_queries counters; empty when the server reports none). Above "
     "10 % the run carries a warning: a warm cache can inflate TTFT and throughput.",
+    "single_chunk_share": "Share of completed requests with 2+ output tokens whose whole output arrived in one "
+    "chunk (0..1). Such a request has a TPOT of about 0 and no ITL gap: it shows how the server batches its "
+    "stream, not how fast it generates.",
+    "tokens_per_chunk": "Output tokens of completed requests / the chunks that carried them (1.0 when every chunk "
+    "holds one token). Above 2, or with single_chunk_share above 20 %, the run carries a burst note: TPOT and ITL "
+    "then time the gaps between bursts.",
     "peak_memory_gib": "Highest memory seen during the run: the device allocator's peak on CUDA/NPU/MLU, "
     "the process's peak RSS on CPU; empty when the engine cannot see device memory (remote servers).",
 }
@@ -214,6 +223,29 @@ class RunSummary:
     goodput_rps: float | None = None
     slo_met: bool | None = None  # every SLO's statistic over the run within its limit
     prefix_cache_hit_rate: float | None = None  # the server's prefix-cache hits / lookups (prompt tokens)
+    single_chunk_share: float | None = None  # multi-token outputs that arrived in one chunk / such outputs
+    tokens_per_chunk: float | None = None  # output tokens / output chunks, completed requests
+
+    @property
+    def bursty(self) -> bool:
+        """Output arrived in bursts: TPOT and ITL time the bursts, not per-token generation."""
+        share, per = self.single_chunk_share, self.tokens_per_chunk
+        return (share is not None and share >= BURST_SINGLE_CHUNK_SHARE) or (
+            per is not None and per >= BURST_TOKENS_PER_CHUNK
+        )
+
+    @property
+    def burst_warning(self) -> str | None:
+        """One line when the output arrived in bursts (see :attr:`bursty`)."""
+        if not self.bursty:
+            return None
+        share = f"{self.single_chunk_share:.0%}" if self.single_chunk_share is not None else "-"
+        per = f"{self.tokens_per_chunk:.1f}" if self.tokens_per_chunk is not None else "-"
+        return (
+            f"output arrived in bursts: {share} of the requests got their whole output in one chunk, "
+            f"{per} tokens per chunk on average; TPOT and ITL time the gaps between bursts, not per-token "
+            "generation (the server batches its stream)"
+        )
 
     @property
     def cache_warning(self) -> str | None:
@@ -309,8 +341,19 @@ def summarize(
         request_rate=request_rate,
         burstiness=burstiness if request_rate is not None else None,
         prefix_cache_hit_rate=prefix_cache_hit_rate,
+        **chunk_fields(ok),
         **slo_fields(records, duration_s, slos),
     )
+
+
+def chunk_fields(ok: Sequence[RequestRecord]) -> dict[str, float | None]:
+    """How the output was chunked: the share of multi-token outputs in one chunk, tokens per chunk."""
+    multi = [r for r in ok if r.counted_output_tokens >= 2]
+    chunks = sum(len(r.chunk_times_s) for r in ok)
+    return {
+        "single_chunk_share": sum(1 for r in multi if len(r.chunk_times_s) == 1) / len(multi) if multi else None,
+        "tokens_per_chunk": sum(r.counted_output_tokens for r in ok) / chunks if chunks else None,
+    }
 
 
 def slo_fields(records: Sequence[RequestRecord], duration_s: float, slos: Sequence[str] | None) -> dict[str, Any]:

@@ -161,6 +161,9 @@ class Recorder:
         self.prompt_tokens = 0
         self.output_tokens = 0
         self.usage_mismatches = 0
+        self.chunks = 0  # output chunks of completed requests
+        self.multi_token = 0  # completed requests with 2+ output tokens
+        self.single_chunk = 0  # ... whose output came in one chunk
         self.dists = {k: Distribution() for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "send_lag_ms")}
         self._gaps: list[float] = []  # ITL gaps of the batch being taken, added to the sketch at once
         self._thread: threading.Thread | None = None
@@ -223,6 +226,8 @@ class Recorder:
                 e2e_ms=self.dists["e2e_ms"].stat(),
                 usage_mismatches=self.usage_mismatches,
                 send_lag_ms=self.dists["send_lag_ms"].stat() if self.dists["send_lag_ms"].count else None,
+                single_chunk_share=self.single_chunk / self.multi_token if self.multi_token else None,
+                tokens_per_chunk=self.output_tokens / self.chunks if self.chunks else None,
                 **kw,
                 **self._slo_fields(rate),
             )
@@ -273,6 +278,10 @@ class Recorder:
         self.prompt_tokens += rec.prompt_tokens
         self.output_tokens += rec.counted_output_tokens
         self.usage_mismatches += rec.usage_mismatch
+        self.chunks += len(rec.chunk_times_s)
+        if rec.counted_output_tokens >= 2:
+            self.multi_token += 1
+            self.single_chunk += len(rec.chunk_times_s) == 1
         if self.slos and is_good(rec, self.slos):
             self.good += 1
         for name, value in (("ttft_ms", rec.ttft_ms), ("tpot_ms", rec.tpot_ms)):

@@ -1001,8 +1001,9 @@ def _run_report(store: Store, run: RunRow) -> bytes:
     if s is None:
         page.add('<div class="card warn">This run has no summary (it measured nothing).</div>')
     else:
-        if s.load_warning:
-            page.add(f'<div class="card warn">{_esc(s.load_warning)}</div>')
+        for warning in (s.load_warning, s.burst_warning):
+            if warning:
+                page.add(f'<div class="card warn">{_esc(warning)}</div>')
         slos = _as_slos(s.slos or [])
         if slos:
             page.h2("SLOs")

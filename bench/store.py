@@ -158,6 +158,8 @@ SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
     "e2e_ms_p99",
     "peak_memory_gib",
     "prefix_cache_hit_rate",
+    "single_chunk_share",
+    "tokens_per_chunk",
     "usage_mismatches",
     "send_lag_ms_p50",
     "send_lag_ms_p99",

@@ -688,9 +688,13 @@ def _headline(summary: RunSummary | None, live: data.LiveData, running: bool, sl
     cols[1].metric(
         "TTFT p50", data.fmt_unit(summary.ttft_ms.p50 if ok else None, "ms"), help=METRIC_DEFINITIONS["ttft_ms"]
     )
-    cols[2].metric(
-        "TPOT p50", data.fmt_unit(summary.tpot_ms.p50 if ok else None, "ms"), help=METRIC_DEFINITIONS["tpot_ms"]
-    )
+    if ok and summary is not None and summary.bursty:
+        # A burst-streamed output has a TPOT of about 0: say why instead of showing a "speed".
+        cols[2].metric("TPOT p50", "bursts", help=f"{summary.burst_warning}. {METRIC_DEFINITIONS['tpot_ms']}")
+    else:
+        cols[2].metric(
+            "TPOT p50", data.fmt_unit(summary.tpot_ms.p50 if ok else None, "ms"), help=METRIC_DEFINITIONS["tpot_ms"]
+        )
     cols[3].metric(
         "E2E p99", data.fmt_unit(summary.e2e_ms.p99 if ok else None, "ms"), help=METRIC_DEFINITIONS["e2e_ms"]
     )
@@ -730,6 +734,8 @@ def show_summary(summary: RunSummary, key: str) -> None:
         st.warning(summary.load_warning, icon=":material/speed:")
     if summary.cache_warning:
         st.warning(summary.cache_warning, icon=":material/cached:")
+    if summary.burst_warning:
+        st.warning(summary.burst_warning, icon=":material/stacked_bar_chart:")
     left, right = st.columns([3, 2])
     num = st.column_config.NumberColumn
     latency = data.latency_table(summary)

@@ -80,3 +80,21 @@ def test_the_servers_usage_count_drives_tpot_and_throughput() -> None:
 def test_every_metric_has_a_definition() -> None:
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "output_throughput_tok_s", "duration_s"):
         assert len(METRIC_DEFINITIONS[key]) > 30
+
+
+def test_burst_streamed_outputs_are_named_not_shown_as_a_speed() -> None:
+    """689 of 1,201 vLLM requests got all 16 tokens in one chunk (issue 14): TPOT p50 read 0.006 ms.
+    The summary says how the output was chunked and flags the run."""
+    from bench.metrics import summarize
+
+    burst = [RequestRecord(f"b{i}", 0.0, 0.2, [0.2], 4, 16) for i in range(6)]  # 16 tokens, one chunk
+    steady = [RequestRecord(f"s{i}", 0.0, 0.5, [0.1 + 0.02 * k for k in range(16)], 4, 16) for i in range(4)]
+    s = summarize(burst + steady)
+    assert s.single_chunk_share == pytest.approx(0.6)
+    assert s.tokens_per_chunk == pytest.approx(160 / (6 + 64))
+    assert s.bursty and s.burst_warning is not None and "60% of the requests" in s.burst_warning
+    assert s.tpot_ms.p50 == 0.0  # the misleading figure the note explains
+    calm = summarize(steady)
+    assert calm.single_chunk_share == 0.0 and calm.tokens_per_chunk == 1.0
+    assert not calm.bursty and calm.burst_warning is None
+    assert RunSummary.from_dict(s.as_dict()) == s  # stored and read back

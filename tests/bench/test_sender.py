@@ -195,6 +195,8 @@ def test_recorder_writes_in_batches_and_its_live_summary_matches_the_exact_one(s
     assert live.good_requests == exact.good_requests and 0 < exact.good_requests < 3000  # type: ignore[operator]
     assert live.goodput_rps == pytest.approx(exact.goodput_rps) and live.slo_met == exact.slo_met
     assert live.output_tokens == exact.output_tokens
+    assert live.tokens_per_chunk == exact.tokens_per_chunk == 1.0  # 8 tokens in 8 chunks
+    assert live.single_chunk_share == exact.single_chunk_share == 0.0 and not live.bursty
     for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         a, b = getattr(live, name), getattr(exact, name)
         # the exact summary reads the store, which keeps times to the microsecond
