@@ -52,7 +52,6 @@ from bench.store import Store
 from bench.workloads import RequestSource, build_requests, request_source
 from engines.accelerators import GIB
 from engines.base import SERIES_PREFIX_HITS, SERIES_PREFIX_QUERIES, Engine, create_engine
-from engines.settings import get_settings
 
 __all__ = [
     "ARTIFACT_BREAKDOWN",
@@ -143,7 +142,8 @@ def _profile(job: Job, engine: Engine, requests: Sequence[Any], warmup: list[Any
     """The measured phase under the engine's profiler (entered after the warm-up)."""
     store, run_id = job.store, job.run_id
     assert run_id is not None
-    trace = get_settings().data_dir / "traces" / f"run{run_id}.trace.json"
+    # Beside the store the run belongs to, named after it: runs of two stores never share a trace.
+    trace = store.path.parent / "traces" / f"{store.path.stem}-run{run_id}.trace.json"
     session = engine.profiler(trace, with_stack=job.config.profile_with_stack)
     with contextlib.ExitStack() as stack:
 

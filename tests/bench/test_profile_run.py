@@ -73,6 +73,8 @@ def test_expert_counts_match_tokens_times_topk_times_layers(profiled: tuple[Stor
 def test_trace_opens_as_json(profiled: tuple[Store, int]) -> None:
     store, run_id = profiled
     path = Path(store.artifact(run_id, ARTIFACT_TRACE)["path"])
+    # beside its own store, named after it: a run of another store with the same id cannot overwrite it
+    assert path == store.path.parent / "traces" / f"p-run{run_id}.trace.json"
     trace = json.loads(path.read_text())
     assert len(trace["traceEvents"]) > 100
     assert any(e.get("name") == "moe_bench::routed_experts" for e in trace["traceEvents"])
