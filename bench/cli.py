@@ -348,7 +348,8 @@ def _ms(v: float | None) -> str:
 def format_summary(summary: RunSummary) -> str:
     """A plain-text table of a run summary."""
     lines = [
-        f"requests      {summary.completed} completed, {summary.failed} failed",
+        f"requests      {summary.completed} completed, {summary.failed} failed"
+        + (f", {summary.cancelled} cancelled (in flight when the run was stopped)" if summary.cancelled else ""),
         f"duration      {summary.duration_s:.3f} s",
         f"throughput    {summary.request_throughput_rps:.3f} req/s   {summary.output_throughput_tok_s:.2f} output tok/s"
         f"   {summary.total_throughput_tok_s:.2f} total tok/s",

@@ -22,8 +22,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bench.load import client_bound_reason
+from engines.base import REQUEST_CANCELLED
 
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
+CANCELLED = REQUEST_CANCELLED  # the error of a request in flight when its run was cancelled
 PREFIX_CACHE_WARN = 0.10  # a prefix-cache hit rate above this gets a warning
 # Chunks arriving in bursts: above these, TPOT and ITL time the bursts, not the tokens.
 BURST_SINGLE_CHUNK_SHARE = 0.2  # share of multi-token outputs that arrived in one chunk
@@ -36,6 +38,8 @@ METRIC_DEFINITIONS: dict[str, str] = {
     "itl_ms": "Inter-token latency: each gap between two consecutive output chunks of a request, in ms; "
     "statistics pool the gaps of all requests.",
     "e2e_ms": "End-to-end latency: from sending the request to receiving its last chunk, in ms.",
+    "cancelled": "Requests in flight when the run was cancelled (Stop, Ctrl-C): cut short by the client, so "
+    "counted neither as completed nor as failed; requests = completed + failed + cancelled.",
     "duration_s": "Wall-clock run time: from the first request sent to the last request finished, in s "
     "(warm-up excluded).",
     "request_throughput_rps": "Completed requests / duration_s.",
@@ -88,6 +92,15 @@ class RequestRecord:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def cancelled(self) -> bool:
+        """Ended by the run's cancel (Stop, Ctrl-C) while in flight: not a failure of the server."""
+        return self.error == CANCELLED
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None and self.error != CANCELLED
 
     @property
     def first_token_s(self) -> float | None:
@@ -223,6 +236,7 @@ class RunSummary:
     goodput_rps: float | None = None
     slo_met: bool | None = None  # every SLO's statistic over the run within its limit
     prefix_cache_hit_rate: float | None = None  # the server's prefix-cache hits / lookups (prompt tokens)
+    cancelled: int = 0  # in flight when the run was cancelled: neither completed nor failed
     single_chunk_share: float | None = None  # multi-token outputs that arrived in one chunk / such outputs
     tokens_per_chunk: float | None = None  # output tokens / output chunks, completed requests
 
@@ -321,7 +335,8 @@ def summarize(
     return RunSummary(
         requests=len(records),
         completed=len(ok),
-        failed=len(records) - len(ok),
+        failed=sum(1 for r in records if r.failed),
+        cancelled=sum(1 for r in records if r.cancelled),
         duration_s=duration_s,
         prompt_tokens=prompt_tokens,
         output_tokens=output_tokens,

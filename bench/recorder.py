@@ -158,6 +158,7 @@ class Recorder:
         self._unwritten: list[tuple[int, RequestRecord]] = []  # batches the store refused, kept for the summary
         self.done = 0
         self.failed = 0
+        self.cancelled = 0  # in flight when the run was cancelled (not failures)
         self.prompt_tokens = 0
         self.output_tokens = 0
         self.usage_mismatches = 0
@@ -205,7 +206,7 @@ class Recorder:
         with self._lock:
             if not self.done:
                 return None
-            completed = self.done - self.failed
+            completed = self.done - self.failed - self.cancelled
 
             def rate(x: float) -> float:
                 return x / duration_s if duration_s > 0 else 0.0
@@ -214,6 +215,7 @@ class Recorder:
                 requests=self.done,
                 completed=completed,
                 failed=self.failed,
+                cancelled=self.cancelled,
                 duration_s=duration_s,
                 prompt_tokens=self.prompt_tokens,
                 output_tokens=self.output_tokens,
@@ -272,6 +274,9 @@ class Recorder:
         self.done += 1
         if rec.send_lag_ms is not None:
             d["send_lag_ms"].add(rec.send_lag_ms)
+        if rec.cancelled:
+            self.cancelled += 1
+            return
         if not rec.ok:
             self.failed += 1
             return
@@ -315,7 +320,7 @@ class Recorder:
                 rec = self.record(c)
                 recs.append(rec)
                 pending.append((c.seq, rec))
-                failed_now |= not rec.ok
+                failed_now |= rec.failed
             if recs:
                 with self._lock:
                     for rec in recs:

@@ -128,6 +128,7 @@ SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
     "requests",
     "completed",
     "failed",
+    "cancelled",
     "concurrency",
     "request_rate",
     "duration_s",

@@ -16,6 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from bench.metrics import CANCELLED
 from bench.plot_style import COLORS, P50_COLOR, P99_COLOR, PRIMARY, register_template
 
 if TYPE_CHECKING:
@@ -151,8 +152,10 @@ def latency_over_time(
     """
     if not _has(samples, "end_s", "e2e_ms"):
         return empty_figure(title, "no finished request yet")
-    ok = samples[samples["error"].fillna("") == ""] if "error" in samples.columns else samples
-    failed = samples[samples["error"].fillna("") != ""] if "error" in samples.columns else samples.iloc[0:0]
+    errors = samples["error"].fillna("") if "error" in samples.columns else None
+    ok = samples[errors == ""] if errors is not None else samples
+    failed = samples[(errors != "") & (errors != CANCELLED)] if errors is not None else samples.iloc[0:0]
+    cancelled = samples[errors == CANCELLED] if errors is not None else samples.iloc[0:0]
     ok = downsample(ok)
     fig = _figure(title)
     fig.add_trace(
@@ -180,6 +183,15 @@ def latency_over_time(
                 x=failed["end_s"], y=failed["e2e_ms"], mode="markers", name="failed",
                 marker={"size": 7, "color": COLORS[4], "symbol": "x"},
                 hovertemplate="failed at %{x:.2f} s<extra></extra>",
+            )
+        )  # fmt: skip
+    if not cancelled.empty:
+        cancelled = downsample(cancelled)
+        fig.add_trace(
+            go.Scatter(
+                x=cancelled["end_s"], y=cancelled["e2e_ms"], mode="markers", name="cancelled",
+                marker={"size": 6, "color": "#9CA3AF", "symbol": "circle-open"},
+                hovertemplate="cancelled at %{x:.2f} s (the run was stopped)<extra></extra>",
             )
         )  # fmt: skip
     fig.update_xaxes(title="time since run start (s)")

@@ -324,6 +324,7 @@ def throughput_table(summary: RunSummary) -> pd.DataFrame:
         ("requests", summary.requests, "", ""),
         ("completed", summary.completed, "", ""),
         ("failed", summary.failed, "", ""),
+        *([("cancelled", summary.cancelled, "", METRIC_DEFINITIONS["cancelled"])] if summary.cancelled else []),
         ("duration", summary.duration_s, "s", METRIC_DEFINITIONS["duration_s"]),
         *(
             [("target request rate", summary.request_rate, "req/s", METRIC_DEFINITIONS["request_rate"])]

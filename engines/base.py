@@ -85,6 +85,7 @@ class TimedChunk:
 
 # Cumulative server counters of prefix-cache lookups and hits, in prompt tokens (an engine's
 # telemetry names them so; the runner turns them into the run's prefix-cache hit rate).
+REQUEST_CANCELLED = "cancelled"  # the error of a request cut short by its run's cancel (not a failure)
 SERIES_PREFIX_QUERIES = "server_prefix_cache_queries"
 SERIES_PREFIX_HITS = "server_prefix_cache_hits"
 
@@ -166,7 +167,7 @@ class Stamper:
         result.end = time.perf_counter()
         cancelled = cancel is not None and cancel.is_set()
         if result.error is None and cancelled and result.output_tokens < self.request.sampling.max_tokens:
-            result.error = "cancelled"
+            result.error = REQUEST_CANCELLED
         result.text = "".join(self.parts)
         if result.usage_output_tokens is not None and not result.chunks:
             result.output_tokens = result.usage_output_tokens
@@ -215,7 +216,7 @@ async def timed_astream(
             async for chunk, t in stamped:
                 stamper.add(chunk, t)
     except asyncio.CancelledError:
-        stamper.result.error = "cancelled"
+        stamper.result.error = REQUEST_CANCELLED
     except Exception as exc:  # noqa: BLE001 - a failed request is recorded, not raised
         stamper.fail(exc)
     return stamper.finish(cancel)

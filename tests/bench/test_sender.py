@@ -133,6 +133,10 @@ def test_cancel_reaches_the_sender_processes(store: Store, fake_engine_kind: str
     recs = store.records(snap.run_id)  # type: ignore[arg-type]
     assert 4 <= len(recs) < 400
     assert any(r.error == "cancelled" for r in recs)  # the ones in flight end as cancelled
+    # ... and are counted as cancelled, not as failures
+    s = snap.summary
+    assert s is not None and s.failed == 0 and s.cancelled == sum(r.error == "cancelled" for r in recs) > 0
+    assert s.requests == s.completed + s.cancelled == len(recs)
 
 
 def test_workers_on_an_in_process_engine_is_a_failed_run_with_the_reason(store: Store, fake_engine_kind: str) -> None:

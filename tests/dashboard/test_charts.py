@@ -46,6 +46,14 @@ def test_latency_over_time_plots_each_request_and_marks_failures() -> None:
     assert fig.layout.xaxis.title.text == "time since run start (s)"
 
 
+def test_requests_cut_short_by_stop_are_drawn_as_cancelled_not_failed() -> None:
+    samples = _samples(20, fail_every=5)
+    samples.loc[samples.index[-3:], "error"] = "cancelled"
+    by_name = {t.name: t for t in charts.latency_over_time(samples).data}
+    assert len(by_name["cancelled"].x) == 3
+    assert len(by_name["failed"].x) == int((~samples["error"].isin(["", "cancelled"])).sum()) > 0
+
+
 def test_distribution_marks_the_given_percentiles_or_the_window_s() -> None:
     samples = _samples(101)
     fig = charts.distribution(samples, "ttft_ms", "TTFT", p50=12.5, p99=30.0)
