@@ -384,7 +384,15 @@ def format_summary(summary: RunSummary) -> str:
     if summary.tokens_per_chunk is not None:
         share = f"{summary.single_chunk_share:.0%}" if summary.single_chunk_share is not None else "-"
         lines.append(f"chunks        {summary.tokens_per_chunk:.2f} tokens per chunk, {share} of outputs in one chunk")
-    for warning in (summary.load_warning, summary.cache_warning, summary.burst_warning):
+    if summary.other_cpu_cores is not None:
+        lines.append(
+            f"host CPU      MoE Bench {summary.client_cpu_cores or 0:.2f} cores, other processes "
+            f"{summary.other_cpu_cores:.2f} cores, steal {summary.steal_pct or 0:.1f}%"
+        )
+    if summary.disturbance:
+        lines.append(f"DISTURBED     {summary.disturbance}")
+    load = None if summary.disturbance else summary.load_warning  # already part of the disturbance
+    for warning in (load, summary.cache_warning, summary.burst_warning):
         if warning:
             lines.append(f"warning       {warning}")
     return "\n".join(lines)

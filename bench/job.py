@@ -261,6 +261,7 @@ class Job(BackgroundTask):
         # Set by the runner: () -> the records so far (for a failed run's partial summary)
         self._records: Callable[[], list[Any]] | None = None
         self.write_error: str | None = None  # requests the store could not take (kept for the summary)
+        self.host: tuple[dict[str, float | None], list[tuple[str, int, float]]] | None = None  # host load, busiest
 
     @property
     def run_id(self) -> int | None:

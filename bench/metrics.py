@@ -69,6 +69,14 @@ METRIC_DEFINITIONS: dict[str, str] = {
     "tokens_per_chunk": "Output tokens of completed requests / the chunks that carried them (1.0 when every chunk "
     "holds one token). Above 2, or with single_chunk_share above 20 %, the run carries a burst note: TPOT and ITL "
     "then time the gaps between bursts.",
+    "other_cpu_cores": "CPU cores used by processes other than MoE Bench's own tree (client, sender processes, "
+    "managed servers), mean over the run's one-second samples. From 0.5 cores, or with steal from 5 %, or when the "
+    "client fell behind (send lag), the run carries a disturbance note: its figures describe a shared machine.",
+    "client_cpu_cores": "CPU cores used by MoE Bench's own process tree (the client, its sender processes and the "
+    "servers it manages), mean over the run.",
+    "steal_pct": "CPU time the hypervisor gave to other guests (Linux steal), % of the host's CPU, mean over the run.",
+    "disturbance": "Empty, or one line saying what disturbed the run: other busy processes (named), hypervisor "
+    "steal, or a client that fell behind its schedule.",
     "peak_memory_gib": "Highest memory seen during the run: the device allocator's peak on CUDA/NPU/MLU, "
     "the process's peak RSS on CPU; empty when the engine cannot see device memory (remote servers).",
 }
@@ -239,6 +247,10 @@ class RunSummary:
     cancelled: int = 0  # in flight when the run was cancelled: neither completed nor failed
     single_chunk_share: float | None = None  # multi-token outputs that arrived in one chunk / such outputs
     tokens_per_chunk: float | None = None  # output tokens / output chunks, completed requests
+    other_cpu_cores: float | None = None  # CPU cores other processes used, mean over the run (bench.host)
+    client_cpu_cores: float | None = None  # CPU cores MoE Bench's own process tree used, mean
+    steal_pct: float | None = None  # CPU the hypervisor took, % of the host, mean
+    disturbance: str | None = None  # what disturbed the run (bench.host.disturbance), or None
 
     @property
     def bursty(self) -> bool:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
+from bench.host import SERIES_CLIENT_CPU, SERIES_OTHER_CPU, SERIES_STEAL, HostLoad
 from bench.metrics import RequestRecord, RunSummary, Stat
 from bench.sender import Completion
 from bench.slo import all_met, is_good, judge_summary, parse_slos
@@ -372,9 +373,14 @@ class Sampler:
         self._begun = threading.Event()
         self._thread: threading.Thread | None = None
         self.t0 = 0.0
+        self.host: HostLoad | None = None
+        self._host_sums: dict[str, float] = {}
+        self._host_n = 0
+        self.busiest: list[tuple[str, int, float]] = []
 
     def first_points(self) -> None:
-        """Series values at t=0 (before the clock starts)."""
+        """Series values at t=0 (before the clock starts); the host's CPU is read from here on."""
+        self.host = HostLoad()
         first: list[tuple[float, str, float | None]] = [(0.0, SERIES_IN_FLIGHT, 0.0), (0.0, SERIES_DONE, 0.0)]
         first.extend(memory_points(self.engine, 0.0))
         first.extend(telemetry_points(self.engine, 0.0, self.server_metrics))
@@ -403,9 +409,31 @@ class Sampler:
             self._thread.join()
         if t_end is None:
             return
+        if self.host is not None:
+            self._host_point(self.host.sample())  # the last, partial interval
+            self.busiest = self.host.busiest_others()
         t = t_end - self.t0
         last = [(t, SERIES_IN_FLIGHT, 0.0), (t, SERIES_DONE, float(self.recorder.done))]
         self.store.add_points(self.run_id, [*last, *telemetry_points(self.engine, t, self.server_metrics)])
+
+    def _host_point(self, shares: dict[str, float]) -> dict[str, float]:
+        for name, v in shares.items():
+            self._host_sums[name] = self._host_sums.get(name, 0.0) + v
+        self._host_n += 1
+        return shares
+
+    def host_means(self) -> dict[str, float | None]:
+        """Mean host shares over the run's samples: other processes' and our own cores, steal %."""
+        n = self._host_n
+
+        def mean(name: str) -> float | None:
+            return self._host_sums.get(name, 0.0) / n if n else None
+
+        return {
+            "other_cpu_cores": mean(SERIES_OTHER_CPU),
+            "client_cpu_cores": mean(SERIES_CLIENT_CPU),
+            "steal_pct": mean(SERIES_STEAL),
+        }
 
     def _health(self) -> None:
         reason = self.engine.health()
@@ -442,6 +470,8 @@ class Sampler:
             ]
             points.extend(memory_points(self.engine, now - t0))
             points.extend(telemetry_points(self.engine, now - t0, self.server_metrics))
+            if self.host is not None:
+                points.extend((now - t0, name, v) for name, v in self._host_point(self.host.sample()).items())
             self.store.add_points(self.run_id, points)
             self._health()
             self.on_tick(now - t0)

@@ -28,11 +28,13 @@ routing counts.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from bench.config import MODES, Mode, RunConfig
+from bench.host import disturbance
 from bench.job import Job, JobManager, JobSnapshot, error_reason
 from bench.metrics import summarize
 from bench.recorder import (
@@ -238,6 +240,7 @@ def _measure(
         sampler.stop(t_end if started else None)
         recorder.close()
         job.write_error = recorder.write_error
+        job.host = (sampler.host_means(), sampler.busiest)
     if not started:
         raise _Cancelled
 
@@ -274,6 +277,10 @@ def _finish(job: Job, engine: Engine) -> None:
         prefix_cache_hit_rate=_prefix_cache_hit_rate(store, run_id),
         **_load(cfg),
     )
+    if job.host is not None:
+        means, busiest = job.host
+        reason = disturbance(means["other_cpu_cores"], means["steal_pct"], summary.load_warning, busiest)
+        summary = dataclasses.replace(summary, **means, disturbance=reason)
     job.set_summary(summary)
     engine_error = job.error
     if job.write_error is not None:

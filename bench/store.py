@@ -164,6 +164,10 @@ SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
     "usage_mismatches",
     "send_lag_ms_p50",
     "send_lag_ms_p99",
+    "other_cpu_cores",
+    "client_cpu_cores",
+    "steal_pct",
+    "disturbance",
     "error",
 )
 

@@ -189,6 +189,7 @@ RUN_COLUMNS: tuple[str, ...] = (
     "e2e_ms_mean",
     "peak_memory_gib",
     "error",
+    "disturbance",
     "sweep_id",
     "sweep",
 )
@@ -235,6 +236,7 @@ def runs_frame(runs: Sequence[RunRow], sweeps: Mapping[int, str] | None = None) 
                 "failed": flat.get("failed"),
                 **{c: flat.get(c) for c in RUN_METRIC_COLUMNS},
                 "error": run.error or "",
+                "disturbance": flat.get("disturbance") or "",
                 "sweep_id": run.sweep_id,
                 "sweep": (sweeps.get(run.sweep_id) or f"sweep #{run.sweep_id}") if run.sweep_id is not None else "",
             }

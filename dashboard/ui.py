@@ -730,7 +730,9 @@ def _slo_headline(summary: RunSummary | None, slos: list[Slo]) -> None:
 
 def show_summary(summary: RunSummary, key: str) -> None:
     """The run summary: latency statistics (ms) and throughput figures, with their definitions."""
-    if summary.load_warning:
+    if summary.disturbance:
+        st.warning(f"Disturbed run: {summary.disturbance}.", icon=":material/warning:")
+    elif summary.load_warning:
         st.warning(summary.load_warning, icon=":material/speed:")
     if summary.cache_warning:
         st.warning(summary.cache_warning, icon=":material/cached:")

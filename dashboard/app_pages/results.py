@@ -99,13 +99,16 @@ view = data.sort_runs(data.filter_runs(df, statuses, engines, accs, modes, text,
 st.caption(f"{len(view)} of {len(df)} runs")
 
 TABLE_ORDER = [
-    "run_id", "created", "status", "mode", "sweep", "engine", "model", "accelerator", "concurrency", "requests",
+    "run_id", "created", "status", "disturbance", "mode", "sweep", "engine", "model", "accelerator", "concurrency",
+    "requests",
     "output_throughput_tok_s", "request_throughput_rps", "goodput_rps", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50",
     "e2e_ms_p50", "e2e_ms_p99", "e2e_ms_mean", "peak_memory_gib", "duration_s", "completed", "failed",
     "device", "name", "error",
 ]  # fmt: skip
 if view["sweep"].eq("").all():
     TABLE_ORDER.remove("sweep")  # no listed run belongs to a sweep: no empty column
+if view["disturbance"].eq("").all():
+    TABLE_ORDER.remove("disturbance")  # no listed run was disturbed
 if view["goodput_rps"].isna().all():
     TABLE_ORDER.remove("goodput_rps")  # no listed run has SLOs: no goodput to show
 num = st.column_config.NumberColumn
@@ -130,6 +133,9 @@ st.dataframe(
         "e2e_ms_mean": num("E2E mean (ms)", format="%.1f"),
         "peak_memory_gib": num("peak mem (GiB)", format="%.3f"),
         "error": st.column_config.TextColumn("error", width="medium"),
+        "disturbance": st.column_config.TextColumn(
+            "disturbed", width="small", help="What else loaded the host during the run (hover a cell for all of it)"
+        ),
     },
 )
 

@@ -353,3 +353,42 @@ def test_requests_the_store_refuses_fail_the_run_but_are_counted(tmp_path: Path,
     assert "database or disk is full" in (snap.error or "") and "the summary counts them" in (snap.error or "")
     assert snap.summary is not None and snap.summary.requests == 60
     assert 0 < store.sample_count(snap.run_id) < 60  # type: ignore[arg-type]
+
+
+def test_a_busy_other_process_is_named_as_the_runs_disturbance(store: Store, fake_engine_kind: str) -> None:
+    """A real CPU burner beside the run: the host series are stored per second and the summary
+    says the run was disturbed, naming the burner's process."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from bench.host import HOST_SERIES
+
+    # Not a child of this process (that would be MoE Bench's own tree): the shell that starts it exits.
+    started = subprocess.run(
+        ["sh", "-c", f"'{sys.executable}' -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    burner_pid = int(started.stdout.strip())
+    try:
+        _, snap = _run(store, fake_engine_kind, requests=120, concurrency=2, engine={"itl_s": 0.02})
+    finally:
+        os.kill(burner_pid, signal.SIGKILL)
+    assert snap.status == "completed", snap.error
+    s = snap.summary
+    assert s is not None and s.other_cpu_cores is not None and s.other_cpu_cores >= 0.5
+    assert s.disturbance is not None and f"pid {burner_pid}," in s.disturbance
+    names = {name for _, name, _ in store.timeseries(snap.run_id)}  # type: ignore[arg-type]
+    assert set(HOST_SERIES) <= names
+    assert store.get_run(snap.run_id).summary.disturbance == s.disturbance  # type: ignore[arg-type, union-attr]
+
+
+def test_a_quiet_host_leaves_no_disturbance(store: Store, fake_engine_kind: str) -> None:
+    _, snap = _run(store, fake_engine_kind, requests=60, concurrency=2, engine={"itl_s": 0.02})
+    s = snap.summary
+    assert s is not None and s.other_cpu_cores is not None and s.client_cpu_cores is not None
+    if s.other_cpu_cores < 0.5 and (s.steal_pct or 0) < 5 and s.load_warning is None:
+        assert s.disturbance is None
+    else:  # this shared machine was busy: then the reason must say so
+        assert s.disturbance is not None
