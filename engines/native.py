@@ -238,29 +238,11 @@ class NativeEngine(Engine):
         if not self.started or self.model is None:
             raise EngineUnavailable("the native engine is not started; load the model first")
         import torch
-        from transformers import StoppingCriteria, StoppingCriteriaList
-        from transformers.generation.streamers import BaseStreamer
+        from transformers import StoppingCriteriaList
 
         out_q: queue.Queue[Any] = queue.Queue()
         stop_event = threading.Event()
-
-        class _Streamer(BaseStreamer):
-            def __init__(self) -> None:
-                self.prompt_seen = False
-
-            def put(self, value: Any) -> None:
-                if not self.prompt_seen:  # generate() first sends the prompt
-                    self.prompt_seen = True
-                    return
-                out_q.put(value.reshape(-1).tolist())
-
-            def end(self) -> None:
-                out_q.put(_END)
-
-        class _Cancel(StoppingCriteria):
-            def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-                flag = stop_event.is_set() or (cancel is not None and cancel.is_set())
-                return torch.full((input_ids.shape[0],), flag, dtype=torch.bool, device=input_ids.device)
+        streamer_cls, cancel_cls = _generation_hooks()
 
         sp = request.sampling
         input_ids = self._input_ids(request)
@@ -268,8 +250,8 @@ class NativeEngine(Engine):
             "input_ids": input_ids,
             "attention_mask": torch.ones_like(input_ids),
             "max_new_tokens": sp.max_tokens,
-            "streamer": _Streamer(),
-            "stopping_criteria": StoppingCriteriaList([_Cancel()]),
+            "streamer": streamer_cls(out_q),
+            "stopping_criteria": StoppingCriteriaList([cancel_cls(stop_event, cancel)]),
             "pad_token_id": self._tokenizer.pad_token_id,
         }
         if sp.ignore_eos:
@@ -308,3 +290,49 @@ class NativeEngine(Engine):
         finally:
             stop_event.set()
             worker.join(timeout=30)
+
+
+_HOOKS: tuple[type, type] | None = None
+
+
+def _generation_hooks() -> tuple[type, type]:
+    """The streamer and stopping-criterion classes ``generate`` is given, defined once.
+
+    Defined on first use (transformers is imported lazily), not per request: a class made
+    per call is a few KB that transformers' and abc's caches kept alive, a leak of about
+    1.2 KB per completed request (bench/benchmarks/memory_per_request.py).
+    """
+    global _HOOKS
+    if _HOOKS is None:
+        import torch
+        from transformers import StoppingCriteria
+        from transformers.generation.streamers import BaseStreamer
+
+        class QueueStreamer(BaseStreamer):
+            """Puts each generated step's ids on a queue (the prompt, sent first, is skipped)."""
+
+            def __init__(self, out_q: queue.Queue[Any]) -> None:
+                self.out_q = out_q
+                self.prompt_seen = False
+
+            def put(self, value: Any) -> None:
+                if not self.prompt_seen:  # generate() first sends the prompt
+                    self.prompt_seen = True
+                    return
+                self.out_q.put(value.reshape(-1).tolist())
+
+            def end(self) -> None:
+                self.out_q.put(_END)
+
+        class CancelCriterion(StoppingCriteria):
+            """Stops generating once the consumer left or the run was cancelled."""
+
+            def __init__(self, stop_event: threading.Event, cancel: threading.Event | None) -> None:
+                self.stop_event, self.cancel = stop_event, cancel
+
+            def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+                flag = self.stop_event.is_set() or (self.cancel is not None and self.cancel.is_set())
+                return torch.full((input_ids.shape[0],), flag, dtype=torch.bool, device=input_ids.device)
+
+        _HOOKS = (QueueStreamer, CancelCriterion)
+    return _HOOKS
