@@ -93,6 +93,7 @@ class OpenAIEngine(HTTPEngine):
         super().__init__(options)
         self.served_models: list[str] = []
         self._asession: Any = None  # aiohttp session between aopen() and aclose()
+        self._context_len: int | None = None  # from /models, when the server lists it
 
     def start(self, progress: ProgressFn | None = None) -> None:
         if self.started:
@@ -148,6 +149,10 @@ class OpenAIEngine(HTTPEngine):
         try:
             data = resp.json().get("data", [])
             self.served_models = [str(m.get("id")) for m in data if isinstance(m, dict)]
+            # vLLM (and servers like it) list each model's context as max_model_len
+            lens = [m.get("max_model_len") for m in data if isinstance(m, dict) and m.get("id") == self.served_name]
+            if lens and isinstance(lens[0], int) and not isinstance(lens[0], bool) and lens[0] > 0:
+                self._context_len = lens[0]
         except (ValueError, AttributeError) as exc:
             raise EngineUnavailable(f"{url} did not answer an OpenAI model list: {one_line(resp.text, 120)}") from exc
         if self.opts.check_model and self.served_models and self.served_name not in self.served_models:
@@ -156,9 +161,15 @@ class OpenAIEngine(HTTPEngine):
                 f"{', '.join(self.served_models)}"
             )
 
+    def context_length(self) -> int | None:
+        """The served model's context as the server's /models lists it (vLLM's max_model_len), if it does."""
+        return self._context_len
+
     def describe(self) -> dict[str, Any]:
         info = super().describe()
         info.update(endpoint=self.opts.endpoint, served_models=self.served_models)
+        if self._context_len is not None:
+            info["context_length"] = self._context_len
         return info
 
     # --- requests ---------------------------------------------------------------------

@@ -101,6 +101,8 @@ def test_describe(vllm_engine: Any) -> None:
     assert Path(info["log_path"]).exists()
     assert int(info["kv_cache"]["num_gpu_blocks"]) > 0
     assert vllm_engine.health() is None
+    # the server's own /v1/models says its context (max_model_len): prompts are checked against it
+    assert vllm_engine.context_length() == info["context_length"] == 1024
 
 
 def test_concurrency_run_exact_lengths_metrics_and_series(vllm_engine: Any, store: Store) -> None:
@@ -119,9 +121,11 @@ def test_concurrency_run_exact_lengths_metrics_and_series(vllm_engine: Any, stor
     for r in records:
         assert r.output_tokens == r.usage_output_tokens == 16
         assert r.prompt_tokens == 32  # the server's usage count of the client-built 32-token prompt
-        # one chunk per token as a rule; a busy server may coalesce two tokens into one chunk
-        assert 12 <= len(r.chunk_times_s) <= 16
-    assert sum(len(r.chunk_times_s) for r in records) >= 0.9 * 32 * 16
+        # one chunk per token as a rule; a busy server coalesces tokens into fewer chunks
+        assert 1 <= len(r.chunk_times_s) <= 16
+    chunks = sum(len(r.chunk_times_s) for r in records)
+    assert s.tokens_per_chunk == pytest.approx(32 * 16 / chunks)  # the summary says how it was chunked
+    assert s.bursty == (s.tokens_per_chunk >= 2.0 or (s.single_chunk_share or 0) >= 0.2)
     assert s.usage_mismatches == 0
     names = {name for _, name, _ in store.timeseries(job.run_id)}
     for series in (
