@@ -547,6 +547,10 @@ def test_a_run_survives_a_new_session_and_stop_ends_it_within_2_s(
     _no_exception(at)
     job = services.get_job_manager().active()
     assert job is not None and job.config.mode == "latency"
+    # the same script run already shows the run everywhere: Start disabled, the sidebar, Stop
+    assert at.button(key="latency.btn.start").disabled
+    assert "No run in progress." not in _texts(at) and f"run #{job.run_id}" in _texts(at)
+    assert at.button(key="latency.btn.stop").disabled is False
 
     other = app_test("app_pages/latency.py")  # a fresh session: nothing in its session_state
     _poll(other, lambda a: f"Run #{job.run_id} · running" in _texts(a), what="the run to show in a new session")
