@@ -1,0 +1,290 @@
+"""A hostile OpenAI-compatible server, written for the tests in ``tests/hostile/``.
+
+It speaks enough of the OpenAI API for ``python -m bench run --engine openai`` to run
+against it: ``GET /v1/models`` (lists :data:`MODEL`), ``POST /v1/completions`` and
+``POST /v1/chat/completions`` streamed as server-sent events (one ``data: {...}`` event per
+token, a usage event, ``data: [DONE]``). ``/tokenize`` and ``/metrics`` are absent (404),
+so the client counts one token per event.
+
+How it answers a completion is chosen per request, so one run can mix good requests
+and hostile ones:
+- a prompt (or chat message) holding ``hostile:<mode>`` gets that mode;
+- else the URL's first path segment does: ``http://127.0.0.1:PORT/<mode>/v1``;
+- else the request is answered well (mode ``good``).
+``/models`` is always answered well, so the engine starts whatever the mode.
+
+The modes (:data:`MODES`):
+- ``good``: ``max_tokens`` events of one word each, as a real server streams them;
+- ``huge_event``: one event of 100 MB of text, sent as many ``data:`` lines of 256 KiB
+  (each line short, the event huge), generated piece by piece: the server never holds it;
+- ``huge_event_empty_lines``: one event of 20 MB of empty ``data:`` lines (six bytes each,
+  each adding a line to the event's data), then a blank line and ``[DONE]``;
+- ``huge_line_no_newline``: ``data: yyyy...`` without a newline (100 MB, then the connection ends);
+- ``endless``: valid one-token events, never ``[DONE]``: 20 MB of them (:data:`ENDLESS_BYTES`),
+  then the connection ends, so a client that keeps reading is seen (:attr:`bytes_sent`);
+- ``trickle``: the SSE comment ``: keep-alive`` every 0.2 s forever, never an event;
+- ``redirect``: ``307`` to the same endpoint (``/v1/...``, without a mode) on
+  :attr:`HostileServer.redirect_to` (another server, on another port);
+- ``error_formula``: HTTP 500 whose error message is :data:`FORMULA`;
+- ``slow_first_byte``: no status line or headers until the client gives up.
+
+Every endless mode ends when the client hangs up (or after :data:`HANG_GUARD_S`, or after
+sending its bytes, so a client that never gives up cannot keep the test process busy for ever). The server counts
+what it saw (:attr:`HostileServer.hits`, :attr:`HostileServer.bytes_sent`,
+:attr:`HostileServer.auth_headers`), so a test can check what the client did, not only
+what it said.
+
+    with HostileServer() as server:
+        url = server.url("endless")  # http://127.0.0.1:PORT/endless/v1
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import re
+import threading
+import time
+from typing import Any
+
+MODEL = "m"
+MODES = (
+    "good",
+    "huge_event",
+    "huge_event_empty_lines",
+    "huge_line_no_newline",
+    "endless",
+    "trickle",
+    "redirect",
+    "error_formula",
+    "slow_first_byte",
+)
+FORMULA = '=HYPERLINK("http://evil","x")'
+WORD = " a"
+HUGE_EVENT_BYTES = 100 * 10**6  # the text of the huge event
+HUGE_PIECE_BYTES = 256 * 1024  # one data: line of it
+EMPTY_LINES_EVENT_BYTES = 20 * 10**6  # the empty data: lines of mode huge_event_empty_lines (~3.3 M lines)
+ENDLESS_BYTES = 20 * 10**6  # mode endless gives up after this much (~150 k events), so a client that
+# never stops reading ends instead of hanging the test; a client that stops at its cap reads ~10 kB
+TRICKLE_EVERY_S = 0.2
+HANG_GUARD_S = 300.0  # the longest any endless mode goes on when the client never hangs up
+_DIRECTIVE = re.compile(r"hostile:([a-z_]+)")
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+DONE = b"data: [DONE]\n\n"
+
+
+def _event(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _chunk(chat: bool, text: str, finish: str | None = None) -> dict[str, Any]:
+    if chat:
+        choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    return {"id": "cmpl-hostile", "object": kind, "created": 0, "model": MODEL, "choices": [choice]}
+
+
+def _prompt_text(body: dict[str, Any]) -> str:
+    """The prompt of a completion, or the messages' text of a chat completion."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    parts = []
+    for m in body.get("messages") or []:
+        if isinstance(m, dict) and isinstance(m.get("content"), str):
+            parts.append(m["content"])
+    return "\n".join(parts)
+
+
+class HostileServer:
+    """The server (see the module docstring), on a free port of 127.0.0.1, in a daemon thread.
+
+    ``redirect_to``: the root (``http://127.0.0.1:PORT``) that mode ``redirect`` sends
+    clients to; default: a port nobody listens on. ``directives`` False: prompts do not
+    choose the mode (a redirect target answers a redirected hostile prompt well).
+    """
+
+    def __init__(self, redirect_to: str | None = None, directives: bool = True) -> None:
+        self.redirect_to = redirect_to or "http://127.0.0.1:9"
+        self.directives = directives
+        self.port = 0
+        self.hits: collections.Counter[str] = collections.Counter()  # completions answered, per mode
+        self.bytes_sent: collections.Counter[str] = collections.Counter()  # body bytes written, per mode
+        self.auth_headers: list[str] = []  # every Authorization header received, any path
+        self.paths: list[str] = []  # every request path received
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    # --- lifecycle --------------------------------------------------------------------
+    @property
+    def root(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def url(self, mode: str | None = None) -> str:
+        """The OpenAI base URL whose completions are answered in ``mode`` (None: good)."""
+        if mode is not None and mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+        return f"{self.root}/{mode}/v1" if mode else f"{self.root}/v1"
+
+    def start(self) -> HostileServer:
+        self._thread = threading.Thread(target=self._run, name="hostile-server", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("the hostile server did not start within 30 s")
+        if self._error is not None:
+            raise RuntimeError(f"the hostile server failed to start: {self._error}") from self._error
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stopped is not None:
+            self._loop.call_soon_threadsafe(self._stopped.set)
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def __enter__(self) -> HostileServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:  # noqa: BLE001 - reported to start() through _error
+            self._error = exc
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        from aiohttp import web
+
+        self._loop = asyncio.get_running_loop()
+        self._stopped = asyncio.Event()
+        app = web.Application(client_max_size=64 * 2**20)
+        app.router.add_route("*", "/{tail:.*}", self._dispatch)
+        # handler_cancellation: a handler waiting for ever stops when its client hangs up.
+        runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, handler_cancellation=True, shutdown_timeout=1.0
+        )
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._ready.set()
+        try:
+            await self._stopped.wait()
+        finally:
+            await runner.cleanup()
+
+    # --- requests ---------------------------------------------------------------------
+    async def _dispatch(self, request: Any) -> Any:
+        from aiohttp import web
+
+        with self._lock:
+            self.paths.append(request.path)
+            if "Authorization" in request.headers:
+                self.auth_headers.append(request.headers["Authorization"])
+        segments = [s for s in request.path.split("/") if s]
+        path_mode = segments[0] if segments and segments[0] in MODES else None
+        rest = segments[1:] if path_mode else segments
+        if request.method == "GET" and rest == ["v1", "models"]:
+            return web.json_response(
+                {"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "hostile"}]}
+            )
+        if request.method == "POST" and rest in (["v1", "completions"], ["v1", "chat", "completions"]):
+            path = "/" + "/".join(rest)
+            return await self._completion(request, path, chat=rest[-2] == "chat", path_mode=path_mode or "good")
+        return web.json_response({"error": {"message": f"no route {request.path}", "code": 404}}, status=404)
+
+    async def _completion(self, request: Any, path: str, chat: bool, path_mode: str) -> Any:
+        from aiohttp import web
+
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            return web.json_response({"error": {"message": "the request body is not JSON"}}, status=400)
+        found = _DIRECTIVE.search(_prompt_text(body)) if self.directives else None
+        mode = found.group(1) if found and found.group(1) in MODES else path_mode
+        with self._lock:
+            self.hits[mode] += 1
+        if mode == "redirect":
+            raise web.HTTPTemporaryRedirect(f"{self.redirect_to}{path}")  # the same endpoint, without the mode
+        if mode == "error_formula":
+            err = {"error": {"message": FORMULA, "type": "InternalServerError", "code": 500}}
+            return web.json_response(err, status=500)
+        if mode == "slow_first_byte":
+            await asyncio.sleep(HANG_GUARD_S)  # cancelled when the client hangs up
+            mode = "good"
+        resp = web.StreamResponse(headers=SSE_HEADERS)
+        await resp.prepare(request)
+        writer = getattr(self, f"_write_{mode}")
+        with contextlib.suppress(ConnectionError):  # the client hung up: what these modes wait for
+            await writer(resp, mode, chat, body)
+            await resp.write_eof()
+        return resp
+
+    async def _send(self, resp: Any, mode: str, data: bytes) -> None:
+        await resp.write(data)  # waits while the client's socket is full: nothing piles up here
+        with self._lock:
+            self.bytes_sent[mode] += len(data)
+
+    async def _write_good(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
+        n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        for i in range(n):
+            await self._send(resp, mode, _event(_chunk(chat, WORD, "length" if i == n - 1 else None)))
+        prompt_tokens = len(_prompt_text(body).split())
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+        await self._send(resp, mode, _event({**_chunk(chat, ""), "choices": [], "usage": usage}))
+        await self._send(resp, mode, DONE)
+
+    async def _write_huge_event(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
+        head = json.dumps(_chunk(chat, "@@"), separators=(",", ":")).split("@@")[0]
+        await self._send(resp, mode, f"data: {head}\n".encode())
+        line = b"data: " + b"x" * (HUGE_PIECE_BYTES - 7) + b"\n"
+        for _ in range(HUGE_EVENT_BYTES // HUGE_PIECE_BYTES):
+            await self._send(resp, mode, line)
+        await self._send(resp, mode, b'data: "}]}\n\n' + DONE)
+
+    async def _write_huge_event_empty_lines(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
+        piece = b"data:\n" * (64 * 1024 // 6)
+        for _ in range(EMPTY_LINES_EVENT_BYTES // len(piece)):
+            await self._send(resp, mode, piece)
+        await self._send(resp, mode, b"\n" + DONE)
+
+    async def _write_huge_line_no_newline(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
+        await self._send(resp, mode, b"data: ")
+        piece = b"y" * (64 * 1024)
+        for _ in range(HUGE_EVENT_BYTES // len(piece)):
+            await self._send(resp, mode, piece)
+
+    async def _write_endless(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
+        event = _event(_chunk(chat, WORD))
+        for _ in range(ENDLESS_BYTES // len(event)):
+            await self._send(resp, mode, event)
+
+    async def _write_trickle(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
+        end = time.monotonic() + HANG_GUARD_S
+        while time.monotonic() < end:
+            await self._send(resp, mode, b": keep-alive\n\n")
+            await asyncio.sleep(TRICKLE_EVERY_S)
+
+
+def main() -> None:
+    """Serve in the foreground until Ctrl-C (to try a client against it by hand)."""
+    with HostileServer() as server:
+        print(f"hostile server on {server.root}; modes: {', '.join(MODES)} (as /<mode>/v1 or hostile:<mode>)")
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                time.sleep(1)
+
+
+if __name__ == "__main__":
+    main()
