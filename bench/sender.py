@@ -234,14 +234,22 @@ class _SharedCounters(Counters):
 async def thread_astream(
     engine: Engine, request: GenerationRequest, cancel: threading.Event | Any, executor: ThreadPoolExecutor
 ) -> AsyncIterator[tuple[Any, float]]:
-    """``engine.stream`` run in an executor thread; yields (chunk, time the engine yielded it)."""
+    """``engine.stream`` run in an executor thread; yields (chunk, time the engine yielded it).
+
+    When the consumer stops early (the output cap, a cancelled task), the producer stops
+    too: the engine sees a cancel flag that is set for this request alone, and the thread
+    reads no further (before, it read a capped server's stream to its end, holding the slot).
+    """
     loop = asyncio.get_running_loop()
     q: asyncio.Queue[Any] = asyncio.Queue()
     end = object()
+    stopped = _RequestCancel(cancel)
 
     def produce() -> None:
         try:
-            for chunk in engine.stream(request, cancel):
+            for chunk in engine.stream(request, stopped):
+                if stopped.own.is_set():
+                    break
                 loop.call_soon_threadsafe(q.put_nowait, (chunk, time.perf_counter()))
         except BaseException as exc:  # noqa: BLE001 - handed to the consuming coroutine
             loop.call_soon_threadsafe(q.put_nowait, exc)
@@ -258,10 +266,21 @@ async def thread_astream(
                 raise item
             yield item
     finally:
+        stopped.own.set()
         if not fut.done():
-            # The task was cancelled mid-stream: the engine sees the run's cancel flag
-            # at its next token; do not wait for it here.
+            # Stopped mid-stream: the engine sees the flag at its next chunk; do not wait here.
             fut.add_done_callback(lambda f: f.exception())
+
+
+class _RequestCancel:
+    """The run's cancel flag, or this request's own (its consumer stopped reading)."""
+
+    def __init__(self, run_cancel: Any) -> None:
+        self.run_cancel = run_cancel
+        self.own = threading.Event()
+
+    def is_set(self) -> bool:
+        return self.own.is_set() or (self.run_cancel is not None and self.run_cancel.is_set())
 
 
 def _executor(engine: Engine, threads: int) -> ThreadPoolExecutor | None:

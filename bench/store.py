@@ -648,6 +648,19 @@ class Store:
             raise MoEBenchError(f"run bundle: the run lacks {', '.join(missing)}")
         if run.get("status") == "running":
             run["status"] = "interrupted"
+        for c in ("config_json", "summary_json", "engine_json", "sweep_point"):
+            # stored as JSON text and read back as such: a bad one would break every listing later
+            if run.get(c) is not None and not _json_text(run[c], dict if c != "summary_json" else (dict, type(None))):
+                raise MoEBenchError(f"run bundle: the run's {c} is not a JSON object")
+        if run.get("status") not in STATUSES:
+            raise MoEBenchError(f"run bundle: unknown status {str(run.get('status'))[:40]!r}")
+        samples, series = bundle.get("samples", []), bundle.get("timeseries", [])
+        artifacts = bundle.get("artifacts", {})
+        if not isinstance(samples, list) or not isinstance(series, list) or not isinstance(artifacts, dict):
+            raise MoEBenchError("run bundle: 'samples' and 'timeseries' must be lists, 'artifacts' an object")
+        for n, row in enumerate(series):
+            if not isinstance(row, list | tuple) or len(row) != 3:
+                raise MoEBenchError(f"run bundle: 'timeseries' row {n} is not [t, name, value]")
         cols = list(run)
         with self._lock:
             conn.execute("BEGIN")
@@ -657,7 +670,7 @@ class Store:
                     [run[c] for c in cols],
                 )
                 run_id = int(cur.lastrowid or 0)
-                for n, x in enumerate(bundle.get("samples", [])):
+                for n, x in enumerate(samples):
                     if not isinstance(x, dict) or any(x.get(c) is None for c in ("seq", "request_id", "start_s")):
                         raise MoEBenchError(f"run bundle: sample {n} is not a sample (seq, request_id, start_s, ...)")
                     keys = [c for c in sample_cols if c in x]
@@ -667,9 +680,9 @@ class Store:
                     )
                 conn.executemany(
                     "INSERT INTO timeseries VALUES (?,?,?,?)",
-                    [(run_id, t, n, v) for t, n, v in bundle.get("timeseries", [])],
+                    [(run_id, t, n, v) for t, n, v in series],
                 )
-                for name, content in bundle.get("artifacts", {}).items():
+                for name, content in artifacts.items():
                     conn.execute("INSERT INTO artifacts VALUES (?,?,?)", (run_id, name, json.dumps(content)))
             except sqlite3.Error as exc:
                 conn.execute("ROLLBACK")
@@ -755,6 +768,16 @@ class Store:
         return rows_to_csv(SUMMARY_CSV_COLUMNS, [r.summary_row() for r in runs])
 
 
+def _json_text(value: Any, kind: type | tuple[type, ...]) -> bool:
+    """``value`` is JSON text holding a ``kind`` (a bundle's stored JSON columns)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        return isinstance(json.loads(value), kind)
+    except (ValueError, RecursionError):
+        return False
+
+
 def import_bundle_file(store: Store, path: str | os.PathLike[str]) -> int:
     """Import a bundle file; a trace beside it (``NAME.trace.json[.gz]``) becomes the run's trace."""
     from engines.errors import MoEBenchError
@@ -764,6 +787,12 @@ def import_bundle_file(store: Store, path: str | os.PathLike[str]) -> int:
         bundle = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise MoEBenchError(f"cannot read run bundle {path}: {exc}") from exc
+    except RecursionError as exc:
+        raise MoEBenchError(f"cannot read run bundle {path}: JSON nested too deeply") from exc
+    if not isinstance(bundle, dict) or bundle.get("format") != "moebench-run/1":
+        raise MoEBenchError(f"{path.name} is not a MoE Bench run bundle (format moebench-run/1)")
+    if not isinstance(bundle.get("artifacts", {}), dict):
+        raise MoEBenchError("run bundle: 'artifacts' must be an object")
     for suffix in (".trace.json.gz", ".trace.json"):
         trace = path.with_name(path.name.removesuffix(".json") + suffix)
         if trace.exists():

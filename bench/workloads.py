@@ -176,7 +176,10 @@ def parse_jsonl(data: bytes | str, origin: str = "upload") -> list[dict[str, Any
             data = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise WorkloadError(f"{origin} is not UTF-8 text (byte {exc.start})") from exc
-    items = [item for n, line in enumerate(data.splitlines(), start=1) if (item := _jsonl_item(line, n, origin))]
+    # JSONL lines end with LF (or CRLF); str.splitlines would also split inside a JSON string
+    # at U+2028 and other separators that JSON allows unescaped.
+    lines = data.split("\n")
+    items = [item for n, line in enumerate(lines, start=1) if (item := _jsonl_item(line.rstrip("\r"), n, origin))]
     if not items:
         raise WorkloadError(f"{origin} holds no prompts")
     return items
@@ -220,6 +223,8 @@ def _jsonl_item(line: str, n: int, origin: str) -> dict[str, Any] | None:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
         raise WorkloadError(f"{origin} line {n}: not valid JSON ({exc.msg})") from exc
+    except RecursionError as exc:
+        raise WorkloadError(f"{origin} line {n}: JSON nested too deeply to read") from exc
     if not isinstance(obj, dict):
         raise WorkloadError(f"{origin} line {n}: expected an object with a 'prompt' field")
     prompt = obj.get("prompt")
@@ -304,6 +309,8 @@ def parse_sharegpt(data: bytes | str, origin: str = "upload") -> list[tuple[str,
         obj = json.loads(data)
     except json.JSONDecodeError as exc:
         raise WorkloadError(f"{origin} is not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    except RecursionError as exc:
+        raise WorkloadError(f"{origin}: JSON nested too deeply to read") from exc
     if not isinstance(obj, list):
         raise WorkloadError(f"{origin} is not a ShareGPT file: expected a JSON list of conversations")
     pairs: list[tuple[str, str]] = []

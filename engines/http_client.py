@@ -25,8 +25,15 @@ from pydantic import Field, field_validator
 
 from engines.accelerators import Availability
 from engines.base import Engine, EngineOptions, ProgressFn
-from engines.errors import EngineUnavailable, ModelLoadError, RequestFailed
-from engines.http_errors import CONNECT_TIMEOUT_S, WRITE_TIMEOUT_S, RequestDeadline, error_message, http_errors
+from engines.errors import EngineUnavailable, ModelLoadError
+from engines.http_errors import (
+    CONNECT_TIMEOUT_S,
+    WRITE_TIMEOUT_S,
+    RequestDeadline,
+    http_errors,
+    redacted,
+    status_failure,
+)
 from engines.settings import get_settings
 from engines.tokens import SERVER_TOKENIZER
 
@@ -57,15 +64,6 @@ def api_key_for(base_url: str) -> tuple[str | None, str]:
     if "*" in allowed or host in allowed:
         return key, "sent"
     return None, f"withheld: host {host or '?'} not in MOEBENCH_API_KEY_HOSTS"
-
-
-def redacted(url: str) -> str:
-    """``url`` with any ``user:password@`` part replaced by ``***@``."""
-    scheme, sep, rest = url.partition("://")
-    host, slash, path = rest.partition("/")
-    if "@" in host:
-        host = "***@" + host.rsplit("@", 1)[1]
-    return f"{scheme}{sep}{host}{slash}{path}" if sep else url
 
 
 class HTTPOptions(EngineOptions):
@@ -190,8 +188,14 @@ class HTTPEngine(Engine):
             self._client.stream("POST", url, json=body, timeout=deadline.httpx_timeout()) as resp,
         ):
             deadline.answered = True
-            if resp.status_code >= 400:
-                raise RequestFailed(f"HTTP {resp.status_code} from {url}: {error_message(resp.read())}")
+            failure = status_failure(
+                resp.status_code,
+                url,
+                resp.headers.get("location"),
+                resp.read() if resp.status_code >= 400 else b"",
+            )
+            if failure is not None:
+                raise failure
             yield deadline.checked(resp.iter_bytes())
 
     def _load_tokenizer(self, report: ProgressFn) -> None:

@@ -119,6 +119,30 @@ def aiohttp_errors(url: str, who: str = "the server", deadline: RequestDeadline 
         raise RequestFailed(f"{type(exc).__name__} from {url}: {one_line(exc, 200)}") from exc
 
 
+def redacted(url: str) -> str:
+    """``url`` with any ``user:password@`` part replaced by ``***@``."""
+    scheme, sep, rest = url.partition("://")
+    host, slash, path = rest.partition("/")
+    if "@" in host:
+        host = "***@" + host.rsplit("@", 1)[1]
+    return f"{scheme}{sep}{host}{slash}{path}" if sep else url
+
+
+def status_failure(status: int, url: str, location: str | None, body: bytes) -> RequestFailed | None:
+    """The request's one-line failure for an HTTP status that is not a stream: an error
+    (400+) with the server's message, or a redirect (3xx). Redirects are not followed: one
+    could take the request, and its API key, to another host; the user gives the final URL."""
+    if 300 <= status < 400:
+        to = f" to {redacted(location)}" if location else ""
+        return RequestFailed(
+            f"HTTP {status} redirect from {url}{to}: redirects are not followed (they could carry the "
+            "API key to another host); give the final URL as the base URL"
+        )
+    if status >= 400:
+        return RequestFailed(f"HTTP {status} from {url}: {error_message(body)}")
+    return None
+
+
 def error_message(body: bytes) -> str:
     """The human part of an OpenAI-style error body (``{"error": {"message": ...}}`` and variants)."""
     text = body.decode("utf-8", errors="replace")

@@ -263,6 +263,8 @@ def validate_checkpoint(path: Path) -> dict[str, Any]:
         cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"'{cfg_file}' is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ModelLoadError(f"'{cfg_file}' is JSON nested too deeply to read") from exc
     if not isinstance(cfg, dict):
         raise ModelLoadError(f"'{cfg_file}' holds a JSON {type(cfg).__name__}, not a model config object")
     archs = cfg.get("architectures") or []

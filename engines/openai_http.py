@@ -37,7 +37,7 @@ from pydantic import Field
 from engines.base import EngineOptions, GenerationRequest, ProgressFn, StreamChunk, register_engine
 from engines.errors import EngineUnavailable, RequestFailed, one_line
 from engines.http_client import HTTPEngine, HTTPOptions, api_key_for
-from engines.http_errors import CONNECT_TIMEOUT_S, aiohttp_errors, error_message
+from engines.http_errors import CONNECT_TIMEOUT_S, aiohttp_errors, error_message, status_failure
 from engines.sse import SSEError, asse_payloads, sse_object, sse_payloads
 from engines.tokens import SERVER_TOKENIZER, ServerTokenizer, TextCounter
 
@@ -269,10 +269,15 @@ class OpenAIEngine(HTTPEngine):
         parser = CompletionStream(self._tokenizer)
         deadline = self.request_deadline()
         with aiohttp_errors(url, deadline=deadline):
-            async with session.post(url, json=self.request_body(request), timeout=deadline.aiohttp_timeout()) as resp:
+            async with session.post(
+                url, json=self.request_body(request), timeout=deadline.aiohttp_timeout(), allow_redirects=False
+            ) as resp:
                 deadline.answered = True
-                if resp.status >= 400:
-                    raise RequestFailed(f"HTTP {resp.status} from {url}: {error_message(await resp.read())}")
+                failure = status_failure(
+                    resp.status, url, resp.headers.get("Location"), await resp.read() if resp.status >= 400 else b""
+                )
+                if failure is not None:
+                    raise failure
                 async for payload in asse_payloads(resp.content.iter_any()):
                     if cancel is not None and cancel.is_set():
                         return  # leaving the async-with block closes the response

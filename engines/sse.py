@@ -26,20 +26,24 @@ class SSEDecoder:
     Follows the SSE rules that matter here: ``data:`` lines of one event are joined
     with newlines, a blank line ends an event, ``:`` lines are comments, other fields
     (``event``, ``id``, ``retry``) are ignored; :meth:`close` gives a payload still
-    pending at the end (some servers omit the last blank line). Lines are split on
-    ``\\n`` before decoding, which is safe because ``\\n`` never occurs inside a UTF-8
-    multi-byte sequence, and cheaper per chunk than an incremental text decoder.
+    pending at the end (some servers omit the last blank line). Lines end with LF, CRLF
+    or a bare CR; they are split on bytes before decoding, which is safe because neither
+    occurs inside a UTF-8 multi-byte sequence, and cheaper per chunk than an incremental
+    text decoder.
     """
 
     def __init__(self, max_event_bytes: int | None = None) -> None:
         self._pending = b""
         self._data: list[str] = []
         self._data_bytes = 0
+        self._held_cr = False  # the pending bytes end with a CR whose LF may come next
+        self._cr_split = False  # normalising CRs produced a line break in the pending bytes
         self.max_event_bytes = max_event_bytes or MAX_SSE_EVENT_BYTES
 
     def _too_big(self, what: str) -> SSEError:
-        mib = self.max_event_bytes / 2**20
-        return SSEError(f"an SSE {what} over {mib:g} MiB: stopped reading (a completion event is a few hundred bytes)")
+        n = self.max_event_bytes
+        size = f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n:,} bytes"
+        return SSEError(f"an SSE {what} over {size}: stopped reading (a completion event is a few hundred bytes)")
 
     def line(self, raw: str) -> str | None:
         """Take one line; the event's payload when this line ends one."""
@@ -57,7 +61,7 @@ class SSEDecoder:
         elif value.startswith(" "):
             value = value[1:]
         if name == "data":
-            self._data_bytes += len(value)
+            self._data_bytes += len(line) + 1  # the whole line and its end: 4 MiB of "data:" lines is 4 MiB
             if self._data_bytes > self.max_event_bytes:
                 raise self._too_big("event")
             self._data.append(value)
@@ -68,10 +72,13 @@ class SSEDecoder:
         if not chunk:
             return []
         self._pending += chunk
-        if b"\n" not in chunk:
+        if b"\r" in chunk or self._held_cr:
+            self._normalise_cr()
+        if b"\n" not in chunk and not self._cr_split:
             if len(self._pending) > self.max_event_bytes:
                 raise self._too_big("line")
             return []
+        self._cr_split = False
         *lines, self._pending = self._pending.split(b"\n")
         out = []
         for raw in lines:
@@ -82,9 +89,23 @@ class SSEDecoder:
                 out.append(payload)
         return out
 
+    def _normalise_cr(self) -> None:
+        """CRLF and a bare CR end a line too (the SSE spec): make them LF. A CR that ends the
+        pending bytes is held back, since the next chunk may start with its LF."""
+        pending = self._pending
+        hold = pending.endswith(b"\r")
+        if hold:
+            pending = pending[:-1]
+        self._held_cr = hold
+        normal = pending.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        self._cr_split = b"\n" in normal
+        self._pending = normal + (b"\r" if hold else b"")
+
     def close(self) -> list[str]:
         """The stream ended: the payload still pending, if any."""
         out = []
+        if self._pending.endswith(b"\r"):
+            self._pending = self._pending[:-1]
         if self._pending:
             payload = self.line(self._pending.decode("utf-8", errors="replace"))
             self._pending = b""
