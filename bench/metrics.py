@@ -78,7 +78,8 @@ METRIC_DEFINITIONS: dict[str, str] = {
     "disturbance": "Empty, or one line saying what disturbed the run: other busy processes (named), hypervisor "
     "steal, or a client that fell behind its schedule.",
     "peak_memory_gib": "Highest memory seen during the run: the device allocator's peak on CUDA/NPU/MLU, "
-    "the process's peak RSS on CPU; empty when the engine cannot see device memory (remote servers).",
+    "the process's peak RSS on CPU (native engine); for a server MoE Bench launched, the peak RSS of its process "
+    "tree (device memory is not in it); empty for a remote server (base_url).",
 }
 
 

@@ -166,6 +166,7 @@ class LMDeployEngine(ServerEngine, OpenAIEngine):
         from engines.models import PRESETS, resolve_model
 
         name, path = resolve_model(self.lopts.model)
+        self.checkpoint_dir = str(path)
         if not self.lopts.served_model_name:
             self.model_name = name if self.lopts.model.lower() in PRESETS else self.lopts.model
         settings = get_settings()

@@ -16,10 +16,12 @@ import time
 from functools import lru_cache
 from typing import Any, ClassVar
 
+from engines.accelerators import MemoryStats
 from engines.base import EngineOptions, ProgressFn
 from engines.errors import one_line
 from engines.http_client import HTTPEngine
 from engines.launch import ManagedProcess, creeping_progress
+from engines.models import checkpoint_stats
 from engines.settings import get_settings
 
 
@@ -59,6 +61,24 @@ def _probe_cached(python: str, mtime: float, script: str, timeout: float) -> dic
     return info
 
 
+def process_tree_rss(pid: int) -> int | None:
+    """Resident memory of process ``pid`` and all its descendants, in bytes; None when it is gone."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            continue  # ended between the listing and the read
+    return total
+
+
 class ServerEngine(HTTPEngine):
     """An HTTP engine that reaches a running server at ``base_url`` or launches its own.
 
@@ -81,6 +101,8 @@ class ServerEngine(HTTPEngine):
         self._probe: Any = None
         self._probe_lock = threading.Lock()
         self._health_fail_since: float | None = None
+        self._peak_rss = 0  # highest RSS of a launched server's process tree seen
+        self.checkpoint_dir: str | None = None  # the checkpoint a launched server was given
 
     @property
     def base_url(self) -> str:
@@ -171,4 +193,35 @@ class ServerEngine(HTTPEngine):
             log_path=str(self.server.log_path) if self.server is not None else None,
             load_seconds=round(self.load_seconds, 3),
         )
+        if self.server is not None:
+            # A server MoE Bench started here: what it was given, and where it runs.
+            info.update(device=self.device_label(), dtype=self.served_dtype())
+            if self.checkpoint_dir:
+                stats = checkpoint_stats(self.checkpoint_dir)
+                if stats is not None:
+                    info.update(stats)
         return info
+
+    def device_label(self) -> str:
+        """Where the launched server computes (its accelerator option)."""
+        return str(getattr(self.options, "accelerator", "") or "")
+
+    def served_dtype(self) -> str:
+        """The dtype the launched server was told to use (an engine that resolves ``auto`` says so)."""
+        return str(getattr(self.options, "dtype", "") or "")
+
+    def memory(self) -> MemoryStats | None:
+        """A launched server's memory: the RSS of its whole process tree (workers included),
+        with the highest seen since :meth:`reset_peak_memory` as the peak. Device memory
+        (GPU/NPU) is not in RSS; a remote server (``base_url``) has none to read here."""
+        if self.server is None:
+            return None
+        rss = process_tree_rss(self.server.pid)
+        if rss is None:
+            return None
+        self._peak_rss = max(self._peak_rss, rss)
+        return MemoryStats(rss, rss, self._peak_rss, "server process tree RSS")
+
+    def reset_peak_memory(self) -> None:
+        if self.server is not None:
+            self._peak_rss = process_tree_rss(self.server.pid) or 0

@@ -326,3 +326,49 @@ def load_model(path: Path, device: Any, dtype: Any, trust_remote_code: bool = Fa
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+_SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                      "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}  # fmt: skip
+_SAFETENSORS_DTYPE = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+                      "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}  # fmt: skip
+
+
+def checkpoint_stats(folder: str | Path) -> dict[str, Any] | None:
+    """Parameters, weight bytes and stored dtype of a checkpoint folder, read from its
+    safetensors headers (a few KB each; no tensor is loaded). ``None`` without safetensors files.
+
+    This is how a server MoE Bench launches is described: the checkpoint it was given,
+    not what the server process reports.
+    """
+    import struct
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        return None
+    params = weight_bytes = 0
+    dtypes: dict[str, int] = {}
+    for f in files:
+        try:
+            with f.open("rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                if n > 100 * 2**20:
+                    return None  # not a safetensors header
+                header = json.loads(fh.read(n))
+        except (OSError, ValueError, struct.error, RecursionError):
+            return None
+        for name, t in header.items():
+            if name == "__metadata__" or not isinstance(t, dict):
+                continue
+            numel = 1
+            for d in t.get("shape", []):
+                numel *= int(d)
+            params += numel
+            weight_bytes += numel * _SAFETENSORS_BYTES.get(str(t.get("dtype")), 0)
+            dtypes[str(t.get("dtype"))] = dtypes.get(str(t.get("dtype")), 0) + numel
+    main = max(dtypes, key=lambda k: dtypes[k]) if dtypes else None
+    return {
+        "parameters": params,
+        "weights_gib": weight_bytes / 2**30,
+        "checkpoint_dtype": _SAFETENSORS_DTYPE.get(main or "", (main or "").lower() or None),
+    }

@@ -249,6 +249,7 @@ class TritonEngine(ServerEngine):
             get_accelerator("cuda").require()
         report("resolving model", 0.02)
         _name, path = resolve_model(self.topts.model)
+        self.checkpoint_dir = str(path)
         dtype = self.topts.dtype
         if dtype == "auto":
             dtype = "float32" if acc == "cpu" else "bfloat16"

@@ -288,6 +288,7 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
         report("resolving model", 0.02)
         name, path = resolve_model(self.vopts.model)
         self.model_dir = str(path)
+        self.checkpoint_dir = str(path)
         if self.vopts.served_model_name:
             self.model_name = self.vopts.served_model_name
         else:
@@ -334,6 +335,9 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
         out.update({name: value for name, value in counters.items() if name not in RATE_SERIES})
         out.update(self._rates.update({name: value for name, value in counters.items() if name in RATE_SERIES}))
         return out
+
+    def served_dtype(self) -> str:
+        return vllm_dtype(self.vopts)
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()

@@ -87,3 +87,24 @@ def test_broken_weights_give_a_load_error(tmp_path: Path, tiny_model: Path) -> N
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ModelLoadError, match="could not load"):
         load_model(broken, torch.device("cpu"), torch.float32)
+
+
+def test_checkpoint_stats_read_the_safetensors_headers_only(tiny_model: Path, tmp_path: Path) -> None:
+    """What a launched server is described with: the tensors' elements and bytes, counted from
+    the headers, agree with opening every tensor."""
+    from safetensors import safe_open
+
+    from engines.models import checkpoint_stats
+
+    stats = checkpoint_stats(tiny_model)
+    assert stats is not None
+    numel = nbytes = 0
+    for f in tiny_model.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            for k in st.keys():
+                t = st.get_tensor(k)
+                numel += t.numel()
+                nbytes += t.numel() * t.element_size()
+    assert stats["parameters"] == numel and stats["weights_gib"] * 2**30 == nbytes
+    assert stats["checkpoint_dtype"] == "float32"
+    assert checkpoint_stats(tmp_path) is None  # no safetensors: nothing made up

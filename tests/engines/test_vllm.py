@@ -103,6 +103,10 @@ def test_describe(vllm_engine: Any) -> None:
     assert vllm_engine.health() is None
     # the server's own /v1/models says its context (max_model_len): prompts are checked against it
     assert vllm_engine.context_length() == info["context_length"] == 1024
+    # a server MoE Bench launched is described from its checkpoint and its process tree
+    assert info["parameters"] > 1_000_000 and info["device"] == "cpu" and info["dtype"] == "bfloat16"
+    mem = vllm_engine.memory()
+    assert mem is not None and mem.source == "server process tree RSS" and mem.allocated_bytes > 200 * 2**20
 
 
 def test_concurrency_run_exact_lengths_metrics_and_series(vllm_engine: Any, store: Store) -> None:
