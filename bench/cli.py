@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from bench.config import MODES, RunConfig
-from bench.metrics import RunSummary
+from bench.metrics import RunSummary, Spread
 from bench.runner import Job, start_run
 from bench.store import Store
 from bench.workload_args import add_workload_arguments, workload_overrides
@@ -293,6 +293,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="exit 0 when the run completed but some requests failed (default: exit 1, the failures are kept)",
     )
+    r.add_argument(
+        "--repeat",
+        type=_positive("repeat"),
+        default=1,
+        metavar="N",
+        help="run it N times (each with its own prompt seed, stored as one sweep) and print the spread of each "
+        "headline figure: min / median / max and the coefficient of variation",
+    )
 
     from bench.cli_sweep import add_sweep_commands
 
@@ -447,7 +455,21 @@ def _engine_opts(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
+def format_spread(rows: Sequence[Spread]) -> str:
+    """The spread table of repeated runs, one line per headline figure."""
+    lines = [f"{'figure':<16}{'runs':>5}{'min':>11}{'median':>11}{'max':>11}{'CV':>8}"]
+    for r in rows:
+        vals = "".join(f"{'-' if v is None else f'{v:.2f}':>11}" for v in (r.min, r.median, r.max))
+        cv = "-" if r.cv is None else f"{r.cv:.1%}"
+        lines.append(f"{r.label:<16}{r.n:>5}{vals}{cv:>8}")
+    return "\n".join(lines)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.repeat > 1:
+        from bench.cli_sweep import repeat_run
+
+        return repeat_run(args)
     config = RunConfig.build(**run_config_data(args))
     store = _store(args)
     job: Job = start_run(config, store)

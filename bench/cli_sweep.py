@@ -147,7 +147,7 @@ def _num(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
-def _drive(task: SweepTask, args: argparse.Namespace, store: Store) -> int:
+def _drive(task: SweepTask, args: argparse.Namespace, store: Store, outputs: bool = True) -> int:
     """Run the task to its end, a line per finished run; Ctrl-C cancels it (resumable)."""
     printed: set[int] = set()
 
@@ -172,7 +172,8 @@ def _drive(task: SweepTask, args: argparse.Namespace, store: Store) -> int:
     _print_done(task, printed, args.quiet)
     snap = task.snapshot()
     assert snap.sweep_id is not None
-    _write_outputs(store, snap.sweep_id, args)
+    if outputs:
+        _write_outputs(store, snap.sweep_id, args)
     print(f"{task.kind} id      {snap.sweep_id}  ({snap.status})")
     if snap.status != "completed":
         print(f"error: {task.kind} {snap.sweep_id} {snap.status}: {snap.error}", file=sys.stderr)
@@ -241,6 +242,45 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     spec = SweepSpec.build(**data)
     print(f"sweep of {len(spec.points())} point(s) x {spec.repeats} run(s)", file=sys.stderr)
     return _drive(SweepTask(spec, store), args, store)
+
+
+def repeat_run(args: argparse.Namespace) -> int:
+    """``run --repeat N``: the run N times as a one-point sweep (each with its own prompt seed,
+    so a server's prefix cache cannot serve a repeat), then the spread of each headline figure."""
+    from bench.cli import format_spread
+    from bench.config import RunConfig
+    from bench.metrics import spread
+
+    store = _store(args)
+    base = run_config_data(args)
+    cfg = RunConfig.build(**base)  # the run's own checks first, with its defaults filled in
+    rate = cfg.request_rate
+    spec = SweepSpec.build(
+        base=base,
+        concurrency=[] if rate is not None else [cfg.concurrency],
+        request_rate=[rate] if rate is not None else [],
+        repeats=args.repeat,
+        name=args.name or f"{cfg.mode} x{args.repeat}",
+    )
+    print(f"{args.repeat} repeats of one run (sweep)", file=sys.stderr)
+    task = SweepTask(spec, store)
+    code = _drive(task, args, store, outputs=False)
+    sweep_id = task.sweep_id
+    runs = store.sweep_runs(sweep_id) if sweep_id is not None else []
+    done = [r for r in runs if r.status == "completed" and r.summary is not None]
+    if done:
+        print(f"\nspread over {len(done)} completed run(s) (runs {', '.join(str(r.id) for r in done)})")
+        print(format_spread(spread([r.summary for r in done if r.summary is not None])))
+    ids = [r.id for r in runs]
+    if args.csv and ids:
+        Path(args.csv).write_bytes(store.requests_csv(ids))
+    if args.summary_csv and ids:
+        Path(args.summary_csv).write_bytes(store.summary_csv(ids))
+    failed = sum(r.summary.failed for r in done if r.summary is not None)
+    if code == EXIT_OK and failed and not args.allow_failures:
+        print(f"error: {failed} requests failed over the repeats; --allow-failures accepts that", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    return code
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:

@@ -398,3 +398,56 @@ def slo_fields(records: Sequence[RequestRecord], duration_s: float, slos: Sequen
         "goodput_rps": good / duration_s if duration_s > 0 else 0.0,
         "slo_met": all_met(judge(records, parsed)),
     }
+
+
+# The headline figures whose spread over repeated runs is reported (RunSummary.flat() keys).
+HEADLINE_FIGURES: tuple[tuple[str, str], ...] = (
+    ("output_throughput_tok_s", "output tok/s"),
+    ("request_throughput_rps", "requests/s"),
+    ("ttft_ms_p50", "TTFT p50 ms"),
+    ("ttft_ms_p99", "TTFT p99 ms"),
+    ("tpot_ms_p50", "TPOT p50 ms"),
+    ("tpot_ms_p99", "TPOT p99 ms"),
+    ("itl_ms_p99", "ITL p99 ms"),
+    ("e2e_ms_p50", "E2E p50 ms"),
+    ("e2e_ms_p99", "E2E p99 ms"),
+)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One headline figure over repeated runs: min / median / max and the coefficient of
+    variation (sample standard deviation / mean; None under two values or a zero mean)."""
+
+    figure: str
+    label: str
+    n: int
+    min: float | None
+    median: float | None
+    max: float | None
+    cv: float | None
+
+
+def spread(summaries: Sequence[RunSummary]) -> list[Spread]:
+    """The spread of each :data:`HEADLINE_FIGURES` over ``summaries`` (runs of one config)."""
+    import statistics
+
+    rows = [s.flat() for s in summaries]
+    out = []
+    for key, label in HEADLINE_FIGURES:
+        xs = [float(r[key]) for r in rows if r.get(key) is not None]
+        cv = None
+        if len(xs) >= 2 and statistics.fmean(xs) != 0:
+            cv = statistics.stdev(xs) / abs(statistics.fmean(xs))
+        out.append(
+            Spread(
+                key,
+                label,
+                len(xs),
+                min(xs) if xs else None,
+                statistics.median(xs) if xs else None,
+                max(xs) if xs else None,
+                cv,
+            )
+        )
+    return out

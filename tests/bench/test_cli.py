@@ -245,3 +245,21 @@ def test_ctrl_c_mid_run_of_a_million_requests_keeps_what_was_measured(tmp_path: 
     assert run.status == "cancelled", run.error
     stored = Store(db).sample_count(run.id)
     assert stored >= 3 and run.summary is not None and run.summary.requests == stored
+
+
+@pytest.mark.slow
+def test_repeat_runs_the_same_run_n_times_and_prints_the_spread(tmp_path: Path, tiny_model: Path) -> None:
+    db, sum_csv = tmp_path / "db.sqlite", tmp_path / "sum.csv"
+    p = cli("run", "--repeat", "3", "--requests", "4", "--concurrency", "2", "--output-len", "4", "--quiet",
+            "--summary-csv", str(sum_csv), db=db)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "spread over 3 completed run(s)" in p.stdout
+    table = p.stdout.split("spread over", 1)[1].splitlines()[1:]
+    assert table[0].split() == ["figure", "runs", "min", "median", "max", "CV"]
+    assert len(table) >= 10 and table[1].startswith("output tok/s") and table[1].split()[2] == "3"
+    store = Store(db)
+    (sweep,) = store.list_sweeps()
+    runs = store.sweep_runs(sweep.id)
+    assert len(runs) == 3 and all(r.status == "completed" for r in runs)
+    assert len({r.config["workload"]["seed"] for r in runs}) == 3  # fresh prompts each time
+    assert len(list(csv.DictReader(sum_csv.open()))) == 3

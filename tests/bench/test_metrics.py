@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from bench.metrics import METRIC_DEFINITIONS, RequestRecord, RunSummary, describe, percentile, summarize
@@ -98,3 +100,17 @@ def test_burst_streamed_outputs_are_named_not_shown_as_a_speed() -> None:
     assert calm.single_chunk_share == 0.0 and calm.tokens_per_chunk == 1.0
     assert not calm.bursty and calm.burst_warning is None
     assert RunSummary.from_dict(s.as_dict()) == s  # stored and read back
+
+
+def test_spread_of_repeated_runs_gives_min_median_max_and_cv() -> None:
+    from bench.metrics import HEADLINE_FIGURES, spread
+
+    base = summarize([RequestRecord("a", 0.0, 1.0, [0.1, 0.2, 0.3], 4, 3)])
+    runs = [dataclasses.replace(base, output_throughput_tok_s=v) for v in (90.0, 100.0, 110.0)]
+    rows = {r.figure: r for r in spread(runs)}
+    assert list(rows) == [k for k, _ in HEADLINE_FIGURES]
+    out = rows["output_throughput_tok_s"]
+    assert (out.n, out.min, out.median, out.max) == (3, 90.0, 100.0, 110.0)
+    assert out.cv == pytest.approx(0.1)  # sample std 10 / mean 100
+    assert rows["ttft_ms_p50"].cv == 0.0  # identical values
+    assert spread(runs[:1])[0].cv is None  # one run: no spread to speak of
