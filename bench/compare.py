@@ -3,7 +3,8 @@
 :func:`compare_engines` runs one :class:`~bench.runner.RunConfig` twice through
 :func:`bench.runner.start_run`, changing only the engine (``native`` first, then ``vllm``,
 one after the other so they never compete for the machine), and returns both run ids with
-the measured ratios:
+the measured ratios (a ratio means something only between two runs of the same workload:
+:func:`workload_key`, :func:`mismatch` and :func:`default_pair` say which stored runs are alike):
 
 - ``throughput_speedup`` = vLLM output tok/s / native output tok/s (the book's 吞吐量 提升);
 - ``p99_latency_speedup`` = native P99 E2E latency / vLLM P99 E2E latency (P99延迟 提升;
@@ -26,14 +27,15 @@ import argparse
 import json
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bench.config import RunConfig
 from bench.metrics import RunSummary
 from bench.runner import start_run
-from bench.store import Store
+from bench.store import RunRow, Store
+from bench.workloads import WorkloadSpec
 from engines.errors import ConfigError, MoEBenchError
 
 KV_USAGE_SERIES = "server_kv_cache_usage_pct"
@@ -148,6 +150,126 @@ def engine_figures(store: Store, run_id: int) -> EngineFigures:
         memory_efficiency_pct=mem_eff,
         kv_cache_reserved_gib=reserved,
     )
+
+
+# --- which runs are alike --------------------------------------------------------------------
+
+_WORKLOAD_DEFAULTS: dict[str, Any] = {name: f.default for name, f in WorkloadSpec.model_fields.items()}
+_RUN_DEFAULTS: dict[str, Any] = {
+    name: RunConfig.model_fields[name].default for name in ("ignore_eos", "ramp_up_s", "burstiness", "concurrency")
+}
+_TOKENIZED_SOURCES = ("random", "shared_prefix", "multi_turn")  # the sources that read input_len
+
+
+def _length_fields(w: dict[str, Any], side: str) -> dict[str, Any]:
+    """``{side}_len`` and, for a drawn length, the distribution that draws it."""
+    dist = w.get(f"{side}_dist") or "fixed"
+    out: dict[str, Any] = {f"{side}_len": w.get(f"{side}_len"), f"{side}_dist": dist}
+    if dist != "fixed":
+        out[f"{side}_min"] = w.get(f"{side}_min")
+        out[f"{side}_max"] = w.get(f"{side}_max")
+    if dist == "normal":
+        out[f"{side}_std"] = w.get(f"{side}_std")
+    return out
+
+
+def workload_key(run: RunRow) -> dict[str, Any]:
+    """What a run asked of the engine, as a dict: two runs are comparable when their keys are equal.
+
+    Mode, prompt source and the lengths that source reads (input/output lengths and their
+    distributions, the prompt file, shared-prefix and multi-turn shapes), whether outputs
+    are exact (``ignore_eos``), the concurrency, the arrival rate (None: closed loop; with
+    its burstiness when open) and the ramp-up. Not in it: the number of requests or the
+    duration (how long the same load is held), the seed of random prompts (other tokens,
+    same lengths) and the engine, model or accelerator (what is being compared). Fields a
+    stored config lacks take :class:`~bench.config.RunConfig`'s defaults, so older runs
+    still match newer ones.
+    """
+    c = run.config or {}
+    w = {**_WORKLOAD_DEFAULTS, **(c.get("workload") or {})}
+    mode = c.get("mode") or run.mode
+    source = w["source"]
+    key: dict[str, Any] = {"mode": mode, "source": source}
+    if source in ("jsonl", "sharegpt"):
+        key["path"] = w.get("path")
+    if source in _TOKENIZED_SOURCES:
+        key.update(_length_fields(w, "input"))
+    if source == "shared_prefix":
+        key.update(prefix_len=w["prefix_len"], prefix_groups=w["prefix_groups"])
+    if source == "multi_turn":
+        key.update(sessions=w["sessions"], turns=w["turns"])
+    if source == "sharegpt":
+        key.update(sharegpt_output_len=w["sharegpt_output_len"], sharegpt_max_len=w["sharegpt_max_len"])
+    if not (source == "sharegpt" and w["sharegpt_output_len"] == "dataset"):
+        key.update(_length_fields(w, "output") if source in _TOKENIZED_SOURCES else {"output_len": w["output_len"]})
+    key["ignore_eos"] = c.get("ignore_eos", _RUN_DEFAULTS["ignore_eos"])
+    concurrency = c.get("concurrency", run.concurrency)
+    key["concurrency"] = 1 if mode == "latency" else (concurrency or _RUN_DEFAULTS["concurrency"])
+    rate = c.get("request_rate") or None  # 0 was stored by older forms for a closed loop
+    key["request_rate"] = rate
+    if rate is not None:
+        key["burstiness"] = c.get("burstiness", _RUN_DEFAULTS["burstiness"])
+    key["ramp_up_s"] = c.get("ramp_up_s") or _RUN_DEFAULTS["ramp_up_s"]
+    return key
+
+
+def _show(field_name: str, value: Any) -> str:
+    if value is None:
+        return "closed loop" if field_name == "request_rate" else "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def mismatch(run_a: RunRow, run_b: RunRow) -> list[str]:
+    """One phrase per workload field in which the two runs differ (``"concurrency: 1 vs 8"``); [] when alike.
+
+    A field only one of the two has (``input_len`` of a random run against a ShareGPT one) is
+    not listed on its own: the field that decides it (``source``) already is.
+    """
+    a, b = workload_key(run_a), workload_key(run_b)
+    return [f"{k}: {_show(k, a[k])} vs {_show(k, b[k])}" for k in a if k in b and a[k] != b[k]]
+
+
+def is_vllm(run: RunRow) -> bool:
+    """A vLLM run (launched by us or at a server URL)."""
+    return "vllm" in run.engine.lower()
+
+
+def _frozen(key: dict[str, Any]) -> str:
+    return json.dumps(key, sort_keys=True, default=str)
+
+
+def default_pair(runs: Iterable[RunRow]) -> tuple[RunRow, RunRow] | None:
+    """The most recent completed native run and vLLM run with equal :func:`workload_key`; None when no such pair.
+
+    Pairs are ranked by their newer run, then their older one (ties by id), so the pair a
+    "Run native vs vLLM" just made wins, and otherwise the latest vLLM run that has a native
+    twin is shown beside the latest such twin.
+    """
+    latest: dict[str, dict[str, RunRow]] = {}
+    for run in runs:
+        if run.status != "completed":
+            continue
+        side = "native" if run.engine == "native" else "vllm" if is_vllm(run) else None
+        if side is None:
+            continue
+        group = latest.setdefault(_frozen(workload_key(run)), {})
+        held = group.get(side)
+        if held is None or (run.created_at, run.id) > (held.created_at, held.id):
+            group[side] = run
+    best: tuple[RunRow, RunRow] | None = None
+    best_rank: tuple[tuple[float, int], tuple[float, int]] | None = None
+    for group in latest.values():
+        if "native" not in group or "vllm" not in group:
+            continue
+        stamps = sorted(((r.created_at, r.id) for r in group.values()), reverse=True)
+        rank = (stamps[0], stamps[1])
+        if best_rank is None or rank > best_rank:
+            best, best_rank = (group["native"], group["vllm"]), rank
+    return best
 
 
 def compare_engines(

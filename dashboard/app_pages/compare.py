@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from bench import reference as ref
-from bench.compare import MEMORY_EFFICIENCY_DEFINITION, peak_kv_usage_pct
+from bench.compare import MEMORY_EFFICIENCY_DEFINITION, default_pair, is_vllm, mismatch, peak_kv_usage_pct
 from bench.config import RunConfig, field_bounds
 from bench.store import RunRow
 from bench.workloads import WorkloadSpec
@@ -65,26 +65,9 @@ def _pick(title: str, candidates: list[RunRow], key: str, missing: str) -> RunRo
     return by_id.get(chosen) if chosen is not None else None
 
 
-def _workload(run: RunRow) -> tuple:
-    c = run.config
-    w = c.get("workload", {})
-    return (
-        c.get("mode"),
-        c.get("requests"),
-        c.get("concurrency"),
-        w.get("source"),
-        w.get("input_len"),
-        w.get("output_len"),
-    )
-
-
-def _warn_if_different(picked: list[RunRow]) -> None:
-    if len(picked) > 1 and len({_workload(r) for r in picked}) > 1:
-        st.warning(
-            "The picked runs used different workloads (mode, requests, concurrency, prompt or output lengths); "
-            "their ratios compare more than the engine or the accelerator.",
-            icon=":material/warning:",
-        )
+def _not_comparable(differences: list[str], what: str = "") -> None:
+    """The one line that stands where a gain would be, naming each workload field that differs."""
+    st.error(f"Not comparable{f' ({what})' if what else ''}: " + "; ".join(differences), icon=":material/block:")
 
 
 # --- 8.2.4: native vs vLLM ---------------------------------------------------------------------
@@ -133,41 +116,15 @@ def _start_compare() -> None:
         ss["c.compare-error"] = str(exc)
 
 
-with st.expander("Run native vs vLLM here", icon=":material/play_circle:", expanded=cstate.status != "idle"):
+with st.container(border=True):
+    st.markdown("**Run native vs vLLM on one workload**")
     st.caption(
-        "Runs the same random-prompt workload on the native engine, then on vLLM (one after the other, each "
-        "loading its own copy of the model), and puts both runs in the table below. Model, accelerator and dtype "
-        "come from the engine loaded on the Engine & Model page (the tiny model on CPU when none is loaded)."
+        "The way to fill the measured table: runs one random-prompt workload on the native engine, then on vLLM "
+        "(one after the other, each loading its own copy of the model), and picks both runs below. Model, "
+        "accelerator and dtype come from the engine loaded on the Engine & Model page (the tiny model on CPU when "
+        "none is loaded)."
     )
     vllm_avail = engine_class("vllm").availability()
-    f1, f2, f3, f4 = st.columns(4)
-    f1.selectbox("Mode", ["concurrency", "latency"], key="c.run.mode")
-    f2.number_input("Requests", step=1, key="c.run.requests", **field_bounds("requests"))
-    f3.number_input(
-        "Concurrency",
-        step=1,
-        key="c.run.concurrency",
-        disabled=ss["c.run.mode"] == "latency",
-        **field_bounds("concurrency"),
-    )
-    f1.number_input("Input length (tokens)", step=16, key="c.run.input_len", **field_bounds("input_len", WorkloadSpec))
-    f2.number_input(
-        "Output length (tokens)", step=8, key="c.run.output_len", **field_bounds("output_len", WorkloadSpec)
-    )
-    f4.number_input(
-        "vLLM CPU KV cache (GiB)",
-        min_value=0.25,
-        max_value=512.0,
-        step=0.25,
-        key="c.run.kv_gib",
-        help="VLLM_CPU_KVCACHE_SPACE for a vLLM server launched on the CPU",
-    )
-    f3.text_input(
-        "vLLM server URL (optional)",
-        key="c.run.base_url",
-        placeholder="http://host:8000/v1",
-        help="Use a running vLLM server instead of launching one",
-    )
     blocked = None
     if cstate.running:
         blocked = "A comparison is running."
@@ -187,6 +144,43 @@ with st.expander("Run native vs vLLM here", icon=":material/play_circle:", expan
     )
     if blocked and not cstate.running:
         (g2.error if blocked.startswith("vLLM") else g2.caption)(blocked)
+    else:
+        load = "one request at a time" if ss["c.run.mode"] == "latency" else f"concurrency {ss['c.run.concurrency']}"
+        g2.caption(
+            f"{ss['c.run.mode']}: {ss['c.run.requests']} requests, {load}, "
+            f"{ss['c.run.input_len']} → {ss['c.run.output_len']} tokens (random prompts)"
+        )
+    with st.expander("Workload and vLLM options", icon=":material/tune:"):
+        f1, f2, f3, f4 = st.columns(4)
+        f1.selectbox("Mode", ["concurrency", "latency"], key="c.run.mode")
+        f2.number_input("Requests", step=1, key="c.run.requests", **field_bounds("requests"))
+        f3.number_input(
+            "Concurrency",
+            step=1,
+            key="c.run.concurrency",
+            disabled=ss["c.run.mode"] == "latency",
+            **field_bounds("concurrency"),
+        )
+        f1.number_input(
+            "Input length (tokens)", step=16, key="c.run.input_len", **field_bounds("input_len", WorkloadSpec)
+        )
+        f2.number_input(
+            "Output length (tokens)", step=8, key="c.run.output_len", **field_bounds("output_len", WorkloadSpec)
+        )
+        f4.number_input(
+            "vLLM CPU KV cache (GiB)",
+            min_value=0.25,
+            max_value=512.0,
+            step=0.25,
+            key="c.run.kv_gib",
+            help="VLLM_CPU_KVCACHE_SPACE for a vLLM server launched on the CPU",
+        )
+        f3.text_input(
+            "vLLM server URL (optional)",
+            key="c.run.base_url",
+            placeholder="http://host:8000/v1",
+            help="Use a running vLLM server instead of launching one",
+        )
     error = ss.pop("c.compare-error", None)
     if error:
         st.error(error, icon=":material/error:")
@@ -215,20 +209,34 @@ with st.expander("Run native vs vLLM here", icon=":material/play_circle:", expan
 
     _compare_status()
 
+# By default the pickers hold the latest native and vLLM runs of one workload (bench.compare.default_pair);
+# a choice of the user's (or the runs a comparison just made) stays while its runs exist.
+pair = default_pair(runs)
+for _key, _side, _member in (("c.native", lambda r: r.engine == "native", 0), ("c.vllm", is_vllm, 1)):
+    if _key in ss and (ss[_key] not in by_id or not _side(by_id[ss[_key]])):
+        del ss[_key]
+    if _key not in ss and pair is not None:
+        ss[_key] = pair[_member].id
+
+
+def _pick_pair(native_id: int, vllm_id: int) -> None:
+    ss["c.native"], ss["c.vllm"] = native_id, vllm_id
+
+
 c1, c2, c3 = st.columns(3)
 with c1:
     native = _pick(
         "Measured native run",
         [r for r in runs if r.engine == "native"],
         "c.native",
-        "no measured native run yet: run one on the Latency or Concurrency page",
+        "no measured native run yet: press Run native vs vLLM above",
     )
 with c2:
     vllm = _pick(
         "Measured vLLM run",
-        [r for r in runs if "vllm" in r.engine.lower()],
+        [r for r in runs if is_vllm(r)],
         "c.vllm",
-        "no measured vLLM run yet: load a vLLM engine and run a benchmark",
+        "no measured vLLM run yet: press Run native vs vLLM above",
     )
 with c3:
     lat_metric = st.selectbox(
@@ -237,6 +245,26 @@ with c3:
         key="c.latency-metric",
         format_func=ref.LATENCY_METRICS.get,
         help="The book does not say which latency it reports; pick the measured statistic whose p99 stands for it.",
+    )
+
+# A gain is a ratio of two runs of one workload; between different workloads it measures the workloads too.
+differences = mismatch(native, vllm) if native is not None and vllm is not None else []
+comparable = native is not None and vllm is not None and not differences
+if differences:
+    _not_comparable(differences)
+    if pair is not None:
+        st.button(
+            f"Pick runs #{pair[0].id} and #{pair[1].id} (one workload)",
+            icon=":material/join_inner:",
+            key="c.btn.pick-pair",
+            on_click=_pick_pair,
+            args=(pair[0].id, pair[1].id),
+        )
+if pair is None and native is not None and vllm is not None:
+    st.info(
+        "No native run and vLLM run share a workload yet: press **Run native vs vLLM** above to run both on the "
+        "same workload.",
+        icon=":material/info:",
     )
 
 measured_native = ref.measured_engine_values(native.summary if native else None, lat_metric)  # no KV pool
@@ -253,6 +281,7 @@ def _measured_cell(row: ref.EngineRow, run: RunRow | None, value: float | None, 
     return data.fmt_unit(value, row.unit)
 
 
+_no_gain = "not comparable" if differences else "-"
 book_rows, measured_rows, gain_rows = [], [], []
 for row in ref.ENGINE_TABLE:
     book_rows.append(
@@ -263,14 +292,14 @@ for row in ref.ENGINE_TABLE:
             "gain (book)": row.book_gain_text + ("" if row.gain != "points" else " (points)"),
         }
     )
-    mg = ref.gain(row.gain, measured_native[row.key], measured_vllm[row.key])
+    mg = ref.gain(row.gain, measured_native[row.key], measured_vllm[row.key]) if comparable else None
     measured_rows.append(
         {
             "metric": row.metric
             + (f" [{lat_metric.removesuffix('_ms').upper()} p99]" if row.key == "p99_latency" else ""),
             "native (measured)": _measured_cell(row, native, measured_native[row.key], "native"),
             "vLLM (measured)": _measured_cell(row, vllm, measured_vllm[row.key], "vLLM"),
-            "gain (measured)": ref.format_gain(row.gain, mg) if mg is not None else "-",
+            "gain (measured)": ref.format_gain(row.gain, mg) if mg is not None else _no_gain,
         }
     )
     if row.gain == "points":
@@ -306,16 +335,14 @@ def _goodput_cell(run: RunRow | None) -> str:
 # same SLOs.
 if _goodput(native) is not None or _goodput(vllm) is not None:
     g_native, g_vllm = _goodput(native), _goodput(vllm)
-    same_slos = (
-        native is not None and vllm is not None and set(native.summary.slos or ()) == set(vllm.summary.slos or ())
-    )
+    same_slos = comparable and set(native.summary.slos or ()) == set(vllm.summary.slos or ())
     g_gain = ref.gain("ratio_up", g_native, g_vllm) if same_slos else None
     measured_rows.append(
         {
             "metric": "Goodput (requests within the SLOs)",
             "native (measured)": _goodput_cell(native),
             "vLLM (measured)": _goodput_cell(vllm),
-            "gain (measured)": ref.format_gain("ratio_up", g_gain) if g_gain is not None else "-",
+            "gain (measured)": ref.format_gain("ratio_up", g_gain) if g_gain is not None else _no_gain,
         }
     )
 
@@ -327,8 +354,10 @@ with right:
     st.markdown("**Measured** (runs stored here)")
     st.dataframe(pd.DataFrame(measured_rows), hide_index=True, key="c.engine-measured")
 st.caption("Memory efficiency (measured): " + MEMORY_EFFICIENCY_DEFINITION)
-_warn_if_different([r for r in (native, vllm) if r is not None])
-ui.chart(charts.book_vs_measured_gains(pd.DataFrame(gain_rows)), "c.engine-gains")
+gains_fig = charts.book_vs_measured_gains(pd.DataFrame(gain_rows))
+if differences:
+    gains_fig.update_annotations(text="no measured gain: the picked runs' workloads differ")
+ui.chart(gains_fig, "c.engine-gains")
 
 # --- 8.3.3: accelerators -----------------------------------------------------------------------
 
@@ -360,12 +389,17 @@ book_acc = pd.DataFrame(
 base_run = picked.get(ref.ACCELERATOR_TABLE[0].accelerator)
 base_vals = ref.measured_accelerator_values(base_run.summary if base_run else None)
 measured_acc, rel_measured = [], {}
+acc_differences: dict[str, list[str]] = {}  # a run whose workload is not the CUDA run's gets no percentage
 for row in ref.ACCELERATOR_TABLE:
     run = picked.get(row.accelerator)
     vals = ref.measured_accelerator_values(run.summary if run else None)
-    rel = {k: ref.relative_pct(base_vals[k], vals[k]) for k in vals}
-    if run is not None and base_run is not None:
+    diff = mismatch(base_run, run) if run is not None and base_run is not None else []
+    if diff and run is not None:
+        acc_differences[f"{row.platform} run #{run.id} against the CUDA run"] = diff
+    rel = {k: None if diff else ref.relative_pct(base_vals[k], vals[k]) for k in vals}
+    if run is not None and base_run is not None and not diff:
         rel_measured[f"{row.accelerator} (run #{run.id})"] = rel
+    no_pct = "not comparable" if diff else "-"
     measured_acc.append(
         {
             "column": row.platform,
@@ -377,9 +411,9 @@ for row in ref.ACCELERATOR_TABLE:
             )
             if run
             else "-",
-            "throughput %": f"{rel['throughput_pct']:.0f}%" if rel["throughput_pct"] is not None else "-",
-            "latency %": f"{rel['latency_pct']:.0f}%" if rel["latency_pct"] is not None else "-",
-            "memory %": f"{rel['memory_pct']:.0f}%" if rel["memory_pct"] is not None else "-",
+            "throughput %": f"{rel['throughput_pct']:.0f}%" if rel["throughput_pct"] is not None else no_pct,
+            "latency %": f"{rel['latency_pct']:.0f}%" if rel["latency_pct"] is not None else no_pct,
+            "memory %": f"{rel['memory_pct']:.0f}%" if rel["memory_pct"] is not None else no_pct,
         }
     )
     if _goodput(run) is not None:  # beside the throughput, only for runs with SLOs
@@ -406,7 +440,8 @@ elif "H100" not in str(base_run.engine_info.get("device", "")):
         f"The measured reference ran on {base_run.engine_info.get('device', 'an unknown CUDA device')}, "
         "not an H100: measured percentages are relative to that device."
     )
-_warn_if_different([r for r in picked.values() if r is not None])
+for what, diff in acc_differences.items():
+    _not_comparable(diff, what)
 
 metric_names = [label for _, label, _ in ref.ACCELERATOR_METRICS]
 book_rel = pd.DataFrame(

@@ -11,13 +11,16 @@ from bench.compare import (
     KV_USAGE_SERIES,
     MEMORY_EFFICIENCY_DEFINITION,
     compare_engines,
+    default_pair,
     engine_figures,
     format_compare,
+    mismatch,
     run_offline_workload,
+    workload_key,
 )
 from bench.metrics import RequestRecord, summarize
 from bench.runner import RunConfig
-from bench.store import Store
+from bench.store import RunRow, Store
 
 
 def _stored_run(store: Store, engine: str, e2e_s: float, tokens: int, kv: list[float] | None = None) -> int:
@@ -49,6 +52,90 @@ def test_figures_and_ratios_from_the_store(store: Store) -> None:
     assert vllm.output_throughput_tok_s == pytest.approx(80.0)
     assert native.e2e_p99_ms == pytest.approx(2000.0) and vllm.e2e_p99_ms == pytest.approx(500.0)
     assert "vllm:kv_cache_usage_perc" in MEMORY_EFFICIENCY_DEFINITION
+
+
+def _configured_run(
+    store: Store, engine: str, status: str = "completed", summary: bool = True, **config: Any
+) -> RunRow:
+    """A run stored with the config a real run of ``RunConfig.build(**config)`` stores."""
+    cfg = RunConfig.build(engine={"kind": "native"}, **config)
+    run_id = store.create_run(
+        mode=cfg.mode,
+        engine=engine,
+        model="tiny-deepseek-v3",
+        accelerator="cpu",
+        config=cfg.model_dump(),
+        concurrency=cfg.concurrency,
+    )
+    records = [RequestRecord("r0", 0.0, 1.0, chunk_times_s=[0.5, 1.0], prompt_tokens=4, output_tokens=2)]
+    store.finish_run(run_id, status, summary=summarize(records, duration_s=1.0) if summary else None)
+    run = store.get_run(run_id)
+    assert run is not None
+    return run
+
+
+def test_workload_key_holds_what_the_engine_was_asked_and_not_how_long(store: Store) -> None:
+    a = _configured_run(store, "native", mode="concurrency", concurrency=8, requests=32)
+    b = _configured_run(
+        store, "vllm", mode="concurrency", concurrency=8, requests=500, workload={"source": "random", "seed": 7}
+    )
+    key = workload_key(a)
+    assert key == workload_key(b)  # the request count and the prompt seed are not the workload
+    assert {"mode": "concurrency", "source": "random", "input_len": 32, "output_len": 16, "concurrency": 8}.items() <= (
+        key.items()
+    )
+    assert key["request_rate"] is None and "requests" not in key and "seed" not in key
+    # A latency run is one request at a time whatever concurrency its config carries.
+    assert workload_key(_configured_run(store, "native", mode="latency", concurrency=8))["concurrency"] == 1
+    # An older run stored with a bare config matches a full one of the same workload (defaults fill in).
+    bare_id = store.create_run(
+        mode="concurrency",
+        engine="native",
+        model="m",
+        accelerator="cpu",
+        config={"mode": "concurrency", "concurrency": 8, "request_rate": 0, "workload": {"input_len": 32}},
+    )
+    bare = store.get_run(bare_id)
+    assert bare is not None and workload_key(bare) == key
+    # Drawn lengths carry their distribution.
+    drawn = _configured_run(
+        store,
+        "native",
+        concurrency=8,
+        workload={"input_dist": "uniform", "input_min": 8, "input_max": 64},
+    )
+    assert workload_key(drawn)["input_min"] == 8 and workload_key(drawn)["input_max"] == 64
+    assert mismatch(a, drawn) == ["input_dist: fixed vs uniform"]
+
+
+def test_mismatch_names_each_field_that_differs(store: Store) -> None:
+    latency = _configured_run(store, "native", mode="latency")
+    loaded = _configured_run(store, "vllm", mode="concurrency", concurrency=8)
+    assert mismatch(latency, loaded) == ["mode: latency vs concurrency", "concurrency: 1 vs 8"]
+    assert mismatch(loaded, loaded) == []
+    lengths = _configured_run(store, "vllm", concurrency=8, workload={"input_len": 128, "output_len": 64})
+    assert mismatch(loaded, lengths) == ["input_len: 32 vs 128", "output_len: 16 vs 64"]
+    open_loop = _configured_run(store, "vllm", concurrency=8, request_rate=4.0)
+    assert mismatch(loaded, open_loop) == ["request_rate: closed loop vs 4"]
+    # Another prompt source: the source is named, not the fields only one of the two reads.
+    builtin = _configured_run(store, "vllm", concurrency=8, workload={"source": "builtin", "input_len": 999})
+    assert mismatch(loaded, builtin) == ["source: random vs builtin"]
+
+
+def test_default_pair_is_the_latest_native_and_vllm_runs_of_one_workload(store: Store) -> None:
+    assert default_pair([]) is None
+    native_latency = _configured_run(store, "native", mode="latency")
+    vllm_loaded = _configured_run(store, "vllm", mode="concurrency", concurrency=8)
+    assert default_pair(store.list_runs()) is None  # the issue's case: no pair of one workload
+    old_vllm = _configured_run(store, "vllm", mode="latency")
+    assert default_pair(store.list_runs()) == (native_latency, old_vllm)
+    native_loaded = _configured_run(store, "native", mode="concurrency", concurrency=8)
+    _configured_run(store, "native", mode="concurrency", concurrency=8, status="failed", summary=False)
+    _configured_run(store, "triton", mode="concurrency", concurrency=8)  # neither side
+    # The newest pair wins (the failed native run after it does not count).
+    assert default_pair(store.list_runs()) == (native_loaded, vllm_loaded)
+    newer_vllm = _configured_run(store, "vllm", mode="latency")
+    assert default_pair(reversed(store.list_runs())) == (native_latency, newer_vllm)  # order of the input is moot
 
 
 @pytest.mark.slow
