@@ -414,6 +414,7 @@ class Sampler:
             self.busiest = self.host.busiest_others()
         t = t_end - self.t0
         last = [(t, SERIES_IN_FLIGHT, 0.0), (t, SERIES_DONE, float(self.recorder.done))]
+        last.extend(memory_points(self.engine, t))  # the timeline reaches the end of the measured phase
         self.store.add_points(self.run_id, [*last, *telemetry_points(self.engine, t, self.server_metrics)])
 
     def _host_point(self, shares: dict[str, float]) -> dict[str, float]:

@@ -147,6 +147,8 @@ def _profile(job: Job, engine: Engine, requests: Sequence[Any], warmup: list[Any
     # Beside the store the run belongs to, named after it: runs of two stores never share a trace.
     trace = store.path.parent / "traces" / f"{store.path.stem}-run{run_id}.trace.json"
     session = engine.profiler(trace, with_stack=job.config.profile_with_stack)
+    if hasattr(session, "on_step"):
+        session.on_step = lambda step: job.set_phase(f"analysing the profile: {step}")
     with contextlib.ExitStack() as stack:
 
         def enter() -> None:
@@ -262,16 +264,26 @@ def _prefix_cache_hit_rate(store: Store, run_id: int) -> float | None:
     return max(0.0, min(1.0, (hits[-1] - hits[0]) / (queries[-1] - queries[0])))
 
 
+def _measured_peak(store: Store, run_id: int, engine: Engine) -> float | None:
+    """The run's peak memory (GiB): the highest peak sampled from the start to the end of the
+    measured phase, so the headline is a point on the memory timeline (a profile's analysis,
+    after the requests, no longer inflates it). The engine's own figure when none was sampled."""
+    peaks = [v for _, _, v in store.timeseries(run_id, [SERIES_MEM_PEAK]) if v is not None]
+    if peaks:
+        return max(peaks)
+    mem = engine.memory()
+    return mem.peak_bytes / GIB if mem else None
+
+
 def _finish(job: Job, engine: Engine) -> None:
     """Summarize what was measured and close the run with its final status."""
     cfg, store, run_id = job.config, job.store, job.run_id
     assert run_id is not None
-    mem = engine.memory()
     records = job._records() if job._records is not None else []
     # First request sent -> last request finished (warm-up excluded).
     summary = summarize(
         records,
-        peak_memory_gib=mem.peak_bytes / GIB if mem else None,
+        peak_memory_gib=_measured_peak(store, run_id, engine),
         max_concurrency=cfg.concurrency,
         slos=cfg.slos,
         prefix_cache_hit_rate=_prefix_cache_hit_rate(store, run_id),

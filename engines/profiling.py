@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,6 +213,7 @@ class ProfileSession:
         self.result: ProfileResult | None = None
         self._prof: Any = None
         self._scopes: ModuleScopes | None = None
+        self.on_step: Callable[[str], None] = lambda step: None  # the analysis's progress, step by step
 
     def __enter__(self) -> ProfileSession:
         self._scopes = ModuleScopes(self.model)
@@ -221,6 +222,7 @@ class ProfileSession:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.on_step("1/4 stopping the profiler (it collects every event)")
         try:
             self._prof.__exit__(None, None, None)
         finally:
@@ -228,11 +230,14 @@ class ProfileSession:
                 self._scopes.close()
         trace = None
         if self.trace_path is not None:
+            self.on_step("2/4 writing the trace file")
             self.trace_path.parent.mkdir(parents=True, exist_ok=True)
             self._prof.export_chrome_trace(str(self.trace_path))
             trace = str(self.trace_path)
+        self.on_step("3/4 the bottleneck breakdown")
         events = list(self._prof.events())
         breakdown, basis, total = compute_breakdown(events)
+        self.on_step("4/4 the operator table")
         self.result = ProfileResult(operator_table(self._prof), breakdown, trace, basis, total)
 
 

@@ -479,7 +479,12 @@ with memory_tab:
     peak = run.summary.peak_memory_gib if run.summary is not None else None
     m1, m2, m3 = st.columns(3)
     m1.metric("Model weights", data.fmt_unit(weights, "GiB"), help="engine_info['weights_gib'] of the run")
-    m2.metric("Peak memory", data.fmt_unit(peak, "GiB"), help="the run summary's peak")
+    m2.metric(
+        "Peak memory",
+        data.fmt_unit(peak, "GiB"),
+        help="the highest peak sampled while the requests ran: a point on the timeline below (the profile's "
+        "analysis afterwards is in neither)",
+    )
     m3.metric(
         "Above the weights at peak",
         data.fmt_unit(peak - weights if peak is not None and weights is not None else None, "GiB"),

@@ -85,6 +85,12 @@ def test_memory_timeline_is_sampled(profiled: tuple[Store, int]) -> None:
     store, run_id = profiled
     mem = store.timeseries(run_id, ["mem_allocated_gib", "mem_peak_gib"])
     assert len(mem) >= 2 and all(v and v > 0 for _t, _n, v in mem)
+    # the headline peak is a point on the timeline (the analysis after the requests is not in it)
+    run = store.get_run(run_id)
+    assert run is not None and run.summary is not None
+    assert run.summary.peak_memory_gib == max(v for _t, n, v in mem if n == "mem_peak_gib")
+    # and the timeline reaches the end of the measured phase
+    assert max(t for t, _n, _v in mem) == pytest.approx(run.summary.duration_s, abs=0.5)
 
 
 def test_operators_csv_of_a_non_profile_run_is_a_clear_error(store: Store) -> None:
