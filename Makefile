@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast lint browser engines vllm triton clean
+.PHONY: run demo test test-fast lint browser engines vllm triton clean
 
 # Engine runtimes live in their own environments (their pins clash with the main one:
 # nvidia-pytriton needs numpy<2); MoE Bench launches their servers from there.
@@ -47,6 +47,13 @@ engines: vllm triton
 
 run: $(STAMP)
 	$(PY) -m streamlit run dashboard/serve.py
+
+# A read-only dashboard for showing results (port 8502, beside an operator's `make run`):
+# nothing can be loaded, started, stopped or deleted. For a LAN demo add the machine's name:
+#   MOEBENCH_ALLOWED_HOSTS=127.0.0.1,localhost,bench-box.lan DEMO_ADDRESS=0.0.0.0 make demo
+DEMO_ADDRESS ?= 127.0.0.1
+demo: $(STAMP)
+	MOEBENCH_MODE=viewer $(PY) -m streamlit run dashboard/serve.py --server.port 8502 --server.address $(DEMO_ADDRESS)
 
 # Debian's chromium for the end-to-end browser test (Playwright cannot download its own here).
 browser:

@@ -16,7 +16,7 @@ if _ROOT not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from dashboard import ui  # noqa: E402
+from dashboard import services, ui  # noqa: E402
 
 st.set_page_config(page_title="MoE Bench", page_icon=":material/speed:", layout="wide")
 
@@ -41,5 +41,8 @@ ui.init_state(page.url_path)
 with st.sidebar:
     st.markdown("### :material/speed: MoE Bench")
     st.caption("DeepSeek MoE inference benchmarks")
+    if services.viewer():
+        st.markdown(":violet-badge[:material/visibility: viewer mode]")
+        st.caption("Read-only: results and live runs are shown; nothing can be started, stopped or deleted here.")
     ui.sidebar()
 page.run()

@@ -164,6 +164,7 @@ class EngineSlot:
         A loaded engine is stopped first. Raises :class:`ConfigError` while another load
         or unload is in progress.
         """
+        require_operator()
         opts = parse_options(options)
         avail = engine_class(opts.kind).availability()
         if not avail.ok:
@@ -177,6 +178,7 @@ class EngineSlot:
 
     def unload(self) -> None:
         """Stop the engine in the background (the slot ends empty even when none was loaded)."""
+        require_operator()
         op, engine = self._begin("engine-unload", "stopping", "unloading", None)
         op.start(lambda: _unload(op, engine))
 
@@ -228,6 +230,7 @@ class SweepHolder:
     def start(self, spec: SweepSpec | CapacitySpec, engine: Engine | None) -> SweepTask:
         """Start ``spec`` on ``engine`` in the background; :class:`ConfigError` (one line) when a
         sweep or a run is already in progress."""
+        require_operator()
         with self._lock:
             if self._task is not None and self._task.active:
                 raise ConfigError("a sweep is already in progress; stop it or wait for it to finish")
@@ -241,6 +244,7 @@ class SweepHolder:
 
     def cancel(self) -> None:
         """Stop the sweep in progress (its run in progress too); finished runs stay stored."""
+        require_operator()
         task = self.current()
         if task is not None:
             task.cancel()
@@ -288,6 +292,21 @@ def get_engine_slot() -> EngineSlot:
 def get_sweep_holder() -> SweepHolder:
     """The sweep or capacity search of this process (outlives pages and sessions)."""
     return _sweep_holder(db_path())
+
+
+VIEWER_REASON = "viewer mode: this dashboard is read-only (an operator runs `make run` on the benchmarking machine)"
+
+
+def viewer() -> bool:
+    """The dashboard is in viewer mode (``MOEBENCH_MODE=viewer``, ``make demo``): read-only."""
+    return get_settings().mode.strip().lower() == "viewer"
+
+
+def require_operator() -> None:
+    """Refuse an action in viewer mode (a disabled button is not the only guard: a crafted
+    client could still send the click)."""
+    if viewer():
+        raise ConfigError(VIEWER_REASON)
 
 
 def busy_reason() -> str | None:

@@ -257,6 +257,7 @@ def run_progress(snap: JobSnapshot) -> tuple[float, str]:
 def submit_run(slot: Any, manager: Any, fields: dict[str, Any]) -> bool:
     """Start a run of ``fields`` on the loaded engine; a refusal is shown as one line."""
     try:
+        services.require_operator()
         if services.get_sweep_holder().active():
             raise ConfigError("a sweep is in progress; stop it on the Sweep page or wait for it to finish")
         config = RunConfig.build(engine=dict(slot.state().options or {}), **fields)
@@ -271,7 +272,9 @@ def submit_run(slot: Any, manager: Any, fields: dict[str, Any]) -> bool:
 
 
 def start_blocked_reason(state: Any, active: Any) -> str | None:
-    """Why a run cannot start now (no engine loaded, another run going), or None."""
+    """Why a run cannot start now (viewer mode, no engine loaded, another run going), or None."""
+    if services.viewer():
+        return "Viewer mode: runs are started by the operator."
     if not state.ready:
         return "Load a model on the Engine & Model page first."
     if services.get_sweep_holder().active():
@@ -602,6 +605,7 @@ def live_panel(mode: str) -> None:
             key=f"{mode}.btn.stop",
             on_click=_cancel,
             args=(snap0.job_id,),
+            disabled=services.viewer(),
             help="Cancel the run: requests in flight end as cancelled; what was measured is kept",
         )
 
@@ -661,6 +665,8 @@ def _progress(snap: JobSnapshot | None, run_id: int, status: str, mode: str) -> 
 
 
 def _cancel(job_id: str) -> None:
+    if services.viewer():
+        return  # read-only: the button is disabled; a crafted click changes nothing
     job = services.get_job_manager().get(job_id)
     if job is None:
         return

@@ -41,6 +41,9 @@ class Settings:
     # dashboard/host_guard.py); a LAN demo adds the machine's name or address, `*` turns the
     # check off. Env: MOEBENCH_ALLOWED_HOSTS.
     allowed_hosts: str = "127.0.0.1,localhost,::1"
+    # "operator" (default) or "viewer": a read-only dashboard for demos (`make demo`): every page
+    # readable, nothing can be loaded, started, stopped, imported or deleted. Env: MOEBENCH_MODE.
+    mode: str = "operator"
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:

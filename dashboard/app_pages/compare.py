@@ -90,6 +90,9 @@ for _k, _v in {
 
 def _start_compare() -> None:
     """Button callback: build the workload and start both runs in the background."""
+    if services.viewer():
+        ss["c.compare-error"] = services.VIEWER_REASON
+        return
     loaded = services.get_engine_slot().state()
     opts = loaded.options or {}
     base = {k: opts[k] for k in ("model", "accelerator", "dtype", "trust_remote_code") if k in opts}
@@ -126,7 +129,9 @@ with st.container(border=True):
     )
     vllm_avail = engine_class("vllm").availability()
     blocked = None
-    if cstate.running:
+    if services.viewer():
+        blocked = "Viewer mode: comparisons are run by the operator."
+    elif cstate.running:
         blocked = "A comparison is running."
     elif (busy := services.busy_reason()) is not None:
         blocked = busy
@@ -198,7 +203,10 @@ with st.container(border=True):
         )
         s1.progress(now.fraction, text=f"{icon} native vs vLLM · {now.status} · {now.message}")
         if now.running:
-            s2.button("Stop", icon=":material/stop:", key="c.btn.compare-stop", on_click=task.cancel, width="stretch")
+            s2.button(
+                "Stop", icon=":material/stop:", key="c.btn.compare-stop", on_click=task.cancel, width="stretch",
+                disabled=services.viewer(),
+            )  # fmt: skip
         if now.error:
             st.error(now.error, icon=":material/error:")
         for note in now.notes:

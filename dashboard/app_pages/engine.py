@@ -158,7 +158,9 @@ with form_col, st.container(border=True):
     active = manager.active()
     sweeping = services.get_sweep_holder().active()
     reason = None
-    if not kind_avail.ok:
+    if services.viewer():
+        reason = "viewer mode: the operator loads models"
+    elif not kind_avail.ok:
         reason = "this engine kind is unavailable here"
     elif not acc_avail.ok:
         reason = "this accelerator is unavailable here"
@@ -180,7 +182,7 @@ with form_col, st.container(border=True):
         "Unload",
         icon=":material/eject:",
         key="e.btn.unload",
-        disabled=state.status not in ("ready", "failed") or active is not None or sweeping,
+        disabled=state.status not in ("ready", "failed") or active is not None or sweeping or services.viewer(),
         width="stretch",
     )
     if reason:

@@ -153,7 +153,10 @@ def _live() -> None:
             text=f"{snap.phase} · {snap.done}/{snap.total} requests · {data.fmt_duration(snap.elapsed_s)}",
         )
     with c2:
-        st.button("Stop", icon=":material/stop:", key="p.btn.stop", on_click=job.cancel, width="stretch")
+        st.button(
+            "Stop", icon=":material/stop:", key="p.btn.stop", on_click=job.cancel, width="stretch",
+            disabled=services.viewer(),
+        )  # fmt: skip
     if snap.error:
         st.error(snap.error, icon=":material/error:")
     if snap.run_id is not None:
@@ -180,6 +183,7 @@ def _show(run_id: int) -> None:
 
 def _import_examples() -> None:
     try:
+        services.require_operator()
         imported, skipped = data.import_examples(store)
     except MoEBenchError as exc:
         ss["p.flash"] = ("error", str(exc))
@@ -202,7 +206,7 @@ with st.container(horizontal=True, vertical_alignment="center"):
         icon=":material/upload:",
         key="p.btn.import-examples",
         on_click=_import_examples,
-        disabled=not examples,
+        disabled=not examples or services.viewer(),
         help="Real runs on an NVIDIA H200 from examples/ (a profile with its trace, a latency and a concurrency "
         "run), so the breakdown shows GPU kernel time without a GPU here. Already imported ones are skipped.",
     )

@@ -22,6 +22,7 @@ if flash is not None:
 
 def _import_examples() -> None:
     try:
+        services.require_operator()
         imported, _skipped = data.import_examples(store)
     except MoEBenchError as exc:
         st.session_state["r.flash"] = ("error", str(exc))
@@ -43,7 +44,7 @@ if df.empty:
         icon=":material/upload:",
         key="r.btn.import-examples",
         on_click=_import_examples,
-        disabled=not data.example_names(),
+        disabled=not data.example_names() or services.viewer(),
     )
     st.stop()
 
@@ -51,6 +52,7 @@ if df.empty:
 def _delete(run_ids: list[int]) -> None:
     """Button callback (runs before the page, so it may reset the selection widgets)."""
     try:
+        services.require_operator()
         n = store.delete_runs(run_ids)
     except MoEBenchError as exc:
         st.session_state["r.flash"] = ("error", str(exc))
@@ -251,7 +253,7 @@ with delete_tab:
             type="primary",
             icon=":material/delete:",
             key="r.btn.delete",
-            disabled=not (confirm and deletable),
+            disabled=not (confirm and deletable) or services.viewer(),
             on_click=_delete,
             args=(deletable,),
         )

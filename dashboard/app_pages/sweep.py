@@ -301,6 +301,8 @@ def _build(engine: dict[str, Any]) -> tuple[SweepSpec | CapacitySpec, str]:
 
 
 def _blocked() -> str | None:
+    if services.viewer():
+        return "Viewer mode: sweeps are started by the operator."
     if not state.ready:
         return "Load a model on the Engine & Model page first."
     if holder.active():
@@ -437,7 +439,10 @@ def _progress(snap: SweepSnapshot) -> None:
                 f"Now: {report.point_label(snap.current_point)} · run #{js.run_id} · {js.status} · "
                 f"{js.done:,}/{js.total:,} requests · {js.failed} failed · {data.fmt_duration(js.elapsed_s)}"
             )
-    c2.button("Stop", icon=":material/stop:", key="w.btn.stop", on_click=holder.cancel, width="stretch")
+    c2.button(
+        "Stop", icon=":material/stop:", key="w.btn.stop", on_click=holder.cancel, width="stretch",
+        disabled=services.viewer(),
+    )  # fmt: skip
 
 
 def _pick_caption(key: str, row: dict[str, Any] | None) -> str:
