@@ -609,11 +609,17 @@ def live_panel(mode: str) -> None:
             help="Cancel the run: requests in flight end as cancelled; what was measured is kept",
         )
 
-    @st.fragment(run_every=1.0 if running else None)
+    # A run another process is running (the operator's dashboard or CLI, seen from a viewer
+    # on the same store): follow it from the store, a little less often.
+    elsewhere = not running and (last0 := _latest_run(mode)) is not None and last0.status == "running"
+
+    @st.fragment(run_every=1.0 if running else 2.0 if elsewhere else None)
     def _panel() -> None:
         snap = job.snapshot() if job is not None else None
         if running and snap is not None and not snap.active:
             st.rerun()  # finished: one full redraw (buttons, sidebar), then no more refreshes
+        if elsewhere and snap is None and (now := _latest_run(mode)) is not None and now.status != "running":
+            st.rerun()  # the other process's run ended: redraw once with its final summary
         if snap is not None:
             run_id, status, summary, config = snap.run_id, snap.status, snap.summary, snap.config
         else:
@@ -622,7 +628,10 @@ def live_panel(mode: str) -> None:
                 st.info(f"No {mode} run yet. Set the workload above and press Start.", icon=":material/info:")
                 return
             run_id, status, summary, config = last.id, last.status, last.summary, last.config
-            st.caption(f"Showing the latest stored {mode} run (started {data.runs_frame([last])['created'][0]}).")
+            where = " (running in another process: following its stored progress)" if last.status == "running" else ""
+            st.caption(
+                f"Showing the latest stored {mode} run (started {data.runs_frame([last])['created'][0]}){where}."
+            )
         assert run_id is not None
         _progress(snap, run_id, status, mode)
         live = data.load_live(store, run_id)

@@ -45,3 +45,19 @@ def test_actions_are_refused_behind_the_buttons_too(viewer: None) -> None:
         slot.load({"kind": "native"})
     with pytest.raises(ConfigError, match="viewer mode"):
         slot.unload()
+
+
+def test_a_viewer_follows_a_run_another_process_is_running(
+    viewer: None, app_test: Callable[..., Any], session_store: Any
+) -> None:
+    """The operator's run lives in another process; the viewer reads it from the store and says so."""
+    run_id = session_store.create_run(
+        mode="latency", engine="native", model="tiny-deepseek-v3", accelerator="cpu", config={"mode": "latency"}
+    )
+    try:
+        at = app_test("app_pages/latency.py")
+        assert not at.exception
+        text = _texts(at)
+        assert f"Run #{run_id} · running" in text and "running in another process" in text
+    finally:
+        session_store.finish_run(run_id, "cancelled", error="test over")
