@@ -594,6 +594,10 @@ def live_panel(mode: str) -> None:
     store = services.get_store()
     job = manager.latest(mode)
     running = job is not None and job.snapshot().active
+    if job is not None and not running:
+        newest = _latest_run(mode)
+        if newest is not None and job.run_id is not None and newest.id > job.run_id:
+            job = None  # a newer run of this mode came from elsewhere (a CLI, another dashboard): show that
 
     if running and job is not None:
         # Drawn once, outside the refreshing panel: a button redrawn every second under the
