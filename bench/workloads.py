@@ -215,16 +215,23 @@ def read_jsonl(path: Path, context_len: int | None = None) -> list[dict[str, Any
     return items
 
 
+def _loads(text: str, where: str, at_line: bool = False) -> Any:
+    """``json.loads``, its failures (bad JSON, nesting too deep to read) as one-line :class:`WorkloadError`."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        at = f" at line {exc.lineno}" if at_line else ""
+        sep = " is" if at_line else ":"
+        raise WorkloadError(f"{where}{sep} not valid JSON ({exc.msg}{at})") from exc
+    except RecursionError as exc:
+        raise WorkloadError(f"{where}: JSON nested too deeply to read") from exc
+
+
 def _jsonl_item(line: str, n: int, origin: str) -> dict[str, Any] | None:
     """Line ``n`` as ``{"prompt", "output_len"}``, ``None`` when blank; a bad line raises :class:`WorkloadError`."""
     if not line.strip():
         return None
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{origin} line {n}: not valid JSON ({exc.msg})") from exc
-    except RecursionError as exc:
-        raise WorkloadError(f"{origin} line {n}: JSON nested too deeply to read") from exc
+    obj = _loads(line, f"{origin} line {n}")
     if not isinstance(obj, dict):
         raise WorkloadError(f"{origin} line {n}: expected an object with a 'prompt' field")
     prompt = obj.get("prompt")
@@ -305,12 +312,7 @@ def parse_sharegpt(data: bytes | str, origin: str = "upload") -> list[tuple[str,
             data = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise WorkloadError(f"{origin} is not UTF-8 text (byte {exc.start})") from exc
-    try:
-        obj = json.loads(data)
-    except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{origin} is not valid JSON ({exc.msg} at line {exc.lineno})") from exc
-    except RecursionError as exc:
-        raise WorkloadError(f"{origin}: JSON nested too deeply to read") from exc
+    obj = _loads(data, origin, at_line=True)
     if not isinstance(obj, list):
         raise WorkloadError(f"{origin} is not a ShareGPT file: expected a JSON list of conversations")
     pairs: list[tuple[str, str]] = []

@@ -594,10 +594,9 @@ def live_panel(mode: str) -> None:
     store = services.get_store()
     job = manager.latest(mode)
     running = job is not None and job.snapshot().active
-    if job is not None and not running:
-        newest = _latest_run(mode)
-        if newest is not None and job.run_id is not None and newest.id > job.run_id:
-            job = None  # a newer run of this mode came from elsewhere (a CLI, another dashboard): show that
+    newest = None if running else _latest_run(mode)
+    if job is not None and newest is not None and job.run_id is not None and newest.id > job.run_id:
+        job = None  # a newer run of this mode came from elsewhere (a CLI, another dashboard): show that
 
     if running and job is not None:
         # Drawn once, outside the refreshing panel: a button redrawn every second under the
@@ -615,7 +614,7 @@ def live_panel(mode: str) -> None:
 
     # A run another process is running (the operator's dashboard or CLI, seen from a viewer
     # on the same store): follow it from the store, a little less often.
-    elsewhere = not running and (last0 := _latest_run(mode)) is not None and last0.status == "running"
+    elsewhere = newest is not None and newest.status == "running"
 
     @st.fragment(run_every=1.0 if running else 2.0 if elsewhere else None)
     def _panel() -> None:
