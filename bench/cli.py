@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -334,6 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _store(args: argparse.Namespace) -> Store:
     from engines.settings import get_settings
 
+    if args.db and "MOEBENCH_LOGS_DIR" not in os.environ:
+        # The servers this command starts log beside its store, as its traces are kept there.
+        os.environ["MOEBENCH_LOGS_DIR"] = str(Path(args.db).resolve().parent / "logs")
     return Store(args.db or get_settings().db_path)
 
 

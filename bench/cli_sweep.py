@@ -248,20 +248,10 @@ def repeat_run(args: argparse.Namespace) -> int:
     """``run --repeat N``: the run N times as a one-point sweep (each with its own prompt seed,
     so a server's prefix cache cannot serve a repeat), then the spread of each headline figure."""
     from bench.cli import format_spread
-    from bench.config import RunConfig
     from bench.metrics import spread
 
     store = _store(args)
-    base = run_config_data(args)
-    cfg = RunConfig.build(**base)  # the run's own checks first, with its defaults filled in
-    rate = cfg.request_rate
-    spec = SweepSpec.build(
-        base=base,
-        concurrency=[] if rate is not None else [cfg.concurrency],
-        request_rate=[rate] if rate is not None else [],
-        repeats=args.repeat,
-        name=args.name or f"{cfg.mode} x{args.repeat}",
-    )
+    spec = SweepSpec.repeat(run_config_data(args), args.repeat, args.name)
     print(f"{args.repeat} repeats of one run (sweep)", file=sys.stderr)
     task = SweepTask(spec, store)
     code = _drive(task, args, store, outputs=False)

@@ -19,6 +19,29 @@ COLORS: tuple[str, ...] = (
     "#EC4899",  # pink
     "#14B8A6",  # teal
 )
+# One colour per engine and one marker per mode, on every chart that sets runs side by side.
+ENGINE_COLORS: dict[str, str] = {
+    "native": "#4F46E5",  # indigo
+    "vllm": "#10B981",  # emerald
+    "triton": "#F59E0B",  # amber
+    "lmdeploy": "#8B5CF6",  # violet
+    "openai": "#0EA5E9",  # sky
+}
+MODE_SYMBOLS: dict[str, str] = {
+    "latency": "circle",
+    "concurrency": "square",
+    "profile": "diamond",
+    "sweep": "triangle-up",
+}
+
+
+def engine_color(engine: str) -> str:
+    """The engine's colour (an unknown kind gets a stable one from the palette)."""
+    if engine in ENGINE_COLORS:
+        return ENGINE_COLORS[engine]
+    return COLORS[sum(map(ord, engine)) % len(COLORS)]
+
+
 P50_COLOR = "#059669"
 P99_COLOR = "#DC2626"
 

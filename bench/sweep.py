@@ -112,6 +112,25 @@ class SweepSpec(BaseModel):
         except ValidationError as exc:
             raise _config_error(exc) from exc
 
+    @classmethod
+    def repeat(cls, base: dict[str, Any], repeats: int, name: str = "") -> SweepSpec:
+        """One run repeated ``repeats`` times (``run --repeat N``, the run pages' Repeats field):
+        a one-point sweep at the run's own concurrency or rate, each repeat with fresh prompts."""
+        cfg = RunConfig.build(**base)  # the run's own checks first, with its defaults filled in
+        rate = cfg.request_rate
+        return cls.build(
+            base=base,
+            concurrency=[] if rate is not None else [cfg.concurrency],
+            request_rate=[rate] if rate is not None else [],
+            repeats=repeats,
+            name=name or cfg.name or f"{cfg.mode} x{repeats}",
+        )
+
+    @property
+    def repeats_one_run(self) -> bool:
+        """A repeat of one run (one point, several repeats): its spread is the result."""
+        return self.repeats > 1 and len(self.points()) == 1
+
     @property
     def load_axis(self) -> str | None:
         return "request_rate" if self.request_rate else "concurrency" if self.concurrency else None

@@ -33,6 +33,7 @@ PAGES = {
     "Analysis": [
         st.Page(ui.PAGE_RESULTS, title="Results", icon=":material/table_chart:"),
         st.Page(ui.PAGE_COMPARE, title="Compare with the book", icon=":material/compare_arrows:"),
+        st.Page(ui.PAGE_REPLAY, title="Replay a run", icon=":material/replay:"),
     ],
 }
 

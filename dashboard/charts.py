@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from bench.metrics import CANCELLED
-from bench.plot_style import COLORS, P50_COLOR, P99_COLOR, PRIMARY, register_template
+from bench.plot_style import COLORS, MODE_SYMBOLS, P50_COLOR, P99_COLOR, PRIMARY, engine_color, register_template
 
 if TYPE_CHECKING:
     from bench.slo import Slo
@@ -254,6 +255,9 @@ def distribution(
     )  # fmt: skip
     fig.update_xaxes(title=f"{column.removesuffix('_ms').upper()} ({unit})")
     fig.update_yaxes(title="requests")
+    # The tallest bar holds at most every value: whole-number ticks while that is small.
+    counts, _ = np.histogram(values, bins=min(40, max(1, len(values))))
+    integer_ticks(fig, float(counts.max()) if len(counts) else 1.0)
     fig.update_layout(bargap=0.02)
     if slos:
         _slo_vlines(fig, slos, column, float(values.min()), float(values.max()))
@@ -274,6 +278,25 @@ def series(ts: pd.DataFrame, name: str) -> pd.DataFrame:
 DASHES: tuple[str, ...] = ("solid", "dot", "dash", "dashdot")
 
 
+def mark_replay(fig: go.Figure, text: str) -> go.Figure:
+    """Label a chart drawn from a stored run played back, so it is never taken for a live one."""
+    fig.add_annotation(
+        text=text, showarrow=False, x=1.0, y=1.0, xref="paper", yref="paper", xanchor="right", yanchor="bottom",
+        yshift=24, font={"size": 11, "color": "#7C3AED"}, bgcolor="#F5F3FF", bordercolor="#C4B5FD", borderpad=3,
+    )  # fmt: skip
+    return fig
+
+
+def integer_ticks(fig: go.Figure, top: float, axis: str = "y", **where: int) -> None:
+    """Whole-number ticks for a count axis: a step of 1 up to 10, and never a fractional label
+    above (a histogram of 3 requests must not read 0.5, 1.5, 2.5 requests)."""
+    update = fig.update_yaxes if axis == "y" else fig.update_xaxes
+    if top <= 10:
+        update(dtick=1, tick0=0, tickformat="d", rangemode="tozero", **where)
+    else:
+        update(tickformat=",d", rangemode="tozero", **where)
+
+
 def line_chart(
     ts: pd.DataFrame,
     names: Sequence[tuple[str, str]],
@@ -282,16 +305,20 @@ def line_chart(
     fill: bool = False,
     shape: str = "linear",
     empty_message: str = "no sample yet (series are sampled about once a second)",
+    integer: bool = False,
+    height: int = 320,
 ) -> go.Figure:
     """Lines for ``names`` ((series name, legend label), ...) against seconds since run start.
 
     Each line has its own colour and dash, so series that coincide (allocated = reserved
-    = peak on CPU, where all three are the process RSS) stay distinguishable."""
+    = peak on CPU, where all three are the process RSS) stay distinguishable. ``integer``:
+    the values are counts (whole-number ticks). Legends sit under the plot, never over
+    its title."""
     parts = [(label, series(ts, name)) for name, label in names]
     parts = [(label, s) for label, s in parts if not s.empty]
     if not parts:
-        return empty_figure(title, empty_message)
-    fig = _figure(title)
+        return empty_figure(title, empty_message, height)
+    fig = _figure(title, height)
     for i, (label, s) in enumerate(parts):
         s = downsample(s)
         fig.add_trace(
@@ -305,8 +332,15 @@ def line_chart(
         )  # fmt: skip
     fig.update_xaxes(title="time since run start (s)", rangemode="tozero")
     fig.update_yaxes(title=y_title)
+    if integer:
+        integer_ticks(fig, max(float(s["value"].max()) for _, s in parts))
     if len(parts) == 1:
         fig.update_layout(showlegend=False)
+    else:
+        fig.update_layout(
+            legend={"orientation": "h", "yanchor": "top", "y": -0.28, "xanchor": "left", "x": 0.0},
+            margin={"b": 84},
+        )
     return fig
 
 
@@ -315,7 +349,7 @@ def throughput_over_time(ts: pd.DataFrame, series_name: str = "output_tok_s") ->
 
 
 def in_flight_over_time(ts: pd.DataFrame, series_name: str = "in_flight") -> go.Figure:
-    return line_chart(ts, [(series_name, "in flight")], "Requests in flight", "requests", shape="hv")
+    return line_chart(ts, [(series_name, "in flight")], "Requests in flight", "requests", shape="hv", integer=True)
 
 
 def memory_over_time(ts: pd.DataFrame, names: Sequence[tuple[str, str]], reported: bool = True) -> go.Figure:
@@ -342,9 +376,11 @@ COMPARE_METRICS: tuple[tuple[str, str, str], ...] = (
 
 
 def compare_bars(runs: pd.DataFrame, metrics: Sequence[tuple[str, str, str]] = COMPARE_METRICS) -> go.Figure:
-    """Small multiples: one bar panel per metric, one bar per run (``label`` column names the runs).
+    """Small multiples: one bar panel per metric, one bar per run, coloured by engine.
 
-    A run without a value for a metric gets no bar (never a zero standing in for "unknown").
+    Bars are named by run id (``#12``: short, never rotated or cut); the legend maps colours
+    to engines and the hover text gives the whole label (``label`` column). A run without a
+    value for a metric gets no bar (never a zero standing in for "unknown").
     """
     title = "Selected runs side by side"
     if runs is None or runs.empty:
@@ -356,24 +392,35 @@ def compare_bars(runs: pd.DataFrame, metrics: Sequence[tuple[str, str, str]] = C
     rows = -(-len(metrics) // cols)
     fig = make_subplots(
         rows=rows, cols=cols, subplot_titles=[f"{label} ({unit})" for _, label, unit in metrics],
-        vertical_spacing=0.16 if rows > 1 else 0.1, horizontal_spacing=0.08,
+        vertical_spacing=0.2 if rows > 1 else 0.1, horizontal_spacing=0.08,
     )  # fmt: skip
+    ids = [f"#{int(r)}" for r in runs["run_id"]] if "run_id" in runs.columns else runs["label"].astype(str).tolist()
     labels = runs["label"].astype(str).tolist()
-    colours = {lab: COLORS[i % len(COLORS)] for i, lab in enumerate(labels)}
+    engines = runs["engine"].astype(str).tolist() if "engine" in runs.columns else ["run"] * len(runs)
     for i, (col, label, unit) in enumerate(metrics):
         r, c = i // cols + 1, i % cols + 1
         values = runs[col]
         fig.add_trace(
             go.Bar(
-                x=labels, y=values, marker={"color": [colours[lab] for lab in labels]}, name=label, showlegend=False,
-                text=[_short(v) for v in values], textposition="outside", cliponaxis=False,
-                hovertemplate=f"%{{x}}<br>{label}: %{{y:.4g}} {unit}<extra></extra>",
+                x=ids, y=values, marker={"color": [engine_color(e) for e in engines]}, name=label, showlegend=False,
+                text=[_short(v) for v in values], textposition="outside", cliponaxis=False, customdata=labels,
+                hovertemplate=f"%{{customdata}}<br>{label}: %{{y:.4g}} {unit}<extra></extra>",
             ),
             row=r, col=c,
         )  # fmt: skip
-        fig.update_yaxes(title_text=unit, row=r, col=c, rangemode="tozero")
-        fig.update_xaxes(showticklabels=len(labels) <= 6, row=r, col=c)
-    fig.update_layout(template=TEMPLATE_NAME, title=title, height=300 * rows + 80, showlegend=False, margin={"t": 90})
+        top = float(values.max()) if values.notna().any() else 1.0
+        fig.update_yaxes(title_text=unit, row=r, col=c, range=[0, top * 1.22 or 1.0])  # room for the value labels
+        fig.update_xaxes(type="category", tickangle=0, row=r, col=c)
+    # The legend: one entry per engine, drawn by empty traces (the bars carry no legend).
+    for engine in dict.fromkeys(engines):
+        fig.add_trace(
+            go.Bar(x=[None], y=[None], name=engine, marker={"color": engine_color(engine)}, showlegend=True),
+            row=1, col=1,
+        )  # fmt: skip
+    fig.update_layout(
+        template=TEMPLATE_NAME, title=title, height=300 * rows + 90, showlegend=True, margin={"t": 110},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.06, "xanchor": "right", "x": 1.0, "title": "engine"},
+    )  # fmt: skip
     return fig
 
 
@@ -396,34 +443,40 @@ def latency_throughput_scatter(
     x_title: str = "output throughput (tokens/s)",
     y_title: str = "E2E p99 latency (ms)",
 ) -> go.Figure:
-    """Every run with a summary as a point; ``highlight`` (run ids) drawn larger and labelled."""
+    """Every run with a summary as a point, coloured by engine and shaped by mode;
+    ``highlight`` (run ids) drawn larger and named by id (the hover gives the whole label)."""
     title = "Latency vs throughput"
     if not _has(runs, x, y):
         return empty_figure(title, "no run with a measured summary")
     data = runs.dropna(subset=[x, y])
     data = downsample(data)
-    chosen = data[data["run_id"].isin(list(highlight))]
-    others = data[~data["run_id"].isin(list(highlight))]
-    fig = _figure(title, 380)
-    hover = "%{text}<br>%{x:.4g} tokens/s<br>%{y:.4g} ms<extra></extra>"
-    if not others.empty:
+    chosen = data["run_id"].isin(list(highlight))
+    engines = data["engine"].astype(str) if "engine" in data.columns else pd.Series("run", index=data.index)
+    modes = data["mode"].astype(str) if "mode" in data.columns else pd.Series("", index=data.index)
+    fig = _figure(title, 400)
+    hover = "%{customdata}<br>%{x:.4g} tokens/s<br>%{y:.4g} ms<extra></extra>"
+    for (engine, mode), idx in data.groupby([engines, modes], sort=True).groups.items():
+        part = data.loc[idx]
+        big = chosen.loc[idx]
         fig.add_trace(
             go.Scatter(
-                x=others[x], y=others[y], mode="markers", name="other runs", text=others["label"],
-                marker={"size": 9, "color": "#C7D2FE", "line": {"color": PRIMARY, "width": 1}}, hovertemplate=hover,
-            )
-        )  # fmt: skip
-    if not chosen.empty:
-        fig.add_trace(
-            go.Scatter(
-                x=chosen[x], y=chosen[y], mode="markers+text", name="selected", text=chosen["label"],
-                textposition="top center", hovertemplate=hover,
-                marker={"size": 14, "color": PRIMARY, "line": {"color": "white", "width": 2}},
+                x=part[x], y=part[y], mode="markers+text", name=f"{engine} · {mode}" if mode else engine,
+                customdata=part["label"], hovertemplate=hover,
+                text=[f"#{int(r)}" if b else "" for r, b in zip(part["run_id"], big, strict=True)],
+                textposition="top center", cliponaxis=False,
+                marker={
+                    "color": engine_color(engine), "symbol": MODE_SYMBOLS.get(mode, "circle"),
+                    "size": [15 if b else 9 for b in big], "opacity": [1.0 if b else 0.55 for b in big],
+                    "line": {"color": "white", "width": 1},
+                },
             )
         )  # fmt: skip
     # Head-room so the labels of the largest points stay inside the plot.
     fig.update_xaxes(title=x_title, range=[0, float(data[x].max()) * 1.2 or 1.0])
-    fig.update_yaxes(title=y_title, range=[0, float(data[y].max()) * 1.2 or 1.0])
+    fig.update_yaxes(title=y_title, range=[0, float(data[y].max()) * 1.25 or 1.0])
+    fig.update_layout(
+        legend={"orientation": "h", "yanchor": "top", "y": -0.22, "xanchor": "left", "x": 0.0}, margin={"b": 96}
+    )
     return fig
 
 

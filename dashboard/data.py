@@ -23,7 +23,7 @@ import pandas as pd
 
 from bench.config import RunConfig
 from bench.job import BackgroundTask, error_reason
-from bench.metrics import METRIC_DEFINITIONS, RunSummary
+from bench.metrics import METRIC_DEFINITIONS, RunSummary, Spread
 from bench.runner import (
     ARTIFACT_BREAKDOWN,
     ARTIFACT_OPERATORS,
@@ -70,6 +70,81 @@ def load_live(store: Store, run_id: int, window: int = LIVE_WINDOW) -> LiveData:
     ts = pd.DataFrame(points, columns=["t_s", "name", "value"])
     total = len(samples) if len(samples) < window else store.sample_count(run_id)
     return LiveData(samples, ts, total)
+
+
+# --- replay ------------------------------------------------------------------------------------
+
+REPLAY_SPEEDS: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+@dataclass(frozen=True)
+class RunRecording:
+    """A stored run, read once, to be played back: its requests and its per-second series."""
+
+    run_id: int
+    samples: pd.DataFrame  # REQUEST_CSV_COLUMNS, every request, by end time
+    timeseries: pd.DataFrame  # t_s, name, value
+    records: list[Any]  # RequestRecord, by end time (partial summaries)
+    duration_s: float
+    config: dict[str, Any]
+    concurrency: int | None
+    peak_memory_gib: float | None
+
+
+def load_recording(store: Store, run_id: int) -> RunRecording:
+    """Everything a replay draws, read once (``ConfigError`` when the run has no requests)."""
+    run = store.get_run(run_id)
+    if run is None:
+        raise ConfigError(f"run {run_id} does not exist")
+    samples = pd.DataFrame(store.sample_rows(run_id), columns=list(REQUEST_CSV_COLUMNS))
+    if samples.empty:
+        raise ConfigError(f"run {run_id} has no stored requests to replay")
+    samples = samples.sort_values("end_s", kind="stable").reset_index(drop=True)
+    ts = pd.DataFrame(store.timeseries(run_id), columns=["t_s", "name", "value"])
+    records = sorted(store.records(run_id), key=lambda r: r.end_s)
+    duration = run.summary.duration_s if run.summary is not None else float(samples["end_s"].max())
+    duration = max(duration, float(samples["end_s"].max()), float(ts["t_s"].max()) if not ts.empty else 0.0)
+    return RunRecording(
+        run_id, samples, ts, records, duration, run.config, run.concurrency,
+        run.summary.peak_memory_gib if run.summary is not None else None,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ReplayFrame:
+    """What the live charts showed ``t_s`` seconds into a stored run."""
+
+    t_s: float
+    live: LiveData
+    summary: RunSummary | None  # of the requests finished by t_s
+    done: int
+    in_flight: int
+    total: int
+    finished: bool
+
+
+def replay_frame(rec: RunRecording, t_s: float, window: int = LIVE_WINDOW) -> ReplayFrame:
+    """The run as it stood at ``t_s`` seconds: the requests finished by then (the newest
+    ``window`` of them drawn), the series sampled by then, and the summary of those requests.
+    Nothing is interpolated: every point drawn is one the run recorded."""
+    from bench.metrics import summarize
+
+    t_s = max(0.0, min(t_s, rec.duration_s))
+    done_n = int(rec.samples["end_s"].searchsorted(t_s, side="right"))
+    finished = rec.samples.iloc[:done_n]
+    in_flight = int(((rec.samples["start_s"] <= t_s) & (rec.samples["end_s"] > t_s)).sum())
+    ts = rec.timeseries[rec.timeseries["t_s"] <= t_s]
+    summary = None
+    if done_n:
+        summary = summarize(
+            rec.records[:done_n],
+            duration_s=t_s,
+            max_concurrency=rec.concurrency,
+            request_rate=rec.config.get("request_rate"),
+            slos=rec.config.get("slos") or None,
+        )
+    live = LiveData(finished.iloc[-window:], ts, done_n)
+    return ReplayFrame(t_s, live, summary, done_n, in_flight, len(rec.samples), t_s >= rec.duration_s)
 
 
 def run_slos(config: Mapping[str, Any] | None, summary: RunSummary | None = None) -> list[Slo]:
@@ -132,12 +207,59 @@ def live_figures(
         "in_flight": charts.in_flight_over_time(data.timeseries, SERIES_IN_FLIGHT),
         "memory": charts.memory_over_time(data.timeseries, MEMORY_SERIES, reported=_memory_reported(data.timeseries)),
     }
-    extra = telemetry_series(data.timeseries)
-    if extra:
-        figs["telemetry"] = charts.line_chart(
-            data.timeseries, [(n, n) for n in extra], "Engine telemetry", "value (unit in the series name)"
+    for group in telemetry_groups(telemetry_series(data.timeseries)):
+        figs[f"telemetry:{group.key}"] = charts.line_chart(
+            data.timeseries, group.series, group.title, group.unit, integer=group.integer
         )
     return figs
+
+
+@dataclass(frozen=True)
+class TelemetryGroup:
+    """Telemetry series that share a unit: one small chart each, so %, tokens/s and counts
+    never share an axis."""
+
+    key: str
+    title: str
+    unit: str
+    series: tuple[tuple[str, str], ...]  # (series name, legend label)
+    integer: bool = False  # counts: whole-number ticks
+
+
+# Series-name suffix -> (chart key, title, axis unit, counts?), checked in this order.
+TELEMETRY_UNITS: tuple[tuple[str, str, str, str, bool], ...] = (
+    ("_pct", "pct", "Utilisation and load", "%", False),
+    ("_cores", "cores", "CPU cores busy", "cores", False),
+    ("_tok_s", "tok_s", "Server token rates", "tokens/s", False),
+    ("_rps", "rps", "Server request rates", "requests/s", False),
+    ("_gib", "gib", "Server and device memory", "GiB", False),
+    ("_w", "w", "Power", "W", False),
+    ("_c", "c", "Temperature", "°C", False),
+    ("_mhz", "mhz", "Clock", "MHz", False),
+    ("_cache_queries", "cache", "Prefix cache (cumulative prompt tokens)", "tokens", True),
+    ("_cache_hits", "cache", "Prefix cache (cumulative prompt tokens)", "tokens", True),
+)
+COUNT_GROUP = ("count", "Server queues and events", "count", True)
+
+
+def _series_label(name: str, suffix: str) -> str:
+    core = name[: -len(suffix)] if suffix and name.endswith(suffix) else name
+    return core.removeprefix("server_").replace("_", " ") or name
+
+
+def telemetry_groups(names: Sequence[str]) -> list[TelemetryGroup]:
+    """``names`` grouped into one chart per unit (by the unit suffix every series name carries;
+    a name with none is a count: requests running or waiting, preemptions)."""
+    groups: dict[str, tuple[str, str, bool, list[tuple[str, str]]]] = {}
+    for name in names:
+        match = next((u for u in TELEMETRY_UNITS if name.endswith(u[0])), None)
+        suffix, key, title, unit, integer = match if match is not None else ("", *COUNT_GROUP)
+        label = _series_label(name, suffix if key != "cache" else "")
+        groups.setdefault(key, (title, unit, integer, []))[3].append((name, label))
+    return [
+        TelemetryGroup(key, title, unit, tuple(series), integer)
+        for key, (title, unit, integer, series) in groups.items()
+    ]
 
 
 def _memory_reported(ts: pd.DataFrame) -> bool:
@@ -169,6 +291,7 @@ RUN_COLUMNS: tuple[str, ...] = (
     "created",
     "status",
     "mode",
+    "workload",
     "engine",
     "model",
     "accelerator",
@@ -199,9 +322,45 @@ SWEEP_FILTER_ALL = "all"
 SWEEP_FILTER_NONE = "none"
 
 
+def workload_text(mode: str, concurrency: int | None, config: Mapping[str, Any]) -> str:
+    """``concurrency c=16 · 128→64 tok`` / ``rate 4 req/s · sharegpt``: the load and the lengths."""
+    load = mode
+    rate = config.get("request_rate")
+    if rate:
+        load = f"{mode} {float(rate):g} req/s"
+    elif mode in ("concurrency", "sweep") and concurrency:
+        load = f"{mode} c={concurrency}"
+    workload = config.get("workload") if isinstance(config.get("workload"), Mapping) else {}
+    source = str(workload.get("source") or "random")
+    in_len, out_len = workload.get("input_len"), workload.get("output_len")
+    varied = workload.get("input_dist", "fixed") != "fixed" or workload.get("output_dist", "fixed") != "fixed"
+    approx = "~" if varied else ""
+    if source in ("random", "shared_prefix", "multi_turn") and in_len and out_len:
+        lengths = f"{approx}{in_len}→{approx}{out_len} tok"
+    elif out_len and source == "builtin":
+        lengths = f"builtin→{out_len} tok"
+    else:
+        lengths = source  # file prompts carry their own lengths
+    return f"{load} · {lengths}"
+
+
+def spread_frame(rows: Sequence[Spread]) -> pd.DataFrame:
+    """The spread of repeated runs as a table: one row per headline figure."""
+    return pd.DataFrame(
+        [
+            {"figure": r.label, "runs": r.n, "min": r.min, "median": r.median, "max": r.max,
+             "CV %": None if r.cv is None else round(100.0 * r.cv, 1)}
+            for r in rows
+        ],
+        columns=["figure", "runs", "min", "median", "max", "CV %"],
+    )  # fmt: skip
+
+
 def run_label(run: RunRow) -> str:
-    """A short, unique label: ``#12 native·tiny-deepseek-v3·cpu``."""
-    return f"#{run.id} {run.engine}·{run.model}·{run.accelerator}"
+    """A short, unique label with the engine, the load and the lengths:
+    ``#12 vllm · concurrency c=16 · 128→64 tok`` (the device too when it is not the CPU)."""
+    where = "" if run.accelerator == "cpu" else f" · {run.engine_info.get('device') or run.accelerator}"
+    return f"#{run.id} {run.engine} · {workload_text(run.mode, run.concurrency, run.config)}{where}"
 
 
 def sweep_label(sweep: SweepRow) -> str:
@@ -226,6 +385,7 @@ def runs_frame(runs: Sequence[RunRow], sweeps: Mapping[int, str] | None = None) 
                 "created": pd.Timestamp(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.created_at))),
                 "status": run.status,
                 "mode": run.mode,
+                "workload": workload_text(run.mode, run.concurrency, run.config),
                 "engine": run.engine,
                 "model": run.model,
                 "accelerator": run.accelerator,

@@ -9,6 +9,7 @@ Streamlit here: this module only describes the fields and parses the widgets' va
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import types
 import typing
@@ -95,9 +96,87 @@ def field_spec(name: str, info: FieldInfo) -> FieldSpec:
     return FieldSpec(widget="json", **common)
 
 
+# Option groups, in the order the Engine page draws them. The book's 8.2.3 ``LLM(...)``
+# arguments come first; what only shapes the client (pool sizes, tensor names, ports) last,
+# under "Advanced", closed by default.
+GROUP_BOOK = "The book's launch arguments (8.2.3)"
+GROUP_SERVER = "Server"
+GROUP_CONNECT = "Connection and requests"
+GROUP_ADVANCED = "Advanced: client plumbing"
+OPTION_GROUPS: tuple[str, ...] = (GROUP_BOOK, GROUP_SERVER, GROUP_CONNECT, GROUP_ADVANCED)
+
+# Field name -> (human label, group). A field missing here keeps its model title (or its
+# name with spaces) and goes under "Advanced": a test checks every engine's fields are named.
+OPTION_META: dict[str, tuple[str, str]] = {
+    # the book's 8.2.3 vLLM arguments
+    "tensor_parallel_size": ("Tensor parallel size (GPUs)", GROUP_BOOK),
+    "max_num_batched_tokens": ("Max batched tokens per step", GROUP_BOOK),
+    "quantization": ("Quantization (e.g. fp8)", GROUP_BOOK),
+    "enable_prefix_caching": ("Prefix caching", GROUP_BOOK),
+    # the server's own
+    "max_num_seqs": ("Max sequences per step", GROUP_SERVER),
+    "max_model_len": ("Max model length (tokens)", GROUP_SERVER),
+    "gpu_memory_utilization": ("GPU memory fraction for vLLM", GROUP_SERVER),
+    "cpu_kvcache_space_gib": ("CPU KV cache (GiB)", GROUP_SERVER),
+    "enforce_eager": ("Eager mode (no CUDA graphs)", GROUP_SERVER),
+    "served_model_name": ("Served model name", GROUP_SERVER),
+    "backend": ("LMDeploy backend", GROUP_SERVER),
+    "tp": ("Tensor parallel (tp)", GROUP_SERVER),
+    "ep": ("Expert parallel (ep)", GROUP_SERVER),
+    "session_len": ("Session length (tokens)", GROUP_SERVER),
+    "max_batch_size": ("Max batch size", GROUP_SERVER),
+    "cache_max_entry_count": ("KV cache share of free memory", GROUP_SERVER),
+    "eager_mode": ("Eager mode", GROUP_SERVER),
+    "instance_count": ("Model instances", GROUP_SERVER),
+    "model_name": ("Triton model name", GROUP_SERVER),
+    "record_routing": ("Record expert routing", GROUP_SERVER),
+    "profiler_dir": ("Profiler output folder", GROUP_SERVER),
+    # where the server is and what a request asks for
+    "base_url": ("Server URL (empty: MoE Bench starts one)", GROUP_CONNECT),
+    "endpoint": ("API endpoint", GROUP_CONNECT),
+    "exact_lengths": ("Exact output length (ignore EOS)", GROUP_CONNECT),
+    "tokenizer": ("Tokenizer folder", GROUP_CONNECT),
+    "timeout_s": ("Request deadline (s)", GROUP_CONNECT),
+    # client plumbing
+    "max_connections": ("HTTP connection pool size", GROUP_ADVANCED),
+    "send_min_tokens": ("Also send a minimum length (min tokens)", GROUP_ADVANCED),
+    "server_token_counts": ("Per-chunk token counts from the server", GROUP_ADVANCED),
+    "check_model": ("Check the model is served at start", GROUP_ADVANCED),
+    "async_client": ("Asynchronous HTTP client", GROUP_ADVANCED),
+    "extra_args": ("Extra server flags (JSON list)", GROUP_ADVANCED),
+    "port": ("Server port (empty: a free one)", GROUP_ADVANCED),
+    "start_timeout_s": ("Server start timeout (s)", GROUP_ADVANCED),
+    "metrics_url": ("Metrics URL", GROUP_ADVANCED),
+    "metrics_port": ("Metrics port", GROUP_ADVANCED),
+    "input_name": ("Input tensor name", GROUP_ADVANCED),
+    "output_name": ("Output tensor name", GROUP_ADVANCED),
+    "max_tokens_name": ("Max-tokens tensor name", GROUP_ADVANCED),
+    "stream_name": ("Stream tensor name", GROUP_ADVANCED),
+    "ignore_eos_name": ("Ignore-EOS tensor name", GROUP_ADVANCED),
+    "tokens_name": ("Token-ids tensor name", GROUP_ADVANCED),
+}
+
+
 def option_fields(options_model: type[BaseModel]) -> list[FieldSpec]:
-    """The engine-specific fields of an options model (those not common to every engine)."""
-    return [field_spec(n, info) for n, info in options_model.model_fields.items() if n not in COMMON_FIELDS]
+    """The engine-specific fields of an options model (those not common to every engine),
+    with their human labels."""
+    out = []
+    for n, info in options_model.model_fields.items():
+        if n in COMMON_FIELDS:
+            continue
+        spec = field_spec(n, info)
+        if n in OPTION_META and not info.title:
+            spec = dataclasses.replace(spec, label=OPTION_META[n][0])
+        out.append(spec)
+    return out
+
+
+def grouped_option_fields(options_model: type[BaseModel]) -> list[tuple[str, list[FieldSpec]]]:
+    """The option fields by group, groups in :data:`OPTION_GROUPS` order, empty groups left out."""
+    by_group: dict[str, list[FieldSpec]] = {g: [] for g in OPTION_GROUPS}
+    for spec in option_fields(options_model):
+        by_group[OPTION_META.get(spec.name, ("", GROUP_ADVANCED))[1]].append(spec)
+    return [(g, specs) for g, specs in by_group.items() if specs]
 
 
 def parse_value(spec: FieldSpec, raw: Any) -> Any:

@@ -15,11 +15,11 @@ from typing import Any
 import streamlit as st
 
 from bench.config import RunConfig, field_bounds
-from bench.metrics import METRIC_DEFINITIONS, RunSummary
+from bench.metrics import METRIC_DEFINITIONS, RunSummary, spread
 from bench.runner import SERIES_OUTPUT_TOK_S, Job, JobSnapshot
 from bench.slo import SLO_PRESETS, Slo
-from bench.store import RunRow
-from bench.sweep import SweepSnapshot
+from bench.store import RunRow, SweepRow
+from bench.sweep import SweepSnapshot, SweepSpec
 from bench.workloads import LENGTH_DISTS, WorkloadSpec, parse_jsonl
 from dashboard import data, forms, services
 from engines.errors import ConfigError, MoEBenchError, WorkloadError
@@ -32,6 +32,7 @@ PAGE_RESULTS = "app_pages/results.py"
 PAGE_COMPARE = "app_pages/compare.py"
 PAGE_PROFILING = "app_pages/profiling.py"
 PAGE_SWEEP = "app_pages/sweep.py"
+PAGE_REPLAY = "app_pages/replay.py"
 MODE_PAGES = {"latency": PAGE_LATENCY, "concurrency": PAGE_CONCURRENCY, "profile": PAGE_PROFILING}
 
 PLOTLY_CONFIG: dict[str, Any] = {"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d", "select2d"]}
@@ -113,6 +114,7 @@ def init_state(page: str | None = None) -> None:
                 f"{mode}.seed": 0,
                 f"{mode}.name": "",
                 f"{mode}.size": "requests",
+                f"{mode}.repeats": 1,
                 f"{mode}.duration": 30.0,
                 f"{mode}.ramp_up": RunConfig.model_fields["ramp_up_s"].default,
                 f"{mode}.slo_preset": forms.SLO_NO_PRESET,
@@ -254,21 +256,63 @@ def run_progress(snap: JobSnapshot) -> tuple[float, str]:
 # --- run pages -------------------------------------------------------------------------------
 
 
-def submit_run(slot: Any, manager: Any, fields: dict[str, Any]) -> bool:
-    """Start a run of ``fields`` on the loaded engine; a refusal is shown as one line."""
+def submit_run(slot: Any, manager: Any, fields: dict[str, Any], repeats: int = 1) -> bool:
+    """Start a run of ``fields`` on the loaded engine (``repeats`` > 1: that run repeated, as a
+    one-point sweep whose spread the page shows); a refusal is shown as one line."""
     try:
         services.require_operator()
-        if services.get_sweep_holder().active():
+        sweeps = services.get_sweep_holder()
+        if sweeps.active():
             raise ConfigError("a sweep is in progress; stop it on the Sweep page or wait for it to finish")
-        config = RunConfig.build(engine=dict(slot.state().options or {}), **fields)
+        base = {"engine": dict(slot.state().options or {}), **fields}
+        config = RunConfig.build(**base)
         engine = slot.engine()
         if engine is None:
             raise WorkloadError("the engine is no longer loaded; load it again")
-        manager.submit(config, engine=engine)
+        if repeats > 1:
+            sweeps.start(SweepSpec.repeat(base, repeats), engine)
+        else:
+            manager.submit(config, engine=engine)
     except MoEBenchError as exc:
         show_error(exc)
         return False
     return True
+
+
+def repeat_spread(run: RunRow | None) -> tuple[SweepRow, list[RunRow]] | None:
+    """The repeat (a one-point sweep of several repeats) ``run`` belongs to, with its runs."""
+    if run is None or run.sweep_id is None:
+        return None
+    store = services.get_store()
+    sweep = store.get_sweep(run.sweep_id)
+    if sweep is None or sweep.kind != "sweep":
+        return None
+    try:
+        spec = SweepSpec.model_validate(sweep.config)
+    except Exception:  # noqa: BLE001 - an older or foreign sweep config: no spread panel
+        return None
+    if not spec.repeats_one_run:
+        return None
+    return sweep, store.sweep_runs(sweep.id)
+
+
+def show_repeat_spread(sweep: SweepRow, runs: list[RunRow], key: str) -> None:
+    """The spread of each headline figure over the completed repeats."""
+    done = [r for r in runs if r.status == "completed" and r.summary is not None]
+    st.subheader(f"Spread over {len(done)} repeats")
+    st.caption(
+        f"{data.sweep_label(sweep)} · runs {', '.join(f'#{r.id}' for r in runs)}"
+        + (f" · {sweep.status}" if sweep.status != "completed" else "")
+        + ". CV: standard deviation / mean; above about 10 % a single run of this workload is not to be trusted."
+    )
+    if not done:
+        st.info("No repeat has completed yet.", icon=":material/info:")
+        return
+    st.dataframe(
+        data.spread_frame(spread([r.summary for r in done if r.summary is not None])),
+        hide_index=True,
+        key=f"{key}-spread",
+    )
 
 
 def start_blocked_reason(state: Any, active: Any) -> str | None:
@@ -421,6 +465,16 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
         c3.number_input("Requests", step=1, key=k + "requests", **field_bounds("requests"))
     else:
         c3.number_input("Duration (s)", step=10.0, key=k + "duration", **field_bounds("duration_s"))
+    c3.number_input(
+        "Repeats",
+        step=1,
+        key=k + "repeats",
+        **{
+            **field_bounds("repeats", SweepSpec),
+            "help": "Run it this many times, each with fresh prompts, and show the spread of each headline figure "
+            "(min / median / max, coefficient of variation): how far one figure can be trusted on this machine.",
+        },
+    )
     if mode == "concurrency":
         c3.number_input("Concurrency", step=1, key=k + "concurrency", **field_bounds("concurrency"))
         c3.number_input(
@@ -575,7 +629,8 @@ def run_page(mode: str) -> None:
             b2.caption(
                 f"Runs on the loaded engine: {o.get('kind')} · {state.info.get('model')} · {o.get('accelerator')}"
             )
-    if start and fields is not None and blocked is None and submit_run(slot, manager, fields):
+    repeats = int(st.session_state.get(f"{mode}.repeats") or 1)
+    if start and fields is not None and blocked is None and submit_run(slot, manager, fields, repeats):
         st.rerun()  # redraw at once with the run live: Start disabled, the sidebar and Stop showing it
     live_panel(mode)
 
@@ -615,12 +670,16 @@ def live_panel(mode: str) -> None:
     # A run another process is running (the operator's dashboard or CLI, seen from a viewer
     # on the same store): follow it from the store, a little less often.
     elsewhere = newest is not None and newest.status == "running"
+    # Repeats (a one-point sweep) run one job after another: keep refreshing between them.
+    sweeping = services.get_sweep_holder().active()
 
-    @st.fragment(run_every=1.0 if running else 2.0 if elsewhere else None)
+    @st.fragment(run_every=1.0 if running or sweeping else 2.0 if elsewhere else None)
     def _panel() -> None:
         snap = job.snapshot() if job is not None else None
         if running and snap is not None and not snap.active:
             st.rerun()  # finished: one full redraw (buttons, sidebar), then no more refreshes
+        if sweeping and (manager.latest(mode) is not job or not services.get_sweep_holder().active()):
+            st.rerun()  # the next repeat started, or the last one ended: redraw with it
         if elsewhere and snap is None and (now := _latest_run(mode)) is not None and now.status != "running":
             st.rerun()  # the other process's run ended: redraw once with its final summary
         if snap is not None:
@@ -639,25 +698,44 @@ def live_panel(mode: str) -> None:
         _progress(snap, run_id, status, mode)
         live = data.load_live(store, run_id)
         slos = data.run_slos(config, summary)
-        _headline(summary, live, running, slos)
-        figs = data.live_figures(live, summary, slos)
-        left, right = st.columns(2)
-        with left:
-            chart(figs["latency"], f"{mode}-live-latency")
-            chart(figs["ttft"], f"{mode}-live-ttft")
-            chart(figs["in_flight"], f"{mode}-live-inflight")
-        with right:
-            chart(figs["throughput"], f"{mode}-live-throughput")
-            chart(figs["tpot"], f"{mode}-live-tpot")
-            chart(figs["memory"], f"{mode}-live-memory")
-        if "telemetry" in figs:
-            chart(figs["telemetry"], f"{mode}-live-telemetry")
+        headline(summary, live, running, slos)
+        live_charts(data.live_figures(live, summary, slos), f"{mode}-live")
         if not running and summary is not None:
             st.subheader("Summary")
             show_summary(summary, mode)
             book_terms(mode, summary)
+        repeat = repeat_spread(services.get_store().get_run(run_id))
+        if repeat is not None:
+            show_repeat_spread(*repeat, key=f"{mode}-live")
 
     _panel()
+
+
+def live_charts(figs: dict[str, Any], key: str) -> None:
+    """The live panel's charts (:func:`dashboard.data.live_figures`): two columns, then telemetry."""
+    left, right = st.columns(2)
+    with left:
+        chart(figs["latency"], f"{key}-latency")
+        chart(figs["ttft"], f"{key}-ttft")
+        chart(figs["in_flight"], f"{key}-inflight")
+    with right:
+        chart(figs["throughput"], f"{key}-throughput")
+        chart(figs["tpot"], f"{key}-tpot")
+        chart(figs["memory"], f"{key}-memory")
+    telemetry_charts(figs, key)
+
+
+def telemetry_charts(figs: dict[str, Any], key: str) -> None:
+    """The engine's and the host's telemetry: one small chart per unit, two to a row."""
+    names = [name for name in figs if name.startswith("telemetry:")]
+    if not names:
+        return
+    st.markdown("###### Telemetry (sampled about once a second)")
+    for i in range(0, len(names), 2):
+        cols = st.columns(2)
+        for col, name in zip(cols, names[i : i + 2], strict=False):
+            with col:
+                chart(figs[name], f"{key}-{name.replace(':', '-')}")
 
 
 def _progress(snap: JobSnapshot | None, run_id: int, status: str, mode: str) -> None:
@@ -690,7 +768,7 @@ def _cancel(job_id: str) -> None:
         job.cancel()
 
 
-def _headline(summary: RunSummary | None, live: data.LiveData, running: bool, slos: list[Slo]) -> None:
+def headline(summary: RunSummary | None, live: data.LiveData, running: bool, slos: list[Slo]) -> None:
     """Throughput, TTFT/TPOT p50, E2E p99 and peak memory; goodput too when the run has SLOs."""
     cols = st.columns(5)
     tok_s = data.last_value(live.timeseries, SERIES_OUTPUT_TOK_S) if running else None

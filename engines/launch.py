@@ -107,8 +107,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def logs_dir() -> Path:
-    """Where server logs are kept (``<data dir>/logs``)."""
-    path = get_settings().data_dir / "logs"
+    """Where server logs are kept: ``logs/`` beside the store (``MOEBENCH_LOGS_DIR`` overrides)."""
+    path = get_settings().logs_dir
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -21,6 +21,8 @@ class Settings:
     db_path: Path = PROJECT_ROOT / "data" / "moebench.sqlite"
     model_cache_dir: Path = PROJECT_ROOT / "data" / "models"
     models_dir: Path = PROJECT_ROOT / "data" / "models"  # where real checkpoints are looked for
+    # Managed servers' logs, beside the store they belong to (default: the db's folder, logs/).
+    logs_dir: Path = PROJECT_ROOT / "data" / "logs"
     # The whole of one request, however the server trickles bytes (an engine's timeout_s
     # option overrides it per engine). Env: MOEBENCH_REQUEST_TIMEOUT_S.
     request_timeout_s: float = 600.0
@@ -68,6 +70,9 @@ class Settings:
                 values[f.name] = float(raw)
             else:
                 values[f.name] = raw
+        if "MOEBENCH_LOGS_DIR" not in env:
+            # Logs follow the store: a db elsewhere keeps its servers' logs beside it.
+            values["logs_dir"] = Path(values.get("db_path", base.db_path)).parent / "logs"  # type: ignore[arg-type]
         return replace(base, **values)
 
 

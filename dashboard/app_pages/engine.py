@@ -96,14 +96,15 @@ with form_col, st.container(border=True):
     # Engine-specific options come from the engine's pydantic options model.
     option_values: dict[str, Any] = {}
     option_error: str | None = None
-    specs: list[forms.FieldSpec] = []
+    groups: list[tuple[str, list[forms.FieldSpec]]] = []
     if kind_avail.ok:
         try:
-            specs = forms.option_fields(engine_class(kind).options_model)
+            groups = forms.grouped_option_fields(engine_class(kind).options_model)
         except MoEBenchError as exc:
             option_error = str(exc)
-    if specs:
-        with st.expander(f"{kind_label} options", expanded=True):
+    for group, specs in groups:
+        # The book's arguments and the server's open; client plumbing stays folded away.
+        with st.expander(f"{kind_label}: {group}", expanded=group != forms.GROUP_ADVANCED):
             cols = st.columns(2)
             for i, spec in enumerate(specs):
                 key = f"e.opt.{kind}.{spec.name}"
@@ -133,7 +134,7 @@ with form_col, st.container(border=True):
                     )
                 else:
                     raw = col.text_input(
-                        spec.label + (" (JSON)" if spec.widget == "json" else ""),
+                        spec.label,
                         key=key,
                         help=spec.help or None,
                         placeholder="engine default" if spec.optional else "",

@@ -100,43 +100,60 @@ with st.container(border=True):
 view = data.sort_runs(data.filter_runs(df, statuses, engines, accs, modes, text, sweep_filter), sort)
 st.caption(f"{len(view)} of {len(df)} runs")
 
-TABLE_ORDER = [
-    "run_id", "created", "status", "disturbance", "mode", "sweep", "engine", "model", "accelerator", "concurrency",
-    "requests",
+# The compact table fits a 1600 px screen; "All columns" shows every stored figure.
+COMPACT = [
+    "run_id", "created", "status", "disturbance", "engine", "workload", "model", "device",
+    "output_throughput_tok_s", "goodput_rps", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "e2e_ms_p99",
+    "peak_memory_gib", "error",
+]  # fmt: skip
+FULL = [
+    "run_id", "created", "status", "disturbance", "mode", "workload", "sweep", "engine", "model", "accelerator",
+    "concurrency", "requests",
     "output_throughput_tok_s", "request_throughput_rps", "goodput_rps", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50",
     "e2e_ms_p50", "e2e_ms_p99", "e2e_ms_mean", "peak_memory_gib", "duration_s", "completed", "failed",
     "device", "name", "error",
 ]  # fmt: skip
-if view["sweep"].eq("").all():
-    TABLE_ORDER.remove("sweep")  # no listed run belongs to a sweep: no empty column
+all_columns = st.toggle("All columns", key="r.all-columns", help="Every figure of the runs (wider than one screen)")
+table_order = list(FULL if all_columns else COMPACT)
+if view["sweep"].eq("").all() and "sweep" in table_order:
+    table_order.remove("sweep")  # no listed run belongs to a sweep: no empty column
 if view["disturbance"].eq("").all():
-    TABLE_ORDER.remove("disturbance")  # no listed run was disturbed
+    table_order.remove("disturbance")  # no listed run was disturbed
 if view["goodput_rps"].isna().all():
-    TABLE_ORDER.remove("goodput_rps")  # no listed run has SLOs: no goodput to show
+    table_order.remove("goodput_rps")  # no listed run has SLOs: no goodput to show
+if view["error"].eq("").all():
+    table_order.remove("error")
 num = st.column_config.NumberColumn
 st.dataframe(
     view.drop(columns=["label", "sweep_id"]),
     hide_index=True,
     key="r.table",
-    column_order=TABLE_ORDER,
+    column_order=table_order,
     column_config={
-        "run_id": num("run", format="%d", width="small"),
-        "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm:ss"),
+        "run_id": num("run", format="%d", width=48),
+        "created": st.column_config.DatetimeColumn("created", format="MM-DD HH:mm", width=96),
+        "status": st.column_config.TextColumn("status", width=86),
+        "engine": st.column_config.TextColumn("engine", width=64),
+        "workload": st.column_config.TextColumn(
+            "workload", width=190, help="mode, concurrency or rate, prompt → output tokens"
+        ),
+        "model": st.column_config.TextColumn("model", width=130),
+        "device": st.column_config.TextColumn("device", width=110),
         "duration_s": num("duration (s)", format="%.2f"),
-        "output_throughput_tok_s": num("output (tok/s)", format="%.1f", help="output tokens / duration"),
+        "output_throughput_tok_s": num("output tok/s", format="%.1f", help="output tokens / duration", width=82),
         "request_throughput_rps": num("requests/s", format="%.2f"),
-        "goodput_rps": num("goodput (req/s)", format="%.2f", help="requests that met every SLO / duration"),
+        "goodput_rps": num("goodput req/s", format="%.2f", help="requests that met every SLO / duration", width=86),
         "sweep": st.column_config.TextColumn("sweep", help="The sweep or capacity search that made the run"),
-        "ttft_ms_p50": num("TTFT p50 (ms)", format="%.1f"),
-        "ttft_ms_p99": num("TTFT p99 (ms)", format="%.1f"),
-        "tpot_ms_p50": num("TPOT p50 (ms)", format="%.2f"),
-        "e2e_ms_p50": num("E2E p50 (ms)", format="%.1f"),
-        "e2e_ms_p99": num("E2E p99 (ms)", format="%.1f"),
-        "e2e_ms_mean": num("E2E mean (ms)", format="%.1f"),
-        "peak_memory_gib": num("peak mem (GiB)", format="%.3f"),
-        "error": st.column_config.TextColumn("error", width="medium"),
+        "ttft_ms_p50": num("TTFT p50 ms", format="%.1f", width=80),
+        "ttft_ms_p99": num("TTFT p99 ms", format="%.1f", width=80),
+        "tpot_ms_p50": num("TPOT p50 ms", format="%.2f", width=80),
+        "e2e_ms_p50": num("E2E p50 ms", format="%.1f"),
+        "e2e_ms_p99": num("E2E p99 ms", format="%.1f", width=80),
+        "e2e_ms_mean": num("E2E mean ms", format="%.1f"),
+        "peak_memory_gib": num("peak GiB", format="%.3f", width=70),
+        "error": st.column_config.TextColumn("error", width=160),
         "disturbance": st.column_config.TextColumn(
-            "disturbed", width="small", help="What else loaded the host during the run (hover a cell for all of it)"
+            "disturbed", width=90, help="What else loaded the host during the run (hover a cell for all of it)"
         ),
     },
 )
@@ -198,8 +215,7 @@ with detail_tab:
             ui.chart(figs["throughput"], "r.detail-throughput")
             ui.chart(figs["tpot"], "r.detail-tpot")
             ui.chart(figs["memory"], "r.detail-memory")
-        if "telemetry" in figs:
-            ui.chart(figs["telemetry"], "r.detail-telemetry")
+        ui.telemetry_charts(figs, "r.detail")
         with st.expander("Configuration and engine"):
             st.json({"config": run.config, "engine": run.engine_info}, expanded=False)
 

@@ -21,6 +21,7 @@ PAGES = (
     "app_pages/sweep.py",
     "app_pages/results.py",
     "app_pages/compare.py",
+    "app_pages/replay.py",
 )
 
 

@@ -122,10 +122,14 @@ def test_compare_bars_one_bar_per_run_and_no_bar_for_unknown(store: Store) -> No
     b = add_synthetic_run(store, 10, seed=4, peak_gib=None)
     df = _runs_frame(store).set_index("run_id").loc[[a, b]].reset_index()
     fig = charts.compare_bars(df)
-    panels = {fig.layout.annotations[i].text: fig.data[i] for i in range(len(fig.data))}
+    bars = [t for t in fig.data if not t.showlegend]
+    panels = {fig.layout.annotations[i].text: bars[i] for i in range(len(bars))}
     assert "Output throughput (tokens/s)" in panels
     tput = panels["Output throughput (tokens/s)"]
-    assert list(tput.x) == [f"#{a} native·tiny-deepseek-v3·cpu", f"#{b} native·tiny-deepseek-v3·cpu"]
+    assert list(tput.x) == [f"#{a}", f"#{b}"]  # short ids: never rotated or cut
+    assert tput.xaxis == "x" and fig.layout.xaxis.tickangle == 0
+    assert tput.customdata[0].startswith(f"#{a} native · concurrency c=4")  # the hover has the whole label
+    assert [t.name for t in fig.data if t.showlegend] == ["native"]  # the legend maps colours to engines
     expected = [store.get_run(i).summary.output_throughput_tok_s for i in (a, b)]
     assert list(tput.y) == pytest.approx(expected)
     mem = list(panels["Peak memory (GiB)"].y)
@@ -136,11 +140,25 @@ def test_scatter_highlights_the_selected_runs(store: Store) -> None:
     ids = [add_synthetic_run(store, 8, seed=i) for i in range(4)]
     df = _runs_frame(store)
     fig = charts.latency_throughput_scatter(df, highlight=ids[:2])
-    by_name = {t.name: t for t in fig.data}
-    assert len(by_name["selected"].x) == 2 and len(by_name["other runs"].x) == 2
+    (trace,) = fig.data  # one engine, one mode: one trace
+    assert trace.name == "native · concurrency" and trace.marker.symbol == "square"
+    labelled = {t for t in trace.text if t}
+    assert labelled == {f"#{ids[0]}", f"#{ids[1]}"} and sorted(trace.marker.size) == [9, 9, 15, 15]
     assert fig.layout.xaxis.title.text == "output throughput (tokens/s)"
     assert fig.layout.yaxis.title.text == "E2E p99 latency (ms)"
     assert fig.layout.xaxis.range[1] >= df["output_throughput_tok_s"].max()
+
+
+def test_scatter_colours_by_engine_and_shapes_by_mode(store: Store) -> None:
+    add_synthetic_run(store, 8, engine="native", mode="latency")
+    add_synthetic_run(store, 8, engine="vllm", mode="concurrency", seed=3)
+    fig = charts.latency_throughput_scatter(_runs_frame(store))
+    styles = {t.name: (t.marker.color, t.marker.symbol) for t in fig.data}
+    assert styles == {
+        "native · latency": (charts.engine_color("native"), "circle"),
+        "vllm · concurrency": (charts.engine_color("vllm"), "square"),
+    }
+    assert charts.engine_color("native") != charts.engine_color("vllm")
 
 
 def test_runs_frame_filter_and_sort(store: Store) -> None:
@@ -214,13 +232,70 @@ def test_number_formatting() -> None:
 
 def test_engine_telemetry_gets_its_own_chart_only_when_reported(store: Store) -> None:
     run_id = add_synthetic_run(store, 10)
-    assert "telemetry" not in data.live_figures(data.load_live(store, run_id))
+    assert not [k for k in data.live_figures(data.load_live(store, run_id)) if k.startswith("telemetry")]
     store.add_points(run_id, [(0.0, "server_kv_cache_usage_pct", 10.0), (1.0, "server_kv_cache_usage_pct", 40.0)])
     live = data.load_live(store, run_id)
     assert data.telemetry_series(live.timeseries) == ["server_kv_cache_usage_pct"]
-    fig = data.live_figures(live)["telemetry"]
-    assert [t.name for t in fig.data] == ["server_kv_cache_usage_pct"]
+    fig = data.live_figures(live)["telemetry:pct"]
+    assert [t.name for t in fig.data] == ["kv cache usage"]
     assert list(fig.data[0].y) == [10.0, 40.0]
+    assert fig.layout.yaxis.title.text == "%"
+
+
+def test_telemetry_is_one_chart_per_unit_with_whole_number_ticks_for_counts(store: Store) -> None:
+    run_id = add_synthetic_run(store, 10)
+    points = []
+    for t in (0.0, 1.0, 2.0):
+        points += [
+            (t, "server_kv_cache_usage_pct", 20.0 + t), (t, "host_cpu_pct", 50.0),
+            (t, "server_generation_tok_s", 100.0 * t), (t, "server_requests_running", t),
+            (t, "server_requests_waiting", 0.0), (t, "client_cpu_cores", 1.2),
+            (t, "dev0_power_w", 300.0), (t, "dev0_mem_used_gib", 70.0),
+        ]  # fmt: skip
+    store.add_points(run_id, points)
+    figs = data.live_figures(data.load_live(store, run_id))
+    groups = {k: [t.name for t in f.data] for k, f in figs.items() if k.startswith("telemetry:")}
+    assert groups == {
+        "telemetry:cores": ["client cpu"],
+        "telemetry:count": ["requests running", "requests waiting"],
+        "telemetry:gib": ["dev0 mem used"],
+        "telemetry:pct": ["host cpu", "kv cache usage"],
+        "telemetry:tok_s": ["generation"],
+        "telemetry:w": ["dev0 power"],
+    }
+    counts = figs["telemetry:count"]
+    assert counts.layout.yaxis.dtick == 1 and counts.layout.yaxis.tickformat == "d"
+    assert figs["telemetry:pct"].layout.yaxis.dtick is None  # a percentage keeps fractional ticks
+    # Several series: the legend sits under the plot, not over the title.
+    assert figs["telemetry:pct"].layout.legend.y < 0
+
+
+def test_a_histogram_of_a_few_requests_has_whole_number_ticks(store: Store) -> None:
+    run_id = add_synthetic_run(store, 3)
+    fig = data.live_figures(data.load_live(store, run_id))["ttft"]
+    assert fig.layout.yaxis.dtick == 1
+    big = add_synthetic_run(store, 400)
+    fig = data.live_figures(data.load_live(store, big))["ttft"]
+    assert fig.layout.yaxis.tickformat == ",d" and fig.layout.yaxis.dtick is None
+
+
+def test_run_labels_carry_engine_load_and_lengths(store: Store) -> None:
+    run_id = add_synthetic_run(store, 3)
+    run = store.get_run(run_id)
+    assert run is not None
+    label = data.run_label(run)
+    assert label.startswith(f"#{run_id} {run.engine} · ")
+    wl = run.config.get("workload", {})
+    assert f"{wl['input_len']}→{wl['output_len']} tok" in label
+    assert data.workload_text("concurrency", 16, {"workload": {"input_len": 128, "output_len": 64}}) == (
+        "concurrency c=16 · 128→64 tok"
+    )
+    assert data.workload_text("concurrency", 64, {"request_rate": 4.0, "workload": {"source": "sharegpt"}}) == (
+        "concurrency 4 req/s · sharegpt"
+    )
+    assert data.workload_text(
+        "latency", 1, {"workload": {"input_len": 32, "output_len": 16, "output_dist": "normal"}}
+    ) == ("latency · ~32→~16 tok")
 
 
 def _slo_marks(fig: object) -> tuple[dict[str, list[float]], dict[str, list[str]]]:

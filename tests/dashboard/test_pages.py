@@ -451,6 +451,33 @@ def test_concurrency_run_completes_and_appears_on_results(
     assert row["output_throughput_tok_s"].iloc[0] == pytest.approx(run.summary.output_throughput_tok_s)
 
 
+def test_repeats_field_runs_the_run_n_times_and_shows_the_spread(
+    app_test: Callable[..., Any], tiny_model: Path, session_store: Store
+) -> None:
+    at = app_test()
+    at.selectbox(key="e.accelerator").set_value("cpu").run()
+    at.button(key="e.btn.load").click().run()
+    _poll(at, lambda a: ":green-badge[:material/check: ready]" in _texts(a), what="the engine to load")
+    at.switch_page("app_pages/latency.py").run()
+    at.number_input(key="latency.requests").set_value(3).run()
+    at.number_input(key="s.max_tokens").set_value(4).run()
+    at.number_input(key="latency.repeats").set_value(3).run()
+    sweeps_before = {s.id for s in session_store.list_sweeps()}
+    at.button(key="latency.btn.start").click().run()
+    _no_exception(at)
+    _poll(at, lambda a: "Spread over 3 repeats" in _texts(a), what="three repeats and their spread", timeout=240)
+    (sweep,) = [s for s in session_store.list_sweeps() if s.id not in sweeps_before]
+    runs = session_store.sweep_runs(sweep.id)
+    assert [r.status for r in runs] == ["completed"] * 3 and all(r.mode == "latency" for r in runs)
+    seeds = {r.config["workload"]["seed"] for r in runs}
+    assert len(seeds) == 3  # fresh prompts for every repeat
+    spread = _frame(at, "CV %")
+    tput = spread[spread["figure"] == "output tok/s"].iloc[0]
+    values = sorted(r.summary.output_throughput_tok_s for r in runs if r.summary is not None)
+    assert tput["runs"] == 3
+    assert (tput["min"], tput["median"], tput["max"]) == pytest.approx((values[0], values[1], values[2]))
+
+
 def test_a_duration_run_with_slos_ramp_up_and_shared_prefixes_reports_goodput(
     app_test: Callable[..., Any], tiny_model: Path, session_store: Store
 ) -> None:

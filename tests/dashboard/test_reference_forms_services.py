@@ -174,3 +174,25 @@ def test_engine_slot_loads_and_unloads_the_tiny_model(tiny_model: Path) -> None:
     slot.unload()
     state = slot.wait(30)
     assert state.status == "empty" and slot.engine() is None
+
+
+def test_every_engine_option_has_a_human_label_and_the_book_arguments_come_first() -> None:
+    from engines.base import engine_class, list_engines
+
+    for kind, _label, _avail in list_engines():
+        try:
+            model = engine_class(kind).options_model
+        except Exception:  # noqa: BLE001 - an engine whose module cannot load here has no form either
+            continue
+        for spec in forms.option_fields(model):
+            assert spec.name in forms.OPTION_META, f"{kind}.{spec.name} has no human label"
+            assert "_" not in spec.label, spec.label  # "cpu kvcache space gib" style names are gone
+    groups = forms.grouped_option_fields(engine_class("vllm").options_model)
+    names = [g for g, _ in groups]
+    assert names[0] == forms.GROUP_BOOK and names[-1] == forms.GROUP_ADVANCED
+    book = [s.name for s in groups[0][1]]
+    assert book == ["tensor_parallel_size", "max_num_batched_tokens", "quantization", "enable_prefix_caching"]
+    advanced = {s.name for s in groups[-1][1]}
+    assert {"max_connections", "async_client", "port"} <= advanced
+    labels = {s.name: s.label for _, specs in groups for s in specs}
+    assert labels["cpu_kvcache_space_gib"] == "CPU KV cache (GiB)"

@@ -191,3 +191,32 @@ def test_server_stopped_at_interpreter_exit(tmp_path: Path) -> None:
         for pid in pids:
             if not _gone(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_server_logs_live_beside_the_store_they_belong_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A db elsewhere keeps its servers' logs beside it, as its traces are (issue 14, item 8)."""
+    import argparse
+
+    from bench.cli import _store
+    from engines.launch import logs_dir
+    from engines.settings import Settings
+
+    # set, then removed: the variable the CLI sets below is undone after the test
+    monkeypatch.setenv("MOEBENCH_LOGS_DIR", "unset-below")
+    monkeypatch.delenv("MOEBENCH_LOGS_DIR")
+    monkeypatch.delenv("MOEBENCH_DB_PATH", raising=False)
+    monkeypatch.setenv("MOEBENCH_DATA_DIR", str(tmp_path / "data"))
+    assert logs_dir() == tmp_path / "data" / "logs"  # the default store's folder
+    assert Settings.from_env({"MOEBENCH_DB_PATH": str(tmp_path / "b" / "x.sqlite")}).logs_dir == tmp_path / "b" / "logs"
+    assert Settings.from_env({"MOEBENCH_LOGS_DIR": "/srv/l"}).logs_dir == Path("/srv/l")
+
+    elsewhere = tmp_path / "elsewhere" / "x.sqlite"
+    elsewhere.parent.mkdir()
+    store = _store(argparse.Namespace(db=str(elsewhere)))  # what `bench run --db elsewhere/x.sqlite` does
+    assert store.path == elsewhere
+    proc = ManagedProcess([sys.executable, "-c", "print('hello from the server')"], name="echo").start()
+    assert proc.proc is not None
+    proc.proc.wait(10)
+    proc.stop()
+    assert proc.log_path.parent == elsewhere.parent / "logs"
+    assert "hello from the server" in proc.log_path.read_text()
