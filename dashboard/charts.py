@@ -338,8 +338,8 @@ def line_chart(
         fig.update_layout(showlegend=False)
     else:
         fig.update_layout(
-            legend={"orientation": "h", "yanchor": "top", "y": -0.28, "xanchor": "left", "x": 0.0},
-            margin={"b": 84},
+            legend={"orientation": "h", "yanchor": "top", "y": -0.36, "xanchor": "left", "x": 0.0},
+            margin={"b": 96},
         )
     return fig
 
