@@ -336,10 +336,18 @@ def start_run(
     """Record the run and start it in a background thread; return at once.
 
     With ``engine`` (already started), the run uses it and leaves it running;
-    otherwise the job creates, starts and finally stops its own engine.
+    otherwise the job creates, starts and finally stops its own engine. A hosted engine
+    (:mod:`bench.engine_host`, the dashboard's native engine) runs the run in its host process.
     """
+    from bench.engine_host import HostedEngine, RemoteJob, wants_host
+
     opts = config.engine_options
-    job = Job(config, store)
+    hosted: HostedEngine | None = None
+    if isinstance(engine, HostedEngine):
+        hosted = engine
+    elif engine is None and wants_host(opts):
+        hosted = HostedEngine(opts)  # this run's own host: loaded, used and stopped by the job
+    job: Job = RemoteJob(config, store, hosted, owns_engine=engine is None) if hosted else Job(config, store)
     job._run_id = store.create_run(
         mode=config.mode,
         engine=opts.kind,
@@ -353,7 +361,10 @@ def start_run(
     )
 
     def target() -> None:
-        _execute(job, engine, owns_engine=engine is None)
+        if isinstance(job, RemoteJob):
+            job.follow()  # the run executes in the engine host; this thread mirrors it
+        else:
+            _execute(job, engine, owns_engine=engine is None)
         if on_done is not None:
             on_done(job)
 

@@ -584,7 +584,7 @@ _MAIN_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def _main_not_reimported() -> Iterator[None]:
+def main_not_reimported() -> Iterator[None]:
     """Start a spawned child without importing this process's ``__main__`` there.
 
     multiprocessing's spawn runs the parent's main script again in each child (to find
@@ -659,7 +659,7 @@ class ProcessSender:
                     name=f"moebench-sender-{w}",
                     daemon=True,
                 )
-                with _main_not_reimported():
+                with main_not_reimported():
                     p.start()
                 writer.close()
                 feed_r.close()

@@ -418,6 +418,12 @@ class Store:
                 )
         return len(gone)
 
+    def finish_lost_run(self, run_id: int, status: str, error: str) -> None:
+        """Close a run whose measuring process is gone (an engine host that died): ``status`` with
+        ``error``, and the exact summary of the requests it stored in place of its last live one."""
+        self.finish_run(run_id, status, error=error)
+        self._summarize_stored(run_id)
+
     def _summarize_stored(self, run_id: int) -> None:
         """The exact summary of a run's stored requests, in place of the last live one it wrote
         (up to a second older than what was measured when its process died)."""

@@ -42,7 +42,7 @@ from bench.job import BackgroundTask, Job, error_reason
 from bench.metrics import RunSummary
 from bench.slo import judge_summary, parse_slos
 from bench.store import RunRow, Store
-from engines.base import Engine, create_engine
+from engines.base import Engine
 from engines.errors import ConfigError, MoEBenchError
 
 AXES: tuple[str, ...] = ("input_len", "output_len", "concurrency", "request_rate")  # + engine.<option>
@@ -424,7 +424,9 @@ class SweepTask(BackgroundTask):
             return self._owned[1]
         self._release_engine()
         self.set_phase(f"starting the {cfg.engine_options.kind} engine")
-        engine = create_engine(cfg.engine_options)
+        from bench.engine_host import make_engine
+
+        engine = make_engine(cfg.engine_options)  # hosted where this process hosts models
         self._owned = (key, engine)  # stopped by _release_engine even when start fails half-way
         engine.start(lambda msg, frac: self.set_phase(f"engine: {msg}"))
         return engine

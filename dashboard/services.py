@@ -20,12 +20,13 @@ from typing import Any, ClassVar
 
 import streamlit as st
 
+from bench import engine_host
 from bench.job import BackgroundTask, error_reason
 from bench.runner import JobManager
 from bench.store import Store
 from bench.sweep import CapacitySpec, SweepSnapshot, SweepSpec, SweepTask
 from engines.accelerators import MemoryStats, get_accelerator
-from engines.base import Engine, create_engine, engine_class, parse_options
+from engines.base import Engine, engine_class, parse_options
 from engines.errors import AcceleratorUnavailable, ConfigError, EngineUnavailable
 from engines.settings import get_settings
 
@@ -172,7 +173,7 @@ class EngineSlot:
         acc = get_accelerator(opts.accelerator).availability()
         if not acc.ok:
             raise AcceleratorUnavailable(f"accelerator '{opts.accelerator}' is unavailable: {acc.reason}")
-        engine = create_engine(opts)
+        engine = engine_host.make_engine(opts)
         op, old = self._begin("engine-load", "loading", "starting", opts.model_dump())
         op.start(lambda: _load(op, engine, old))
 
@@ -248,6 +249,11 @@ class SweepHolder:
         task = self.current()
         if task is not None:
             task.cancel()
+
+
+# This process draws charts: engines whose model computes in-process load in an engine host
+# (a child process) unless MOEBENCH_MODEL_HOST=inline.
+engine_host.enable()
 
 
 @st.cache_resource(show_spinner=False)

@@ -254,6 +254,10 @@ class Engine:
     kind: ClassVar[str] = ""
     label: ClassVar[str] = ""
     options_model: ClassVar[type[EngineOptions]] = EngineOptions
+    # The model computes in the process that starts the engine (the native engine). A process
+    # that also draws charts (the dashboard) loads such engines in an engine host instead
+    # (bench.engine_host), so the model and the drawing never share a GIL.
+    model_in_process: ClassVar[bool] = False
 
     def __init__(self, options: EngineOptions) -> None:
         self.options = options

@@ -122,6 +122,7 @@ class NativeEngine(Engine):
     kind = "native"
     label = "Native PyTorch / transformers"
     options_model = NativeOptions
+    model_in_process = True
 
     def __init__(self, options: EngineOptions) -> None:
         super().__init__(options)

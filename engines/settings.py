@@ -46,6 +46,10 @@ class Settings:
     # "operator" (default) or "viewer": a read-only dashboard for demos (`make demo`): every page
     # readable, nothing can be loaded, started, stopped, imported or deleted. Env: MOEBENCH_MODE.
     mode: str = "operator"
+    # Where the dashboard runs an engine whose model computes in-process (native): "process"
+    # (default: an engine host child process, bench/engine_host.py, so chart drawing never
+    # shares the model's GIL) or "inline" (in the dashboard process). Env: MOEBENCH_MODEL_HOST.
+    model_host: str = "process"
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:

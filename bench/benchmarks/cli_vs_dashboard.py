@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append((side, r, res))
                     print(f"round {r} {side:9}: run {res['id']} {res['status']}, "
                           + ", ".join(f"{lab} {res[k]:.2f}" for k, lab in FIGURES if res[k] is not None)
-                          + (f" [disturbed: {res['disturbance']}]" if res["disturbance"] else ""), flush=True)  # fmt: skip
+                          + (f" [disturbed: {res['disturbance']}]" if res["disturbance"] else ""),
+                          flush=True)  # fmt: skip
             page.screenshot(path=str(out / "dashboard.png"), full_page=True)
             browser.close()
     finally:
@@ -150,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             dash.wait(15)
         if stub is not None:
             stub.stop()
-    print(f"\n{args.engine}, {args.mode}, {args.requests} requests x {args.output_len} tokens, {args.rounds} ABBA rounds")
+    what = f"{args.engine}, {args.mode}, {args.requests} requests x {args.output_len} tokens"
+    print(f"\n{what}, {args.rounds} ABBA rounds")
     print(f"{'figure':<14}{'CLI median':>12}{'dash median':>13}{'dash/CLI median':>17}{'range':>18}")
     for key, label in FIGURES:
         cli = {r: res[key] for side, r, res in rows if side == "cli" and res[key] is not None}

@@ -106,8 +106,10 @@ with st.container(border=True):
         ids,
         key="rp.run",
         on_change=_reset,
-        format_func=lambda i: data.profile_run_label(by_id[i], examples)
-        + f" · {data.workload_text(by_id[i].mode, by_id[i].concurrency, by_id[i].config)}",
+        format_func=lambda i: (
+            data.profile_run_label(by_id[i], examples)
+            + f" · {data.workload_text(by_id[i].mode, by_id[i].concurrency, by_id[i].config)}"
+        ),
     )
     ss["rp.pos_at_change"] = _position()
     c2.select_slider(
