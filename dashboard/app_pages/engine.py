@@ -217,6 +217,11 @@ def _details(state: services.EngineState) -> None:
     c1.metric("Engine", str(opts.get("kind", "-")))
     c2.metric("Load time", data.fmt_unit(info.get("load_seconds"), "s"))
     st.markdown(f"**Model** `{info.get('model', opts.get('model'))}`  \n**Device** {info.get('device', '-')}")
+    if info.get("engine_host_pid"):
+        st.caption(
+            f"The model runs in its own process (engine host, pid {info['engine_host_pid']}), and so do its runs: "
+            "drawing these pages never slows a measurement."
+        )
     mem = slot.memory()
     if mem is None:
         st.caption("Memory: this engine does not report memory.")
