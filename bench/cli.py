@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from bench.config import MODES, RunConfig
 from bench.metrics import RunSummary, Spread
-from bench.runner import Job, start_run
+from bench.runner import ARTIFACT_DEVICE_TELEMETRY, Job, start_run
 from bench.store import Store
 from bench.workload_args import add_workload_arguments, workload_overrides
 from bench.workloads import WORKLOAD_SOURCES, WorkloadSpec
@@ -141,6 +141,19 @@ def run_arguments(sweep: bool = False) -> argparse.ArgumentParser:
         help="do not scrape the server's /metrics during the run (each scrape costs the server CPU)",
     )
     r.add_argument(
+        "--telemetry-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a Prometheus exporter to read device telemetry from once a second (repeatable): NVIDIA DCGM "
+        "exporter, Ascend npu-exporter or Cambricon mlu-exporter, e.g. http://gpu-host:9400/metrics",
+    )
+    r.add_argument(
+        "--no-device-telemetry",
+        action="store_true",
+        help="do not read this host's accelerator telemetry (NVML on cuda, npu-smi on npu, cnmon on mlu)",
+    )
+    r.add_argument(
         "--warmup", type=int, default=None, help=_help("warmup", extra=f"; default {_default('warmup')} in every mode")
     )
     r.add_argument("--prompts", default="random", choices=WORKLOAD_SOURCES, help="prompt source")
@@ -190,6 +203,8 @@ def run_config_data(args: argparse.Namespace) -> dict[str, Any]:
         "workers": args.workers,
         "burstiness": args.burstiness,
         "server_metrics": not args.no_server_metrics,
+        "device_telemetry": not args.no_device_telemetry,
+        "telemetry_urls": list(args.telemetry_url),
         "temperature": args.temperature,
         "top_p": args.top_p,
         "ignore_eos": not args.no_ignore_eos,
@@ -401,6 +416,15 @@ def format_summary(summary: RunSummary) -> str:
             f"host CPU      MoE Bench {summary.client_cpu_cores or 0:.2f} cores, other processes "
             f"{summary.other_cpu_cores:.2f} cores, steal {summary.steal_pct or 0:.1f}%"
         )
+    if summary.device_util_pct is not None or summary.device_mem_used_gib is not None:
+        parts = []
+        if summary.device_util_pct is not None:
+            parts.append(f"utilisation {summary.device_util_pct:.0f}% (mean)")
+        if summary.device_power_w is not None:
+            parts.append(f"power {summary.device_power_w:.0f} W (mean)")
+        if summary.device_mem_used_gib is not None:
+            parts.append(f"memory in use {summary.device_mem_used_gib:.2f} GiB (peak)")
+        lines.append(f"device        {', '.join(parts)}")
     if summary.disturbance:
         lines.append(f"DISTURBED     {summary.disturbance}")
     load = None if summary.disturbance else summary.load_warning  # already part of the disturbance
@@ -503,6 +527,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     assert run_id is not None
     if snap.summary is not None:
         print(format_summary(snap.summary))
+    telemetry = store.artifact(run_id, ARTIFACT_DEVICE_TELEMETRY)
+    if isinstance(telemetry, dict):
+        for reason in telemetry.get("missing") or []:
+            print(f"note          device telemetry: {reason}")
     if args.mode == "profile" and snap.status == "completed":
         print(format_profile(store, run_id))
     if args.csv:

@@ -86,11 +86,38 @@ class RunConfig(BaseModel):
     # Each scrape costs the server CPU (about 15 ms on the vLLM CPU server), which off avoids.
     server_metrics: bool = Field(True, description="Scrape the engine's own /metrics once a second")
     profile_with_stack: bool = Field(True, description="Profile runs: Python stacks per operator (slower analysis)")
+    device_telemetry: bool = Field(
+        True,
+        description="Read the accelerator's own telemetry once a second (NVML on cuda, npu-smi on npu, cnmon on "
+        "mlu): utilisation, memory, power, clock, temperature per device; a missing tool is noted, never fatal",
+    )
+    telemetry_urls: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Prometheus exporters to scrape once a second for device telemetry (NVIDIA DCGM exporter, "
+        "Ascend npu-exporter, Cambricon mlu-exporter), e.g. http://gpu-host:9400/metrics",
+    )
 
     @field_validator("engine")
     @classmethod
     def _engine_options(cls, v: dict[str, Any]) -> dict[str, Any]:
         return parse_options(v).model_dump()
+
+    @field_validator("telemetry_urls")
+    @classmethod
+    def _telemetry_urls(cls, v: list[str]) -> list[str]:
+        from engines.http_errors import redacted
+
+        out = []
+        for url in v:
+            url = url.strip()
+            authority = url.split("://", 1)[1].split("/", 1)[0] if "://" in url else ""
+            if not url.startswith(("http://", "https://")) or not authority:
+                raise ValueError(f"a telemetry URL must be http(s)://host[:port]/path, got '{redacted(url)}'")
+            if "@" in authority:
+                raise ValueError(f"a telemetry URL carries credentials ({redacted(url)}); exporters take none")
+            out.append(url)
+        return out
 
     @field_validator("slos")
     @classmethod

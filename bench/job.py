@@ -262,6 +262,7 @@ class Job(BackgroundTask):
         self._records: Callable[[], list[Any]] | None = None
         self.write_error: str | None = None  # requests the store could not take (kept for the summary)
         self.host: tuple[dict[str, float | None], list[tuple[str, int, float]]] | None = None  # host load, busiest
+        self.devices: dict[str, float | None] | None = None  # device telemetry means for the summary
 
     @property
     def run_id(self) -> int | None:

@@ -77,6 +77,12 @@ METRIC_DEFINITIONS: dict[str, str] = {
     "steal_pct": "CPU time the hypervisor gave to other guests (Linux steal), % of the host's CPU, mean over the run.",
     "disturbance": "Empty, or one line saying what disturbed the run: other busy processes (named), hypervisor "
     "steal, or a client that fell behind its schedule.",
+    "device_util_pct": "Accelerator utilisation from the device's own telemetry (NVML GPU utilisation, Ascend AI "
+    "Core %, Cambricon MLU %, or the exporters at --telemetry-url), mean over the devices read and the run's "
+    "one-second samples. Empty when no device telemetry was read (CPU, or the tool is missing: the run says why).",
+    "device_power_w": "Board power from device telemetry (W), summed over the devices read, mean over the run.",
+    "device_mem_used_gib": "Device memory in use from device telemetry (GiB), summed over the devices read, highest "
+    "sample of the run: every process on the devices counts (a served engine's weights and KV cache included).",
     "peak_memory_gib": "Highest memory seen during the run: the device allocator's peak on CUDA/NPU/MLU, "
     "the process's peak RSS on CPU (native engine); for a server MoE Bench launched, the peak RSS of its process "
     "tree (device memory is not in it); empty for a remote server (base_url).",
@@ -252,6 +258,9 @@ class RunSummary:
     client_cpu_cores: float | None = None  # CPU cores MoE Bench's own process tree used, mean
     steal_pct: float | None = None  # CPU the hypervisor took, % of the host, mean
     disturbance: str | None = None  # what disturbed the run (bench.host.disturbance), or None
+    device_util_pct: float | None = None  # accelerator utilisation %, mean over devices and samples (telemetry)
+    device_power_w: float | None = None  # board power summed over devices, mean over samples (W)
+    device_mem_used_gib: float | None = None  # device memory in use summed over devices, highest sample (GiB)
 
     @property
     def bursty(self) -> bool:

@@ -30,6 +30,7 @@ from bench.slo import all_met, is_good, judge_summary, parse_slos
 from bench.store import Store
 from engines.accelerators import GIB
 from engines.base import Engine
+from engines.telemetry import DeviceReading, TelemetrySource, series_points
 from engines.tokens import count_tokens
 
 # Live series written about once a second (names in the store's time series table).
@@ -360,8 +361,14 @@ class Sampler:
         server_metrics: bool,
         on_tick: Callable[[float], None],
         on_unhealthy: Callable[[str], None],
+        devices: Sequence[TelemetrySource] = (),
     ) -> None:
         self.engine, self.store, self.run_id = engine, store, run_id
+        self.devices = list(devices)  # device telemetry (engines.telemetry); closed by stop()
+        self._dev_util: list[float] = []  # per sample: mean utilisation over the devices read
+        self._dev_power: list[float] = []  # per sample: power summed over the devices read
+        self._dev_mem_peak: float | None = None
+        self._dev_read: set[int] = set()  # the sources that gave a reading at least once
         self.interval_s = interval_s
         self.live = live
         self.recorder = recorder
@@ -384,6 +391,7 @@ class Sampler:
         first: list[tuple[float, str, float | None]] = [(0.0, SERIES_IN_FLIGHT, 0.0), (0.0, SERIES_DONE, 0.0)]
         first.extend(memory_points(self.engine, 0.0))
         first.extend(telemetry_points(self.engine, 0.0, self.server_metrics))
+        first.extend(self._device_points(0.0, aggregate=False))
         self.store.add_points(self.run_id, first)
 
     def start(self) -> None:
@@ -407,15 +415,65 @@ class Sampler:
         self._begun.set()
         if self._thread is not None:
             self._thread.join()
-        if t_end is None:
-            return
+        try:
+            if t_end is not None:
+                self._close_points(t_end)
+        finally:
+            for source in self.devices:
+                try:
+                    source.close()
+                except Exception:  # noqa: BLE001 - a source that cannot close must not lose the run
+                    pass
+
+    def _close_points(self, t_end: float) -> None:
         if self.host is not None:
             self._host_point(self.host.sample())  # the last, partial interval
             self.busiest = self.host.busiest_others()
         t = t_end - self.t0
         last = [(t, SERIES_IN_FLIGHT, 0.0), (t, SERIES_DONE, float(self.recorder.done))]
         last.extend(memory_points(self.engine, t))  # the timeline reaches the end of the measured phase
+        last.extend(self._device_points(t))
         self.store.add_points(self.run_id, [*last, *telemetry_points(self.engine, t, self.server_metrics)])
+
+    def _device_points(self, t: float, aggregate: bool = True) -> list[tuple[float, str, float | None]]:
+        """This second's device telemetry as series points (``dev0_util_pct``, ...); with
+        ``aggregate``, also counted into the run's device means (:meth:`device_means`)."""
+        readings: list[DeviceReading] = []
+        for i, source in enumerate(self.devices):
+            try:
+                got = source.read()
+            except Exception:  # noqa: BLE001 - read() should never raise; a gap, never a failed run
+                continue
+            if got:
+                self._dev_read.add(i)
+            readings.extend(got)
+        if aggregate and readings:
+            utils = [r.util_pct for r in readings if r.util_pct is not None]
+            powers = [r.power_w for r in readings if r.power_w is not None]
+            mems = [r.mem_used_bytes for r in readings if r.mem_used_bytes is not None]
+            if utils:
+                self._dev_util.append(sum(utils) / len(utils))
+            if powers:
+                self._dev_power.append(sum(powers))
+            if mems:
+                self._dev_mem_peak = max(self._dev_mem_peak or 0.0, sum(mems) / GIB)
+        return [(t, name, v) for name, v in series_points(readings).items()]
+
+    def device_errors(self) -> list[str]:
+        """One line for each device source that never gave a reading during the run."""
+        return [
+            f"{source.name}: {source.last_error or 'no readings'}"
+            for i, source in enumerate(self.devices)
+            if i not in self._dev_read
+        ]
+
+    def device_means(self) -> dict[str, float | None]:
+        """The run's device figures for its summary (see bench.metrics: ``device_*``)."""
+        return {
+            "device_util_pct": sum(self._dev_util) / len(self._dev_util) if self._dev_util else None,
+            "device_power_w": sum(self._dev_power) / len(self._dev_power) if self._dev_power else None,
+            "device_mem_used_gib": self._dev_mem_peak,
+        }
 
     def _host_point(self, shares: dict[str, float]) -> dict[str, float]:
         for name, v in shares.items():
@@ -471,6 +529,7 @@ class Sampler:
             ]
             points.extend(memory_points(self.engine, now - t0))
             points.extend(telemetry_points(self.engine, now - t0, self.server_metrics))
+            points.extend(self._device_points(now - t0))
             if self.host is not None:
                 points.extend((now - t0, name, v) for name, v in self._host_point(self.host.sample()).items())
             self.store.add_points(self.run_id, points)

@@ -57,6 +57,7 @@ from engines.base import SERIES_PREFIX_HITS, SERIES_PREFIX_QUERIES, Engine, crea
 
 __all__ = [
     "ARTIFACT_BREAKDOWN",
+    "ARTIFACT_DEVICE_TELEMETRY",
     "ARTIFACT_OPERATORS",
     "ARTIFACT_ROUTING",
     "ARTIFACT_TRACE",
@@ -81,6 +82,7 @@ ARTIFACT_OPERATORS = "profile_operators"
 ARTIFACT_BREAKDOWN = "profile_breakdown"
 ARTIFACT_TRACE = "profile_trace"
 ARTIFACT_ROUTING = "expert_routing"
+ARTIFACT_DEVICE_TELEMETRY = "device_telemetry"  # {"sources": [{"source", "name"}], "missing": [reason, ...]}
 
 
 class _Cancelled(Exception):
@@ -209,7 +211,16 @@ def _measure(
 
     recorder = Recorder(store, run_id, tokenizer=engine.tokenizer(), slos=cfg.slos)
     sampler = Sampler(
-        engine, store, run_id, cfg.sample_interval_s, sender.live, recorder, cfg.server_metrics, tick, unhealthy
+        engine,
+        store,
+        run_id,
+        cfg.sample_interval_s,
+        sender.live,
+        recorder,
+        cfg.server_metrics,
+        tick,
+        unhealthy,
+        devices=_device_sources(cfg, store, run_id),
     )
     recorder.on_failure = sampler.poke
     job._records = recorder.records
@@ -243,8 +254,27 @@ def _measure(
         recorder.close()
         job.write_error = recorder.write_error
         job.host = (sampler.host_means(), sampler.busiest)
+        job.devices = sampler.device_means()
+        if sampler.devices and (unread := sampler.device_errors()):
+            found = store.artifact(run_id, ARTIFACT_DEVICE_TELEMETRY) or {}
+            missing = [*found.get("missing", []), *unread]
+            store.put_artifact(run_id, ARTIFACT_DEVICE_TELEMETRY, {**found, "missing": missing})
     if not started:
         raise _Cancelled
+
+
+def _device_sources(cfg: RunConfig, store: Store, run_id: int) -> list[Any]:
+    """The run's device telemetry sources (engines.telemetry.detect); what was found and what
+    is missing (one line each) is stored as the run's ``device_telemetry`` artifact."""
+    if not cfg.device_telemetry and not cfg.telemetry_urls:
+        return []
+    from engines.telemetry import detect
+
+    accelerator = cfg.engine_options.accelerator if cfg.device_telemetry else "cpu"
+    sources, missing = detect(accelerator, cfg.telemetry_urls)
+    found = [{"source": type(s).__name__, "name": s.name} for s in sources]
+    store.put_artifact(run_id, ARTIFACT_DEVICE_TELEMETRY, {"sources": found, "missing": missing})
+    return sources
 
 
 def _load(cfg: RunConfig) -> dict[str, Any]:
@@ -293,6 +323,8 @@ def _finish(job: Job, engine: Engine) -> None:
         means, busiest = job.host
         reason = disturbance(means["other_cpu_cores"], means["steal_pct"], summary.load_warning, busiest)
         summary = dataclasses.replace(summary, **means, disturbance=reason)
+    if job.devices:
+        summary = dataclasses.replace(summary, **job.devices)
     job.set_summary(summary)
     engine_error = job.error
     if job.write_error is not None:

@@ -168,6 +168,9 @@ SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
     "client_cpu_cores",
     "steal_pct",
     "disturbance",
+    "device_util_pct",
+    "device_power_w",
+    "device_mem_used_gib",
     "error",
 )
 

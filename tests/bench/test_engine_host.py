@@ -79,7 +79,7 @@ def test_the_model_loads_and_reports_from_another_process(hosted: HostedEngine) 
     assert hosted.health() is None
 
 
-def test_a_run_executes_in_the_host_and_lands_in_the_store(hosted: HostedEngine, store) -> None:  # noqa: ANN001
+def test_a_run_executes_in_the_host_and_lands_in_the_store(hosted: HostedEngine, store) -> None:
     job = start_run(_cfg(requests=4), store, engine=hosted)
     assert isinstance(job, RemoteJob)
     assert job.run_id is not None and store.get_run(job.run_id).status == "running"  # recorded at once
@@ -94,7 +94,7 @@ def test_a_run_executes_in_the_host_and_lands_in_the_store(hosted: HostedEngine,
     assert hosted.health() is None  # the host stays loaded for the next run
 
 
-def test_stop_cancels_in_the_host_and_nothing_is_failed(hosted: HostedEngine, store) -> None:  # noqa: ANN001
+def test_stop_cancels_in_the_host_and_nothing_is_failed(hosted: HostedEngine, store) -> None:
     job = start_run(_cfg(requests=400, output_len=16), store, engine=hosted)
     deadline = time.monotonic() + 60
     while job.snapshot().done < 2 and time.monotonic() < deadline:
@@ -107,7 +107,7 @@ def test_stop_cancels_in_the_host_and_nothing_is_failed(hosted: HostedEngine, st
     assert run.status == "cancelled" and run.summary is not None and run.summary.completed >= 2
 
 
-def test_a_run_without_an_engine_gets_its_own_host_which_is_gone_after(hosting: None, store, tiny_model) -> None:  # noqa: ANN001
+def test_a_run_without_an_engine_gets_its_own_host_which_is_gone_after(hosting: None, store, tiny_model) -> None:
     job = start_run(_cfg(requests=2), store)
     assert isinstance(job, RemoteJob) and job.owns_engine
     snap = job.wait(180)
@@ -115,7 +115,7 @@ def test_a_run_without_an_engine_gets_its_own_host_which_is_gone_after(hosting: 
     assert job.engine._host is not None and not job.engine._host.proc.is_alive()
 
 
-def test_a_host_killed_mid_run_fails_the_run_and_keeps_what_it_stored(hosting: None, store, tiny_model) -> None:  # noqa: ANN001
+def test_a_host_killed_mid_run_fails_the_run_and_keeps_what_it_stored(hosting: None, store, tiny_model) -> None:
     engine = HostedEngine(parse_options(ENGINE))
     engine.start()
     try:
