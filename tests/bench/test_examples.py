@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.runner import ARTIFACT_BREAKDOWN, ARTIFACT_ROUTING, ARTIFACT_TRACE
+from bench.runner import ARTIFACT_BREAKDOWN, ARTIFACT_DEVICE_TELEMETRY, ARTIFACT_ROUTING, ARTIFACT_TRACE
 from bench.store import Store, import_bundle_file
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -35,3 +35,22 @@ def test_h200_run_examples(store: Store, name: str) -> None:
     run = store.get_run(run_id)
     assert run is not None and run.summary is not None and run.summary.failed == 0
     assert store.sample_count(run_id) == run.summary.requests
+
+
+@pytest.mark.parametrize("name", ["h200-latency-bs1.json", "h200-concurrency-16.json"])
+def test_h200_examples_carry_nvml_telemetry(store: Store, name: str) -> None:
+    """Recorded on the H200 through NVML: utilisation, power and memory of GPU 0, once a second."""
+    run_id = import_bundle_file(store, EXAMPLES / name)
+    run = store.get_run(run_id)
+    assert run is not None and run.summary is not None
+    assert store.artifact(run_id, ARTIFACT_DEVICE_TELEMETRY) == {
+        "sources": [{"source": "NvmlSource", "name": "nvml"}],
+        "missing": [],
+    }
+    total = [v for _, _, v in store.timeseries(run_id, ["dev0_mem_total_gib"]) if v is not None]
+    assert total and min(total) > 130  # an H200's 141 GiB as NVML reports it
+    assert len(store.timeseries(run_id, ["dev0_util_pct"])) >= run.summary.duration_s - 2
+    s = run.summary
+    assert s.device_util_pct is not None and 0 < s.device_util_pct <= 100
+    assert s.device_power_w is not None and 60 < s.device_power_w < 700
+    assert s.device_mem_used_gib is not None and s.device_mem_used_gib >= run.engine_info["weights_gib"]
