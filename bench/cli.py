@@ -22,7 +22,8 @@ from pydantic import BaseModel
 
 from bench.config import MODES, RunConfig
 from bench.metrics import RunSummary, Spread
-from bench.runner import ARTIFACT_DEVICE_TELEMETRY, Job, start_run
+from bench.run_limits import RunLimits
+from bench.runner import ARTIFACT_DEVICE_TELEMETRY, ARTIFACT_LIMITS, Job, start_run
 from bench.store import Store
 from bench.workload_args import add_workload_arguments, workload_overrides
 from bench.workloads import WORKLOAD_SOURCES, WorkloadSpec
@@ -531,6 +532,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if isinstance(telemetry, dict):
         for reason in telemetry.get("missing") or []:
             print(f"note          device telemetry: {reason}")
+    limits = store.artifact(run_id, ARTIFACT_LIMITS)
+    if isinstance(limits, dict):
+        if "reason" in limits:
+            print(f"note          no hardware limit: {limits['reason']}")
+        else:
+            print(f"limit         {RunLimits.from_dict(limits).line()}")
     if args.mode == "profile" and snap.status == "completed":
         print(format_profile(store, run_id))
     if args.csv:

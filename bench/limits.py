@@ -42,13 +42,14 @@ secondary sources and say so. ``cpu`` is not a spec: it is measured on this mach
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import statistics
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -389,12 +390,69 @@ _cpu_lock = threading.Lock()
 _cpu_cached: CpuMeasurement | None = None
 
 
+CPU_CACHE_FILE = "cpu_limits.json"  # in the data folder (MOEBENCH_DATA_DIR)
+CPU_CACHE_MAX_AGE_S = 7 * 24 * 3600
+
+
+def _cpu_fingerprint() -> str:
+    """This host as the cache knows it: host name, logical CPUs and the CPU's model name."""
+    import os
+    import platform
+    import socket
+
+    model = platform.processor()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{socket.gethostname()}|{os.cpu_count()}|{model}"
+
+
+def _cpu_cache_path() -> Path:
+    from engines.settings import get_settings
+
+    return get_settings().data_dir / CPU_CACHE_FILE
+
+
+def _read_cpu_cache() -> CpuMeasurement | None:
+    """The measurement saved for this host within :data:`CPU_CACHE_MAX_AGE_S`, else None."""
+    try:
+        saved = json.loads(_cpu_cache_path().read_text(encoding="utf-8"))
+        if saved.get("host") != _cpu_fingerprint() or time.time() - float(saved["measured_at"]) > CPU_CACHE_MAX_AGE_S:
+            return None
+        m = dict(saved["measurement"])
+        for k in ("copy_gb_s", "read_gb_s", "matmul_gflops"):
+            m[k] = Stat(**m[k])
+        return CpuMeasurement(**m)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_cpu_cache(m: CpuMeasurement) -> None:
+    path = _cpu_cache_path()
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps({"host": _cpu_fingerprint(), "measured_at": time.time(), "measurement": asdict(m)}),
+            encoding="utf-8",
+        )
+        tmp.replace(path)
+
+
 def measure_cpu(refresh: bool = False) -> CpuMeasurement:
-    """This machine's CPU figures, measured once per process (about 1 s) and cached."""
+    """This machine's CPU figures: measured once (about 1 s) and kept for a week in the data
+    folder (``cpu_limits.json``, for this host only), so runs do not each measure again.
+    ``refresh=True`` measures now and replaces what was kept."""
     global _cpu_cached
     with _cpu_lock:
         if _cpu_cached is None or refresh:
-            _cpu_cached = measure_cpu_uncached()
+            cached = None if refresh else _read_cpu_cache()
+            if cached is None:
+                cached = measure_cpu_uncached()
+                _write_cpu_cache(cached)
+            _cpu_cached = cached
         return _cpu_cached
 
 

@@ -83,6 +83,14 @@ METRIC_DEFINITIONS: dict[str, str] = {
     "device_power_w": "Board power from device telemetry (W), summed over the devices read, mean over the run.",
     "device_mem_used_gib": "Device memory in use from device telemetry (GiB), summed over the devices read, highest "
     "sample of the run: every process on the devices counts (a served engine's weights and KV cache included).",
+    "tpot_limit_ms": "The hardware's limit on TPOT: the shortest decode step for the run's batch (max_concurrency "
+    "sequences, 1 for latency runs) at its mean context, max(bytes moved per step / memory bandwidth, FLOPs / peak "
+    "FLOP/s) from the model's config and the accelerator's spec (README: Physical limits). Empty when the model or "
+    "the device has no figures.",
+    "output_tok_s_limit": "The hardware's limit on output throughput at the run's batch: batch / tpot_limit_ms.",
+    "tpot_pct_of_limit": "tpot_limit_ms / TPOT p50 x 100: how close the engine's decode step came to the hardware's "
+    "limit (100 % = at the limit).",
+    "throughput_pct_of_limit": "output_throughput_tok_s / output_tok_s_limit x 100.",
     "peak_memory_gib": "Highest memory seen during the run: the device allocator's peak on CUDA/NPU/MLU, "
     "the process's peak RSS on CPU (native engine); for a server MoE Bench launched, the peak RSS of its process "
     "tree (device memory is not in it); empty for a remote server (base_url).",
@@ -261,6 +269,10 @@ class RunSummary:
     device_util_pct: float | None = None  # accelerator utilisation %, mean over devices and samples (telemetry)
     device_power_w: float | None = None  # board power summed over devices, mean over samples (W)
     device_mem_used_gib: float | None = None  # device memory in use summed over devices, highest sample (GiB)
+    tpot_limit_ms: float | None = None  # the hardware's shortest decode step at the run's batch (bench.run_limits)
+    output_tok_s_limit: float | None = None  # the most output tokens/s at the run's batch (bench.run_limits)
+    tpot_pct_of_limit: float | None = None  # tpot_limit_ms / TPOT p50 x 100
+    throughput_pct_of_limit: float | None = None  # output tokens/s / output_tok_s_limit x 100
 
     @property
     def bursty(self) -> bool:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import socket
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,7 +37,7 @@ from typing import Any
 from bench.config import MODES, Mode, RunConfig
 from bench.host import disturbance
 from bench.job import Job, JobManager, JobSnapshot, error_reason
-from bench.metrics import summarize
+from bench.metrics import RunSummary, summarize
 from bench.recorder import (
     FIRST_SAMPLE_S,
     SERIES_DONE,
@@ -83,6 +84,7 @@ ARTIFACT_BREAKDOWN = "profile_breakdown"
 ARTIFACT_TRACE = "profile_trace"
 ARTIFACT_ROUTING = "expert_routing"
 ARTIFACT_DEVICE_TELEMETRY = "device_telemetry"  # {"sources": [{"source", "name"}], "missing": [reason, ...]}
+ARTIFACT_LIMITS = "limits"  # bench.run_limits.RunLimits.as_dict(), or {"reason": why there is none}
 
 
 class _Cancelled(Exception):
@@ -97,7 +99,7 @@ def _execute(job: Job, engine: Engine | None, owns_engine: bool) -> None:
             job.transition("loading", phase="loading model")
             engine = create_engine(cfg.engine_options)
             engine.start(lambda msg, frac: job.set_phase(f"loading: {msg}"))
-        info = engine.describe()
+        info = {**engine.describe(), "host": socket.gethostname()}  # the host that measured (bench.run_limits)
         store.set_engine_info(run_id, info, model=info.get("model"))
         if job.cancel_event.is_set():
             raise _Cancelled
@@ -305,6 +307,32 @@ def _measured_peak(store: Store, run_id: int, engine: Engine) -> float | None:
     return mem.peak_bytes / GIB if mem else None
 
 
+def _with_limits(store: Store, run_id: int, cfg: RunConfig, summary: RunSummary) -> RunSummary:
+    """The summary with the hardware's limits at the run's batch (bench.run_limits); the limits'
+    figures, or the one line why there are none, are stored as the run's ``limits`` artifact.
+    A limit that cannot be computed never fails the run."""
+    from bench.run_limits import for_run_or_reason
+
+    run = store.get_run(run_id)
+    try:
+        found = for_run_or_reason(
+            cfg.model_dump(), run.engine_info if run else {}, summary, cfg.engine_options.accelerator
+        )
+    except Exception as exc:  # noqa: BLE001 - a limit is a comparison, never a reason to fail a run
+        found = f"limits could not be computed: {type(exc).__name__}: {exc}"
+    if isinstance(found, str):
+        store.put_artifact(run_id, ARTIFACT_LIMITS, {"reason": found})
+        return summary
+    store.put_artifact(run_id, ARTIFACT_LIMITS, found.as_dict())
+    return dataclasses.replace(
+        summary,
+        tpot_limit_ms=found.tpot_limit_ms,
+        output_tok_s_limit=found.output_tok_s_limit,
+        tpot_pct_of_limit=found.tpot_pct,
+        throughput_pct_of_limit=found.throughput_pct,
+    )
+
+
 def _finish(job: Job, engine: Engine) -> None:
     """Summarize what was measured and close the run with its final status."""
     cfg, store, run_id = job.config, job.store, job.run_id
@@ -325,6 +353,7 @@ def _finish(job: Job, engine: Engine) -> None:
         summary = dataclasses.replace(summary, **means, disturbance=reason)
     if job.devices:
         summary = dataclasses.replace(summary, **job.devices)
+    summary = _with_limits(store, run_id, cfg, summary)
     job.set_summary(summary)
     engine_error = job.error
     if job.write_error is not None:

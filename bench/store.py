@@ -171,6 +171,10 @@ SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
     "device_util_pct",
     "device_power_w",
     "device_mem_used_gib",
+    "tpot_limit_ms",
+    "tpot_pct_of_limit",
+    "output_tok_s_limit",
+    "throughput_pct_of_limit",
     "error",
 )
 

@@ -222,6 +222,13 @@ class NativeEngine(Engine):
             load_seconds=round(self.load_seconds, 3),
             versions={"torch": torch.__version__, "transformers": transformers.__version__},
         )
+        if self.model is not None:
+            # The config's plain fields (sizes, layer counts, expert counts): what a run's
+            # limits are computed from (bench.run_limits), also for a run imported elsewhere.
+            cfg = self.model.config.to_dict()
+            info["model_config"] = {
+                k: v for k, v in cfg.items() if v is None or isinstance(v, bool | int | float | str)
+            }
         return info
 
     def _input_ids(self, request: GenerationRequest) -> Any:
