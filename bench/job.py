@@ -263,6 +263,7 @@ class Job(BackgroundTask):
         self.write_error: str | None = None  # requests the store could not take (kept for the summary)
         self.host: tuple[dict[str, float | None], list[tuple[str, int, float]]] | None = None  # host load, busiest
         self.devices: dict[str, float | None] | None = None  # device telemetry means for the summary
+        self.server_device_peak_gib: float | None = None  # a launched server's own device memory, highest
 
     @property
     def run_id(self) -> int | None:

@@ -441,6 +441,16 @@ def _write_cpu_cache(m: CpuMeasurement) -> None:
         tmp.replace(path)
 
 
+def cpu_measured() -> CpuMeasurement | None:
+    """This machine's CPU figures if already measured (in this process or kept in the data
+    folder), without measuring: for callers that must not load the CPU (a page during a run)."""
+    global _cpu_cached
+    with _cpu_lock:
+        if _cpu_cached is None:
+            _cpu_cached = _read_cpu_cache()
+        return _cpu_cached
+
+
 def measure_cpu(refresh: bool = False) -> CpuMeasurement:
     """This machine's CPU figures: measured once (about 1 s) and kept for a week in the data
     folder (``cpu_limits.json``, for this host only), so runs do not each measure again.

@@ -92,7 +92,8 @@ METRIC_DEFINITIONS: dict[str, str] = {
     "limit (100 % = at the limit).",
     "throughput_pct_of_limit": "output_throughput_tok_s / output_tok_s_limit x 100.",
     "peak_memory_gib": "Highest memory seen during the run: the device allocator's peak on CUDA/NPU/MLU, "
-    "the process's peak RSS on CPU (native engine); for a server MoE Bench launched, the peak RSS of its process "
+    "the process's peak RSS on CPU (native engine); for a server MoE Bench launched, the device memory its process "
+    "tree holds where device telemetry sees processes (NVML, npu-smi), highest sample, else the peak RSS of that "
     "tree (device memory is not in it); empty for a remote server (base_url).",
 }
 

@@ -30,7 +30,13 @@ from bench.slo import all_met, is_good, judge_summary, parse_slos
 from bench.store import Store
 from engines.accelerators import GIB
 from engines.base import Engine
-from engines.telemetry import DeviceReading, TelemetrySource, series_points
+from engines.telemetry import (
+    DeviceReading,
+    TelemetrySource,
+    device_prefix,
+    process_tree_device_bytes,
+    series_points,
+)
 from engines.tokens import count_tokens
 
 # Live series written about once a second (names in the store's time series table).
@@ -40,6 +46,8 @@ SERIES_DONE = "requests_done"
 SERIES_MEM_ALLOCATED = "mem_allocated_gib"
 SERIES_MEM_RESERVED = "mem_reserved_gib"
 SERIES_MEM_PEAK = "mem_peak_gib"
+# A launched server's own device memory (its process tree's, from telemetry that sees processes).
+SERIES_SERVER_DEVICE_MEM = "server_own_device_mem_gib"
 
 FIRST_SAMPLE_S = 0.25  # the live series' first sample, seconds after the start
 WRITE_EVERY_S = 0.2
@@ -369,6 +377,8 @@ class Sampler:
         self._dev_power: list[float] = []  # per sample: power summed over the devices read
         self._dev_mem_peak: float | None = None
         self._dev_read: set[int] = set()  # the sources that gave a reading at least once
+        self.device_names: dict[str, str] = {}  # series prefix ("dev0", "h<host>_dev1") -> "NVIDIA H200"
+        self.server_device_peak_gib: float | None = None  # a launched server's own device memory, highest
         self.interval_s = interval_s
         self.live = live
         self.recorder = recorder
@@ -446,7 +456,17 @@ class Sampler:
                 continue
             if got:
                 self._dev_read.add(i)
+                for r in got:
+                    self.device_names.setdefault(device_prefix(r), f"{r.name or r.vendor} ({source.name})")
             readings.extend(got)
+        pids = self._server_pids()
+        server_bytes = process_tree_device_bytes(readings, pids) if pids else None
+        server_point: list[tuple[float, str, float | None]] = []
+        if server_bytes is not None:
+            gib = server_bytes / GIB
+            server_point.append((t, SERIES_SERVER_DEVICE_MEM, gib))
+            if aggregate:
+                self.server_device_peak_gib = max(self.server_device_peak_gib or 0.0, gib)
         if aggregate and readings:
             utils = [r.util_pct for r in readings if r.util_pct is not None]
             powers = [r.power_w for r in readings if r.power_w is not None]
@@ -457,7 +477,14 @@ class Sampler:
                 self._dev_power.append(sum(powers))
             if mems:
                 self._dev_mem_peak = max(self._dev_mem_peak or 0.0, sum(mems) / GIB)
-        return [(t, name, v) for name, v in series_points(readings).items()]
+        return [*server_point, *((t, name, v) for name, v in series_points(readings).items())]
+
+    def _server_pids(self) -> list[int]:
+        """The launched server's process tree (empty for in-process and remote engines)."""
+        try:
+            return self.engine.server_pids()
+        except Exception:  # noqa: BLE001 - a process that just went away: no point this second
+            return []
 
     def device_errors(self) -> list[str]:
         """One line for each device source that never gave a reading during the run."""

@@ -70,6 +70,16 @@ class RunLimits:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
+    def reached(self, summary: RunSummary | None) -> RunLimits:
+        """These limits with the share reached recomputed from ``summary`` (a replay's frame)."""
+        tpot = thr = None
+        if summary is not None and summary.completed:
+            if summary.tpot_ms.p50 is not None and summary.tpot_ms.p50 > 0:
+                tpot = self.tpot_limit_ms / summary.tpot_ms.p50 * 100.0
+            if summary.output_throughput_tok_s > 0:
+                thr = summary.output_throughput_tok_s / self.output_tok_s_limit * 100.0
+        return dataclasses.replace(self, tpot_pct=tpot, throughput_pct=thr)
+
     @property
     def caveat(self) -> str:
         """'' for datasheet or measured figures; else a note that the spec figures are weak."""
@@ -118,8 +128,10 @@ def model_shape_for(config: Mapping[str, Any], engine_info: Mapping[str, Any]) -
     raise NoLimit(f"no config for model '{model}' here (not a preset, no local config.json)")
 
 
-def spec_for(accelerator: str, engine_info: Mapping[str, Any]) -> lim.AcceleratorSpec:
-    """The accelerator spec a run is held against (see the module docstring), or :class:`NoLimit`."""
+def spec_for(accelerator: str, engine_info: Mapping[str, Any], measure: bool = True) -> lim.AcceleratorSpec:
+    """The accelerator spec a run is held against (see the module docstring), or :class:`NoLimit`.
+    ``measure=False``: never measure this CPU now (a page drawing a run in progress), use the
+    figures kept from an earlier measurement or say there are none yet."""
     device = str(engine_info.get("device") or "")
     low = device.lower().replace(" ", "")
     for needle, key in DEVICE_SPECS:
@@ -133,6 +145,11 @@ def spec_for(accelerator: str, engine_info: Mapping[str, Any]) -> lim.Accelerato
         server = urlsplit(str(engine_info.get("base_url") or "")).hostname
         if server and server not in ("localhost", "127.0.0.1", "::1", socket.gethostname()):
             raise NoLimit(f"served from {server}: this machine's CPU figures would not apply")
+        if not measure:
+            kept = lim.cpu_measured()
+            if kept is None:
+                raise NoLimit("this CPU's bandwidth is measured when the run ends (not during it)")
+            return lim.cpu_spec(kept)
         return lim.get_spec("cpu")
     if kind in ("npu", "mlu"):
         return lim.get_spec(kind)
@@ -155,6 +172,7 @@ def for_run(
     engine_info: Mapping[str, Any] | None,
     summary: RunSummary | None,
     accelerator: str | None = None,
+    measure: bool = True,
 ) -> RunLimits:
     """The run's limits, with the % reached where the summary has the figure; :class:`NoLimit`
     (one line) when the model or the accelerator has none."""
@@ -162,7 +180,7 @@ def for_run(
     engine_info = engine_info or {}
     accelerator = accelerator or str((config.get("engine") or {}).get("accelerator") or "cpu")
     shape = model_shape_for(config, engine_info)
-    spec = spec_for(accelerator, engine_info)
+    spec = spec_for(accelerator, engine_info, measure)
     dtype = _dtype(config, engine_info)
     batch = 1
     context = 0
@@ -176,12 +194,6 @@ def for_run(
         wl = config.get("workload") or {}
         context = int(wl.get("input_len") or 0) + int(wl.get("output_len") or 0) // 2
     point = lim.roofline(shape, spec, batch, context, dtype)
-    tpot_pct = thr_pct = None
-    if summary is not None and summary.completed:
-        if summary.tpot_ms.p50 is not None and summary.tpot_ms.p50 > 0:
-            tpot_pct = point.step_ms / summary.tpot_ms.p50 * 100.0
-        if summary.output_throughput_tok_s > 0:
-            thr_pct = summary.output_throughput_tok_s / point.tok_s * 100.0
     return RunLimits(
         model=shape.name,
         spec_key=spec.key,
@@ -193,11 +205,11 @@ def for_run(
         bound=point.bound,
         tpot_limit_ms=point.step_ms,
         output_tok_s_limit=point.tok_s,
-        tpot_pct=tpot_pct,
-        throughput_pct=thr_pct,
+        tpot_pct=None,
+        throughput_pct=None,
         bandwidth_gb_s=spec.bandwidth_gb_s.value,
         peak_tflops=spec.peak_flops(dtype) / 1e12,
-    )
+    ).reached(summary)
 
 
 def for_run_or_reason(
@@ -205,11 +217,57 @@ def for_run_or_reason(
     engine_info: Mapping[str, Any] | None,
     summary: RunSummary | None,
     accelerator: str | None = None,
+    measure: bool = True,
 ) -> RunLimits | str:
     """:func:`for_run`, with the one-line reason in place of a limit where there is none."""
     try:
-        return for_run(config, engine_info, summary, accelerator)
+        return for_run(config, engine_info, summary, accelerator, measure)
     except NoLimit as exc:
         return str(exc)
     except (ValueError, ZeroDivisionError) as exc:
         return f"no limit: {exc}"
+
+
+LIMIT_BATCHES: tuple[int, ...] = (1, 8, 32, 128, 256)
+AUTO_DTYPE = {"cpu": "float32", "cuda": "bfloat16", "npu": "float16", "mlu": "float16"}
+
+
+def spec_choices(accelerator: str, device: str = "") -> tuple[list[str], str]:
+    """The spec keys a page offers for ``accelerator`` and the default one: the loaded device's
+    own when it is in the table (an H100 picks ``h100-sxm``), else the kind's default."""
+    keys = [*lim.SPECS, "cpu"]
+    low = device.lower().replace(" ", "")
+    default = next((key for needle, key in DEVICE_SPECS if needle in low), None)
+    return keys, default or lim.DEFAULT_SPEC_FOR.get(accelerator, "h200")
+
+
+def model_limits_table(
+    model: str,
+    spec_key: str | lim.AcceleratorSpec,
+    dtype: str = "auto",
+    context_len: int = 1024,
+    batches: tuple[int, ...] = LIMIT_BATCHES,
+    engine_info: Mapping[str, Any] | None = None,
+) -> tuple[lim.Limits, list[dict[str, Any]]]:
+    """A model's limits on one spec, and its roofline at ``batches``: the Engine page's table
+    (one row per batch: shortest step, most output tokens/s, which ceiling binds). :class:`NoLimit`
+    with the reason when the model has no config here."""
+    shape = model_shape_for({"engine": {"model": model}}, engine_info or {"model": model})
+    spec = spec_key if isinstance(spec_key, lim.AcceleratorSpec) else lim.get_spec(spec_key)
+    if dtype in ("", "auto"):
+        dtype = AUTO_DTYPE.get(spec.accelerator, "bf16")
+    limits = lim.limits(shape, spec, dtype=dtype, context_len=context_len)
+    rows = []
+    for b in batches:
+        p = limits.roofline(b)
+        rows.append(
+            {
+                "batch": b,
+                "min step (ms)": p.step_ms,
+                "max output tok/s": p.tok_s,
+                "memory time (ms)": p.memory_ms,
+                "compute time (ms)": p.compute_ms,
+                "bound": p.bound,
+            }
+        )
+    return limits, rows

@@ -83,7 +83,8 @@ ARTIFACT_OPERATORS = "profile_operators"
 ARTIFACT_BREAKDOWN = "profile_breakdown"
 ARTIFACT_TRACE = "profile_trace"
 ARTIFACT_ROUTING = "expert_routing"
-ARTIFACT_DEVICE_TELEMETRY = "device_telemetry"  # {"sources": [{"source", "name"}], "missing": [reason, ...]}
+# {"sources": [{"source", "name"}], "missing": [reason, ...], "devices": ["dev0: NVIDIA H200 (nvml)", ...]}
+ARTIFACT_DEVICE_TELEMETRY = "device_telemetry"
 ARTIFACT_LIMITS = "limits"  # bench.run_limits.RunLimits.as_dict(), or {"reason": why there is none}
 
 
@@ -234,6 +235,7 @@ def _measure(
         engine.reset_peak_memory()
         engine.reset_expert_routing()
         sampler.first_points()  # t = 0: after the warm-up, so server counters start from here
+        _name_devices(store, run_id, sampler.device_names)  # the sidebar names them during the run
         if before_start is not None:
             before_start()
         # Threads start before the clock does, so the first wave is not held up by them.
@@ -257,12 +259,24 @@ def _measure(
         job.write_error = recorder.write_error
         job.host = (sampler.host_means(), sampler.busiest)
         job.devices = sampler.device_means()
+        job.server_device_peak_gib = sampler.server_device_peak_gib
+        _name_devices(store, run_id, sampler.device_names)
         if sampler.devices and (unread := sampler.device_errors()):
             found = store.artifact(run_id, ARTIFACT_DEVICE_TELEMETRY) or {}
             missing = [*found.get("missing", []), *unread]
             store.put_artifact(run_id, ARTIFACT_DEVICE_TELEMETRY, {**found, "missing": missing})
     if not started:
         raise _Cancelled
+
+
+def _name_devices(store: Store, run_id: int, names: dict[str, str]) -> None:
+    """Add the devices read so far (``dev0: NVIDIA H200 (nvml)``) to the ``device_telemetry`` artifact."""
+    found = store.artifact(run_id, ARTIFACT_DEVICE_TELEMETRY)
+    if not names or not isinstance(found, dict):
+        return
+    devices = [f"{prefix}: {name}" for prefix, name in names.items()]
+    if found.get("devices") != devices:
+        store.put_artifact(run_id, ARTIFACT_DEVICE_TELEMETRY, {**found, "devices": devices})
 
 
 def _device_sources(cfg: RunConfig, store: Store, run_id: int) -> list[Any]:
@@ -353,6 +367,10 @@ def _finish(job: Job, engine: Engine) -> None:
         summary = dataclasses.replace(summary, **means, disturbance=reason)
     if job.devices:
         summary = dataclasses.replace(summary, **job.devices)
+    if job.server_device_peak_gib is not None:
+        # A server launched here on an accelerator: its own device memory is the run's memory
+        # (its process tree's RSS, the fallback, holds none of its weights or KV cache).
+        summary = dataclasses.replace(summary, peak_memory_gib=job.server_device_peak_gib)
     summary = _with_limits(store, run_id, cfg, summary)
     job.set_summary(summary)
     engine_error = job.error

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 BOOK_COLOR = "#94A3B8"  # slate: the book's figures
 MEASURED_COLOR = PRIMARY  # this project's measurements
 SLO_COLOR = "#B45309"  # amber: a service-level objective's limit
+LIMIT_COLOR = "#047857"  # green: the hardware's limit (bench.run_limits)
 MAX_POINTS = 2000  # the most markers a chart draws
 TEMPLATE_NAME = "moebench"
 
@@ -139,6 +140,40 @@ def _slo_hlines(fig: go.Figure, slos: Sequence[Slo], metrics: Sequence[str], hi:
         else:
             _off_chart_note(fig, slo, f"{slo.label} (above the chart) ↑", True, off)
             off += 1
+
+
+def hardware_limit(fig: go.Figure, value: float, label: str, axis: str, lo: float, hi: float) -> None:
+    """The hardware's limit (:mod:`bench.run_limits`) on a chart whose data span ``lo``..``hi``:
+    a dotted line at ``value`` on the ``axis`` ("x" or "y") when it lies near the data, else
+    its label at the chart's edge on its side, so a limit 50x away never squashes the data.
+    Every shape and note carries the name ``limit``."""
+    near = _slo_in_view(value, lo, hi)
+    if not near:
+        above = value > hi
+        arrow = ("→" if above else "←") if axis == "x" else ("↑" if above else "↓")
+        where = "above" if axis == "y" and above else "below" if axis == "y" else "off"
+        text = f"{label} ({where} the chart) {arrow}" if above else f"{arrow} {label} ({where} the chart)"
+        fig.add_annotation(
+            text=text, name="limit", showarrow=False, xref="paper", yref="paper",
+            x=1.0 if (above or axis == "y") else 0.0, y=0.0 if axis == "y" and not above else 1.0,
+            xanchor="right" if (above or axis == "y") else "left",
+            yanchor="bottom" if axis == "y" and not above else "top", yshift=-34 if axis == "x" else 0,
+            font={"color": LIMIT_COLOR, "size": 12}, bgcolor="rgba(255,255,255,0.85)",
+        )  # fmt: skip
+        return
+    line = {"color": LIMIT_COLOR, "width": 2, "dash": "dot"}
+    if axis == "x":
+        fig.add_shape(type="line", name="limit", x0=value, x1=value, y0=0, y1=1, xref="x", yref="paper", line=line)
+        fig.add_annotation(
+            text=label, name="limit", showarrow=False, x=value, y=0.5, xref="x", yref="paper", textangle=-90,
+            xanchor="right", font={"color": LIMIT_COLOR, "size": 11}, bgcolor="rgba(255,255,255,0.85)",
+        )  # fmt: skip
+    else:
+        fig.add_shape(type="line", name="limit", x0=0, x1=1, y0=value, y1=value, xref="paper", yref="y", line=line)
+        fig.add_annotation(
+            text=label, name="limit", showarrow=False, x=1.0, y=value, xref="paper", yref="y", xanchor="right",
+            yanchor="bottom", font={"color": LIMIT_COLOR, "size": 11}, bgcolor="rgba(255,255,255,0.85)",
+        )  # fmt: skip
 
 
 # --- per-request charts ------------------------------------------------------------------

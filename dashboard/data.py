@@ -24,8 +24,11 @@ import pandas as pd
 from bench.config import RunConfig
 from bench.job import BackgroundTask, error_reason
 from bench.metrics import METRIC_DEFINITIONS, RunSummary, Spread
+from bench.run_limits import RunLimits, for_run_or_reason
 from bench.runner import (
     ARTIFACT_BREAKDOWN,
+    ARTIFACT_DEVICE_TELEMETRY,
+    ARTIFACT_LIMITS,
     ARTIFACT_OPERATORS,
     ARTIFACT_ROUTING,
     ARTIFACT_TRACE,
@@ -162,14 +165,61 @@ def run_slos(config: Mapping[str, Any] | None, summary: RunSummary | None = None
         return []
 
 
+def run_limits(store: Store, run: RunRow | None, summary: RunSummary | None = None) -> RunLimits | str | None:
+    """The hardware limits of a stored run (:mod:`bench.run_limits`): those the run stored when
+    it finished, else computed from its config, engine info and ``summary`` (a run still going,
+    or one imported from a bundle made before runs stored their limits); the one-line reason
+    where there is none; None without a run."""
+    if run is None:
+        return None
+    saved = store.artifact(run.id, ARTIFACT_LIMITS) if run.status != "running" else None
+    if isinstance(saved, dict):
+        return str(saved["reason"]) if "reason" in saved else RunLimits.from_dict(saved)
+    # Never measure this CPU from a page: a run may be going (its figures come when it ends).
+    return for_run_or_reason(run.config, run.engine_info, summary if summary is not None else run.summary,
+                             run.accelerator, measure=False)  # fmt: skip
+
+
+def watched_devices(store: Store, run_id: int | None) -> str | None:
+    """One line naming the devices a run's telemetry reads (``dev0: NVIDIA H200 (nvml)``), or the
+    sources until their first reading, and what could not be read; None when it reads none."""
+    if run_id is None:
+        return None
+    found = store.artifact(run_id, ARTIFACT_DEVICE_TELEMETRY)
+    if not isinstance(found, dict):
+        return None
+    names = list(found.get("devices") or []) or [str(s.get("name")) for s in found.get("sources") or []]
+    missing = list(found.get("missing") or [])
+    parts = []
+    if names:
+        parts.append(":material/developer_board: Watching " + ", ".join(names))
+    if missing:
+        parts.append("not read: " + "; ".join(missing))
+    return " · ".join(parts) or None
+
+
+def limits_line(limits: RunLimits | str | None) -> str | None:
+    """The caption under a run's summary: the limit and how much of it the run reached."""
+    if limits is None:
+        return None
+    if isinstance(limits, str):
+        return f"No hardware limit for this run: {limits}."
+    return f"Hardware limit: {limits.line()}."
+
+
 def live_figures(
-    data: LiveData, summary: RunSummary | None = None, slos: Sequence[Slo] | None = None
+    data: LiveData,
+    summary: RunSummary | None = None,
+    slos: Sequence[Slo] | None = None,
+    limits: RunLimits | str | None = None,
 ) -> dict[str, Any]:
     """The live panel's charts, by a stable name (also used as the chart key suffix).
 
     ``summary`` (the run's, possibly partial) supplies the p50/p99 lines so they describe
     the whole run even when the histogram shows only the newest window. ``slos`` (default:
-    the summary's) are drawn on the latency charts of their metrics.
+    the summary's) are drawn on the latency charts of their metrics. ``limits`` (the run's,
+    :func:`run_limits`): the hardware's shortest decode step on the TPOT histogram and its
+    most output tokens/s on the throughput chart.
     """
     if slos is None:
         slos = run_slos(None, summary)
@@ -207,11 +257,38 @@ def live_figures(
         "in_flight": charts.in_flight_over_time(data.timeseries, SERIES_IN_FLIGHT),
         "memory": charts.memory_over_time(data.timeseries, MEMORY_SERIES, reported=_memory_reported(data.timeseries)),
     }
+    if isinstance(limits, RunLimits):
+        _draw_limits(figs, data, limits)
     for group in telemetry_groups(telemetry_series(data.timeseries)):
         figs[f"telemetry:{group.key}"] = charts.line_chart(
             data.timeseries, group.series, group.title, group.unit, integer=group.integer
         )
     return figs
+
+
+def _draw_limits(figs: dict[str, Any], data: LiveData, limits: RunLimits) -> None:
+    """The hardware's limits on the TPOT histogram and the throughput chart (where they have data)."""
+    where = f"{limits.spec_name}, batch {limits.batch}"
+    tok_s = charts.series(data.timeseries, SERIES_OUTPUT_TOK_S)
+    if not tok_s.empty:
+        charts.hardware_limit(
+            figs["throughput"], limits.output_tok_s_limit,
+            f"hardware limit {limits.output_tok_s_limit:,.0f} tok/s ({where})", "y", 0.0, float(tok_s["value"].max()),
+        )  # fmt: skip
+    if _has_column(data.samples, "tpot_ms"):
+        ok = data.samples
+        if "error" in ok.columns:
+            ok = ok[ok["error"].fillna("") == ""]
+        values = ok["tpot_ms"].dropna()
+        if not values.empty:
+            charts.hardware_limit(
+                figs["tpot"], limits.tpot_limit_ms, f"hardware limit {limits.tpot_limit_ms:.3g} ms ({where})", "x",
+                float(values.min()), float(values.max()),
+            )  # fmt: skip
+
+
+def _has_column(df: pd.DataFrame | None, column: str) -> bool:
+    return df is not None and not df.empty and column in df.columns
 
 
 @dataclass(frozen=True)

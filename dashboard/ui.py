@@ -16,6 +16,7 @@ import streamlit as st
 
 from bench.config import RunConfig, field_bounds
 from bench.metrics import METRIC_DEFINITIONS, RunSummary, spread
+from bench.run_limits import RunLimits
 from bench.runner import SERIES_OUTPUT_TOK_S, Job, JobSnapshot
 from bench.slo import SLO_PRESETS, Slo
 from bench.store import RunRow, SweepRow
@@ -110,6 +111,8 @@ def init_state(page: str | None = None) -> None:
                 f"{mode}.request_rate": 0.0,
                 f"{mode}.burstiness": 1.0,
                 f"{mode}.server_metrics": True,
+                f"{mode}.device_telemetry": True,
+                f"{mode}.telemetry_urls": "",
                 f"{mode}.ignore_eos": True,
                 f"{mode}.seed": 0,
                 f"{mode}.name": "",
@@ -237,6 +240,9 @@ def _sidebar_run(job: Job | None, sweep: SweepSnapshot | None = None) -> None:
     st.markdown(f":blue-badge[{snap.status}] **{snap.mode}** run #{snap.run_id}")
     fraction, text = run_progress(snap)
     st.progress(fraction, text=text)
+    watched = data.watched_devices(services.get_store(), snap.run_id)
+    if watched:
+        st.caption(watched)
     page = PAGE_SWEEP if in_sweep else MODE_PAGES.get(snap.mode, PAGE_RESULTS)
     st.page_link(page, label="Show live", icon=":material/monitoring:")
 
@@ -571,6 +577,20 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
             help="Read the server's /metrics once a second (vLLM, Triton) for the live server charts. Each scrape "
             "costs the server some CPU (about 15 ms on the vLLM CPU server); turn off for the cleanest numbers.",
         )
+        t1, t2 = st.columns([3, 2], vertical_alignment="bottom")
+        t1.text_input(
+            "Device telemetry exporters (optional)",
+            key=k + "telemetry_urls",
+            placeholder="http://gpu-host:9400/metrics, http://npu-host:8082/metrics",
+            help="Prometheus exporters on the serving hosts, read once a second into the run: NVIDIA DCGM exporter, "
+            "Ascend npu-exporter, Cambricon mlu-exporter. Comma-separated (the CLI's --telemetry-url).",
+        )
+        t2.checkbox(
+            "Read this host's devices",
+            key=k + "device_telemetry",
+            help="NVML on CUDA, npu-smi on Ascend, cnmon on Cambricon, once a second (the CLI's "
+            "--no-device-telemetry turns it off).",
+        )
     concurrent = mode == "concurrency"
     fields: dict[str, Any] = {
         "mode": mode,
@@ -586,6 +606,8 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
         "ignore_eos": bool(ss[k + "ignore_eos"]),
         "name": str(ss[k + "name"]).strip(),
         "server_metrics": bool(ss[k + "server_metrics"]),
+        "device_telemetry": bool(ss[k + "device_telemetry"]),
+        "telemetry_urls": [u.strip() for u in str(ss[k + "telemetry_urls"]).split(",") if u.strip()],
     }
     # A duration-bound run leaves the request count out: RunConfig picks the cap.
     if size == "duration":
@@ -698,11 +720,12 @@ def live_panel(mode: str) -> None:
         _progress(snap, run_id, status, mode)
         live = data.load_live(store, run_id)
         slos = data.run_slos(config, summary)
-        headline(summary, live, running, slos)
-        live_charts(data.live_figures(live, summary, slos), f"{mode}-live")
+        limits = data.run_limits(store, store.get_run(run_id), summary)
+        headline(summary, live, running, slos, limits)
+        live_charts(data.live_figures(live, summary, slos, limits), f"{mode}-live")
         if not running and summary is not None:
             st.subheader("Summary")
-            show_summary(summary, mode)
+            show_summary(summary, mode, limits)
             book_terms(mode, summary)
         repeat = repeat_spread(services.get_store().get_run(run_id))
         if repeat is not None:
@@ -768,8 +791,16 @@ def _cancel(job_id: str) -> None:
         job.cancel()
 
 
-def headline(summary: RunSummary | None, live: data.LiveData, running: bool, slos: list[Slo]) -> None:
-    """Throughput, TTFT/TPOT p50, E2E p99 and peak memory; goodput too when the run has SLOs."""
+def headline(
+    summary: RunSummary | None,
+    live: data.LiveData,
+    running: bool,
+    slos: list[Slo],
+    limits: RunLimits | str | None = None,
+) -> None:
+    """Throughput, TTFT/TPOT p50, E2E p99 and peak memory; goodput too when the run has SLOs;
+    under TPOT and throughput, the share of the hardware's limit they reached (a finished run)."""
+    lim = limits if isinstance(limits, RunLimits) and not running else None
     cols = st.columns(5)
     tok_s = data.last_value(live.timeseries, SERIES_OUTPUT_TOK_S) if running else None
     if running:
@@ -778,7 +809,12 @@ def headline(summary: RunSummary | None, live: data.LiveData, running: bool, slo
         cols[0].metric(
             "Output throughput",
             data.fmt_unit(summary.output_throughput_tok_s if summary else None, "tok/s"),
-            help=METRIC_DEFINITIONS["output_throughput_tok_s"],
+            help=METRIC_DEFINITIONS["output_throughput_tok_s"]
+            + (f" Hardware limit: {lim.line()}." if lim is not None else ""),
+            delta=f"{lim.throughput_pct:.2g} % of the hardware limit"
+            if lim is not None and lim.throughput_pct is not None
+            else None,
+            delta_color="off",
         )
     ok = summary is not None and summary.completed > 0
     cols[1].metric(
@@ -789,7 +825,13 @@ def headline(summary: RunSummary | None, live: data.LiveData, running: bool, slo
         cols[2].metric("TPOT p50", "bursts", help=f"{summary.burst_warning}. {METRIC_DEFINITIONS['tpot_ms']}")
     else:
         cols[2].metric(
-            "TPOT p50", data.fmt_unit(summary.tpot_ms.p50 if ok else None, "ms"), help=METRIC_DEFINITIONS["tpot_ms"]
+            "TPOT p50",
+            data.fmt_unit(summary.tpot_ms.p50 if ok else None, "ms"),
+            help=METRIC_DEFINITIONS["tpot_ms"] + (f" Hardware limit: {lim.line()}." if lim is not None else ""),
+            delta=f"limit {lim.tpot_limit_ms:.3g} ms · {lim.tpot_pct:.2g} % of it"
+            if lim is not None and lim.tpot_pct is not None
+            else None,
+            delta_color="off",
         )
     cols[3].metric(
         "E2E p99", data.fmt_unit(summary.e2e_ms.p99 if ok else None, "ms"), help=METRIC_DEFINITIONS["e2e_ms"]
@@ -824,8 +866,9 @@ def _slo_headline(summary: RunSummary | None, slos: list[Slo]) -> None:
     cols[3].caption("Judged on: " + ", ".join(s.label for s in slos))
 
 
-def show_summary(summary: RunSummary, key: str) -> None:
-    """The run summary: latency statistics (ms) and throughput figures, with their definitions."""
+def show_summary(summary: RunSummary, key: str, limits: RunLimits | str | None = None) -> None:
+    """The run summary: latency statistics (ms) and throughput figures, with their definitions;
+    the hardware's limit and the share of it reached (``limits``, :func:`dashboard.data.run_limits`)."""
     if summary.disturbance:
         st.warning(f"Disturbed run: {summary.disturbance}.", icon=":material/warning:")
     elif summary.load_warning:
@@ -857,6 +900,9 @@ def show_summary(summary: RunSummary, key: str) -> None:
             key=f"{key}-throughput-table",
             column_order=["figure", "value", "unit"],
         )
+    line = data.limits_line(limits)
+    if line:
+        st.caption(f":material/speed: {line}")
     with st.expander("What the metrics mean", icon=":material/help:"):
         st.markdown(
             "\n".join(f"- **{name}**: {text}" for name, text in METRIC_DEFINITIONS.items())

@@ -328,6 +328,11 @@ class Engine:
     def reset_peak_memory(self) -> None:
         return None
 
+    def server_pids(self) -> list[int]:
+        """The process tree of a server this engine launched (its device memory is the run's
+        memory where telemetry sees processes); empty for in-process and remote engines."""
+        return []
+
     def tokenizer(self) -> Any | None:
         """A Hugging Face tokenizer for exact-length prompts and client counts, if known."""
         return None

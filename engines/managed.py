@@ -222,6 +222,18 @@ class ServerEngine(HTTPEngine):
         self._peak_rss = max(self._peak_rss, rss)
         return MemoryStats(rss, rss, self._peak_rss, "server process tree RSS")
 
+    def server_pids(self) -> list[int]:
+        """The launched server's pid and its descendants' (workers); empty when none runs."""
+        if self.server is None:
+            return []
+        import psutil
+
+        try:
+            root = psutil.Process(self.server.pid)
+            return [root.pid, *(c.pid for c in root.children(recursive=True))]
+        except psutil.Error:
+            return []
+
     def reset_peak_memory(self) -> None:
         if self.server is not None:
             self._peak_rss = process_tree_rss(self.server.pid) or 0

@@ -864,12 +864,17 @@ def host_tag(host: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", host).strip("_") or "host"
 
 
+def device_prefix(r: DeviceReading) -> str:
+    """The series-name prefix of one device: ``dev0``, or ``h{host}_dev0`` for an exporter's."""
+    return f"h{host_tag(r.host)}_dev{r.index}" if r.host else f"dev{r.index}"
+
+
 def series_points(readings: Iterable[DeviceReading]) -> dict[str, float]:
     """This second's points: ``dev{i}_<field>`` per reading, ``h{host}_dev{i}_<field>`` for
     an exporter's; fields that are ``None`` are left out."""
     out: dict[str, float] = {}
     for r in readings:
-        prefix = f"h{host_tag(r.host)}_dev{r.index}_" if r.host else f"dev{r.index}_"
+        prefix = device_prefix(r) + "_"
         for attr, suffix, scale in _SERIES_FIELDS:
             value = getattr(r, attr)
             if value is not None:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
 import streamlit as st
 
+from bench import limits as lim
+from bench import run_limits
 from dashboard import data, forms, services, ui
 from engines.accelerators import list_accelerators
 from engines.base import engine_class, list_engines
@@ -237,6 +240,75 @@ def _details(state: services.EngineState) -> None:
         st.caption(" · ".join(f"{k} {v}" for k, v in versions.items()))
 
 
+def _measure_cpu() -> None:
+    if services.viewer() or services.busy_reason() is not None:
+        return  # never load the CPU while a run measures on it
+    lim.measure_cpu(refresh=True)
+
+
+def _limits_panel(model: str, accelerator: str, dtype: str, info: dict[str, Any]) -> None:
+    """The model's physical limits on the chosen accelerator (bench.run_limits / bench.limits):
+    the shortest decode step and the most output tokens/s per batch, with the figures' sources."""
+    with st.container(border=True):
+        st.markdown("##### Hardware limits of this model")
+        keys, default = run_limits.spec_choices(accelerator, str(info.get("device") or ""))
+        if ss.get("e.limit-acc") != accelerator:  # a new accelerator: its own spec by default
+            ss["e.limit-acc"] = accelerator
+            ss["e.limit-spec"] = default
+        l1, l2 = st.columns(2)
+        spec_key = l1.selectbox(
+            "On", keys, key="e.limit-spec",
+            format_func=lambda k: "this machine's CPU (measured)" if k == "cpu" else lim.SPECS[k].name,
+            help="The accelerator whose datasheet figures bound the model; defaults to the chosen accelerator.",
+        )  # fmt: skip
+        ss.setdefault("e.limit-ctx", 1024)
+        context = l2.number_input(
+            "Context (tokens)", min_value=0, max_value=1_000_000, step=256, key="e.limit-ctx",
+            help="Tokens in the KV cache each decode step reads (prompt plus the output so far).",
+        )  # fmt: skip
+        if not model:
+            st.caption("Pick a model to see its limits.")
+            return
+        spec: lim.AcceleratorSpec | None
+        if spec_key == "cpu":
+            kept = lim.cpu_measured()
+            spec = lim.cpu_spec(kept) if kept is not None else None
+            if spec is None:
+                st.caption("This CPU's memory bandwidth and matmul rate are not measured yet (about 1 s).")
+                st.button(
+                    "Measure this CPU", icon=":material/speed:", key="e.btn.measure-cpu", on_click=_measure_cpu,
+                    disabled=services.viewer() or services.busy_reason() is not None,
+                )  # fmt: skip
+                return
+        else:
+            spec = lim.SPECS[spec_key]
+        try:
+            limits, rows = run_limits.model_limits_table(
+                model, spec, dtype, int(context), engine_info=info if info.get("model") == model else None
+            )
+        except (run_limits.NoLimit, ValueError) as exc:
+            st.caption(f"No limits for this model: {exc}")
+            return
+        frame = pd.DataFrame(rows)
+        st.dataframe(
+            frame, hide_index=True, key="e.limit-table",
+            column_config={
+                "min step (ms)": st.column_config.NumberColumn(format="%.3g", help="Shortest decode step: TPOT floor"),
+                "max output tok/s": st.column_config.NumberColumn(format="%,.0f", help="batch / shortest step"),
+                "memory time (ms)": st.column_config.NumberColumn(format="%.3g", help="bytes per step / bandwidth"),
+                "compute time (ms)": st.column_config.NumberColumn(format="%.3g", help="FLOPs per step / peak"),
+            },
+        )  # fmt: skip
+        st.caption(limits.describe() + ".")
+        with st.expander("Where these figures come from", icon=":material/menu_book:"):
+            for name, fig in spec.figures().items():
+                st.markdown(f"- **{name}** {fig.value:,.4g} {fig.unit} ({fig.confidence}): {fig.source}")
+            st.caption(
+                "Lower bounds on time: activations, launch gaps and communication only make a real step slower. "
+                "See README: Physical limits."
+            )
+
+
 with status_col:
     busy = slot.state().busy
 
@@ -265,6 +337,8 @@ with status_col:
                 st.caption("Pick an engine, a model and an accelerator, then press Load.")
 
     _status()
+
+    _limits_panel(model, accelerator, dtype, slot.state().info or {})
 
     with st.container(border=True):
         st.markdown("##### What this machine can run")

@@ -12,6 +12,7 @@ import time
 
 import streamlit as st
 
+from bench.run_limits import RunLimits
 from dashboard import charts, data, services, ui
 from engines.errors import MoEBenchError
 
@@ -161,8 +162,12 @@ def _player() -> None:
         + (" · end of the run" if frame.finished else ""),
     )
     slos = data.run_slos(run.config, frame.summary)
-    ui.headline(frame.summary, frame.live, not frame.finished, slos)
-    figs = data.live_figures(frame.live, frame.summary, slos)
+    # The limit at the run's batch and context; the % reached is the frame's (summary so far).
+    limits = data.run_limits(store, run, frame.summary)
+    if isinstance(limits, RunLimits):
+        limits = limits.reached(frame.summary)
+    ui.headline(frame.summary, frame.live, not frame.finished, slos, limits)
+    figs = data.live_figures(frame.live, frame.summary, slos, limits)
     for fig in figs.values():
         charts.mark_replay(fig, f"replay · run #{run.id}")
     ui.live_charts(figs, "rp")

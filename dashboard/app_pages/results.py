@@ -200,12 +200,13 @@ with detail_tab:
         st.markdown(f"#### {icon} {data.run_label(run)} · {run.status}")
         if run.error:
             (st.warning if run.status == "cancelled" else st.error)(run.error)
+        limits = data.run_limits(store, run)
         if run.summary is None:
             st.info("This run has no summary (nothing was measured).")
         else:
-            ui.show_summary(run.summary, f"r.detail-{run_id}")
+            ui.show_summary(run.summary, f"r.detail-{run_id}", limits)
         live = data.load_live(store, run_id, window=data.DETAIL_WINDOW)
-        figs = data.live_figures(live, run.summary)
+        figs = data.live_figures(live, run.summary, limits=limits)
         left, right = st.columns(2)
         with left:
             ui.chart(figs["latency"], "r.detail-latency")

@@ -54,6 +54,11 @@ def test_a_run_reads_exporters_and_says_which_one_it_could_not_read(
     found = store.artifact(run.id, ARTIFACT_DEVICE_TELEMETRY)
     assert [s["name"] for s in found["sources"]] == [f"exporter {exporter}/dcgm", f"exporter {exporter}/missing"]
     assert found["missing"] == [f"exporter {exporter}/missing: HTTP 404 from {exporter}/missing"]
+    # The devices read are named (the sidebar shows them during a run).
+    assert found["devices"] == [
+        f"h127_0_0_1_dev{g.index}: {g.name or g.vendor} (exporter {exporter}/dcgm)" for g in (g0, g1)
+    ]
+    assert g0.name  # the exporter's modelName label
     assert f"note          device telemetry: exporter {exporter}/missing: HTTP 404" in p.stdout
     assert "device        utilisation 44% (mean)" in p.stdout
     header, row = (tmp_path / "sum.csv").read_text().splitlines()[:2]
