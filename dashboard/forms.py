@@ -103,7 +103,8 @@ GROUP_BOOK = "The book's launch arguments (8.2.3)"
 GROUP_SERVER = "Server"
 GROUP_CONNECT = "Connection and requests"
 GROUP_ADVANCED = "Advanced: client plumbing"
-OPTION_GROUPS: tuple[str, ...] = (GROUP_BOOK, GROUP_SERVER, GROUP_CONNECT, GROUP_ADVANCED)
+GROUP_TUNING = "Tuning (the book's 8.4.2-8.4.3)"
+OPTION_GROUPS: tuple[str, ...] = (GROUP_BOOK, GROUP_TUNING, GROUP_SERVER, GROUP_CONNECT, GROUP_ADVANCED)
 
 # Field name -> (human label, group). A field missing here keeps its model title (or its
 # name with spaces) and goes under "Advanced": a test checks every engine's fields are named.
@@ -113,6 +114,15 @@ OPTION_META: dict[str, tuple[str, str]] = {
     "max_num_batched_tokens": ("Max batched tokens per step", GROUP_BOOK),
     "quantization": ("Quantization (e.g. fp8)", GROUP_BOOK),
     "enable_prefix_caching": ("Prefix caching", GROUP_BOOK),
+    # the native engine's tuning (book 8.4.2-8.4.3)
+    "batch_size": ("Batch size (static batching)", GROUP_TUNING),
+    "batch_wait_ms": ("Batch fill wait (ms)", GROUP_TUNING),
+    "cache": ("KV cache", GROUP_TUNING),
+    "compile": ("torch.compile mode", GROUP_TUNING),
+    "experts_impl": ("Experts kernels", GROUP_TUNING),
+    "attn_impl": ("Attention kernels", GROUP_TUNING),
+    "inference_mode": ("Inference mode (no autograd)", GROUP_TUNING),
+    "cudnn_benchmark": ("cuDNN benchmark (CUDA)", GROUP_TUNING),
     # the server's own
     "max_num_seqs": ("Max sequences per step", GROUP_SERVER),
     "max_model_len": ("Max model length (tokens)", GROUP_SERVER),

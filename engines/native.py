@@ -17,6 +17,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
+from pydantic import Field
+
 from engines.accelerators import Accelerator, Availability, MemoryStats, get_accelerator
 from engines.base import (
     Engine,
@@ -26,7 +28,9 @@ from engines.base import (
     StreamChunk,
     register_engine,
 )
-from engines.errors import EngineUnavailable, ModelLoadError
+from engines.batching import END as BATCH_END
+from engines.batching import BatchRows, Failed, Pending, StaticBatcher
+from engines.errors import ConfigError, EngineUnavailable, ModelLoadError
 from engines.models import count_parameters, load_spec
 from engines.profiling import ProfileSession, generate_scope
 from engines.routing import RoutingRecorder
@@ -102,8 +106,43 @@ class IncrementalDetokenizer:
 
 
 class NativeOptions(EngineOptions):
+    """The native engine's options: routing counts, and the book's tuning knobs (8.4.2-8.4.3)."""
+
     kind: Literal["native"] = "native"
     record_routing: bool = True  # count tokens per expert (hooks on the MoE gates)
+    batch_size: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Requests in flight decoded together (static batching: up to N per generate call, prompts "
+        "left-padded, each sequence streamed and timed on its own). 1: each request runs its own generate "
+        "(the book's 8.4.1 model, no batching).",
+    )
+    batch_wait_ms: float = Field(
+        5.0, ge=0.0, le=10_000.0, description="How long a batch waits to fill once its first request is there (ms)."
+    )
+    cache: Literal["dynamic", "static"] = Field(
+        "dynamic",
+        description="KV cache: dynamic grows per step; static is preallocated at prompt + max tokens (fixed shapes, "
+        "what compile needs).",
+    )
+    compile: Literal["off", "default", "reduce-overhead", "max-autotune"] = Field(
+        "off",
+        description="torch.compile the decode step (transformers' generate compiles the forward once with a static "
+        "cache): off, or the compile mode. Needs cache=static.",
+    )
+    experts_impl: Literal["eager", "grouped_mm", "batched_mm"] | None = Field(
+        None,
+        description="How transformers computes the routed experts: eager (a loop over experts), grouped_mm (one "
+        "grouped GEMM), batched_mm (gathers each token's experts' weights). Empty: transformers' default.",
+    )
+    attn_impl: Literal["eager", "sdpa", "flash_attention_2"] | None = Field(
+        None, description="Attention kernels: eager, sdpa (PyTorch's), flash_attention_2 (where installed)."
+    )
+    inference_mode: bool = Field(True, description="Run generate under torch.inference_mode (off: torch.no_grad).")
+    cudnn_benchmark: bool = Field(
+        False, description="torch.backends.cudnn.benchmark: let cuDNN pick its fastest kernels per shape (CUDA only)."
+    )
 
 
 def _installed(*modules: str) -> Availability:
@@ -133,6 +172,7 @@ class NativeEngine(Engine):
         self.model_path: str = ""
         self.num_parameters = 0
         self.load_seconds = 0.0
+        self._batcher: StaticBatcher | None = None
         self.weights_bytes = 0
         self._routing: RoutingRecorder | None = None
 
@@ -148,6 +188,7 @@ class NativeEngine(Engine):
             raise EngineUnavailable(f"native engine unavailable: {avail.reason}")
         report = progress or (lambda msg, frac: None)
         self.accelerator.require()
+        self._check_tuning()
         dtype = self.accelerator.resolve_dtype(self.options.dtype)
         t0 = time.perf_counter()
         report(f"loading {self.options.model} onto {self.accelerator.name}", 0.2)
@@ -157,6 +198,11 @@ class NativeEngine(Engine):
         name, path, self.model, self._tokenizer = load_spec(
             self.options.model, self.accelerator.device(), dtype, trust_remote_code=self.options.trust_remote_code
         )
+        try:
+            self._apply_tuning()
+        except BaseException:
+            self.model = None
+            raise
         self.accelerator.synchronize()
         self.model_name, self.model_path = name, str(path)
         self.num_parameters = count_parameters(self.model)
@@ -167,7 +213,77 @@ class NativeEngine(Engine):
         self.started = True
         report("ready", 1.0)
 
+    def _check_tuning(self) -> None:
+        """The tuning options that cannot apply here, refused in one line before anything loads."""
+        o: NativeOptions = self.options  # type: ignore[assignment]
+        acc = self.accelerator.name
+        if o.cudnn_benchmark and acc != "cuda":
+            raise ConfigError(f"cudnn_benchmark: cuDNN is NVIDIA's, so it does nothing on {acc}; leave it off")
+        if o.compile != "off" and o.cache != "static":
+            raise ConfigError(
+                f"compile={o.compile} needs cache=static: transformers compiles the decode step only with a "
+                "static cache (fixed shapes)"
+            )
+        if o.attn_impl == "flash_attention_2":
+            import importlib.util
+
+            if acc != "cuda":
+                raise ConfigError(f"attn_impl=flash_attention_2: FlashAttention runs on NVIDIA GPUs, not on {acc}")
+            if importlib.util.find_spec("flash_attn") is None:
+                raise ConfigError("attn_impl=flash_attention_2: the flash-attn package is not installed")
+
+    def _apply_tuning(self) -> None:
+        """Experts and attention kernels, and how generate compiles (see :class:`NativeOptions`)."""
+        import torch
+
+        o: NativeOptions = self.options  # type: ignore[assignment]
+        if o.cudnn_benchmark:
+            torch.backends.cudnn.benchmark = True
+        for option, value, setter in (
+            ("experts_impl", o.experts_impl, "set_experts_implementation"),
+            ("attn_impl", o.attn_impl, "set_attn_implementation"),
+        ):
+            if value is None:
+                continue
+            if not hasattr(self.model, setter):
+                raise ConfigError(f"{option}={value}: this transformers model cannot switch its {option}")
+            try:
+                getattr(self.model, setter)(value)
+            except (ValueError, ImportError, RuntimeError) as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise ConfigError(f"{option}={value} is unavailable here: {first}") from exc
+        gc = self.model.generation_config
+        if o.compile == "off":
+            # generate would compile by itself on CUDA with a static cache: only when asked.
+            gc.disable_compile = True
+        else:
+            from transformers import CompileConfig
+
+            cc = CompileConfig(mode=o.compile, fullgraph=False)
+            cc._compile_all_devices = self.accelerator.name != "cuda"  # generate compiles only on GPUs by default
+            gc.compile_config = cc
+            gc.disable_compile = False
+        if o.batch_size > 1:
+            self._batcher = StaticBatcher(self._run_batch, o.batch_size, o.batch_wait_ms / 1000.0)
+
+    def tuning(self) -> dict[str, Any]:
+        """The tuning in effect (what transformers resolved, not only what was asked)."""
+        o: NativeOptions = self.options  # type: ignore[assignment]
+        cfg = self.model.config if self.model is not None else None
+        return {
+            "batch_size": o.batch_size,
+            "cache": o.cache,
+            "compile": o.compile,
+            "experts_impl": getattr(cfg, "_experts_implementation", None) if cfg is not None else o.experts_impl,
+            "attn_impl": getattr(cfg, "_attn_implementation", None) if cfg is not None else o.attn_impl,
+            "inference_mode": o.inference_mode,
+            "cudnn_benchmark": o.cudnn_benchmark,
+        }
+
     def stop(self) -> None:
+        if self._batcher is not None:
+            self._batcher.close()
+            self._batcher = None
         if self._routing is not None:
             self._routing.close()
             self._routing = None
@@ -221,6 +337,7 @@ class NativeEngine(Engine):
             weights_gib=self.weights_bytes / 1024**3,
             load_seconds=round(self.load_seconds, 3),
             versions={"torch": torch.__version__, "transformers": transformers.__version__},
+            tuning=self.tuning(),
         )
         if self.model is not None:
             # The config's plain fields (sizes, layer counts, expert counts): what a run's
@@ -231,43 +348,65 @@ class NativeEngine(Engine):
             }
         return info
 
-    def _input_ids(self, request: GenerationRequest) -> Any:
-        import torch
-
+    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
         if request.prompt_token_ids is not None:
             ids = list(request.prompt_token_ids)
         else:
             ids = self._tokenizer(request.prompt, add_special_tokens=True).input_ids
         if not ids:
             raise ModelLoadError("empty prompt")
-        return torch.tensor([ids], dtype=torch.long, device=self.accelerator.device())
+        return ids
+
+    def _grad_mode(self) -> Any:
+        import torch
+
+        return torch.inference_mode() if getattr(self.options, "inference_mode", True) else torch.no_grad()
+
+    def _gen_kwargs(
+        self, sp: Any, input_ids: Any, attention_mask: Any, max_new: int, streamer: Any, stopping: Any
+    ) -> dict[str, Any]:
+        from transformers import StoppingCriteriaList
+
+        kwargs: dict[str, Any] = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "max_new_tokens": max_new,
+            "streamer": streamer,
+            "stopping_criteria": StoppingCriteriaList([stopping]),
+            "pad_token_id": self._tokenizer.pad_token_id,
+        }
+        if getattr(self.options, "cache", "dynamic") == "static":
+            kwargs["cache_implementation"] = "static"
+        if sp.ignore_eos:
+            kwargs["min_new_tokens"] = max_new
+        if sp.temperature > 0:
+            kwargs.update(do_sample=True, temperature=sp.temperature, top_p=sp.top_p, top_k=0)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        return kwargs
 
     def stream(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[StreamChunk]:
         if not self.started or self.model is None:
             raise EngineUnavailable("the native engine is not started; load the model first")
+        if self._batcher is not None:
+            yield from self._stream_batched(request, cancel)
+            return
         import torch
-        from transformers import StoppingCriteriaList
 
         out_q: queue.Queue[Any] = queue.Queue()
         stop_event = threading.Event()
         streamer_cls, cancel_cls = _generation_hooks()
 
         sp = request.sampling
-        input_ids = self._input_ids(request)
-        gen_kwargs: dict[str, Any] = {
-            "input_ids": input_ids,
-            "attention_mask": torch.ones_like(input_ids),
-            "max_new_tokens": sp.max_tokens,
-            "streamer": streamer_cls(out_q),
-            "stopping_criteria": StoppingCriteriaList([cancel_cls(stop_event, cancel)]),
-            "pad_token_id": self._tokenizer.pad_token_id,
-        }
-        if sp.ignore_eos:
-            gen_kwargs["min_new_tokens"] = sp.max_tokens
-        if sp.temperature > 0:
-            gen_kwargs.update(do_sample=True, temperature=sp.temperature, top_p=sp.top_p, top_k=0)
-        else:
-            gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        input_ids = torch.tensor([self._prompt_ids(request)], dtype=torch.long, device=self.accelerator.device())
+        gen_kwargs = self._gen_kwargs(
+            sp,
+            input_ids,
+            torch.ones_like(input_ids),
+            sp.max_tokens,
+            streamer_cls(out_q),
+            cancel_cls(stop_event, cancel),
+        )
 
         errors: list[BaseException] = []
         model = self.model
@@ -276,7 +415,7 @@ class NativeEngine(Engine):
             try:
                 if sp.seed is not None:
                     torch.manual_seed(sp.seed)
-                with torch.inference_mode(), generate_scope():
+                with self._grad_mode(), generate_scope():
                     model.generate(**gen_kwargs)
             except BaseException as exc:  # noqa: BLE001 - handed to the consumer thread
                 errors.append(exc)
@@ -298,6 +437,102 @@ class NativeEngine(Engine):
         finally:
             stop_event.set()
             worker.join(timeout=30)
+
+    def _stream_batched(self, request: GenerationRequest, cancel: threading.Event | None) -> Iterator[StreamChunk]:
+        """One request of a static batch (:mod:`engines.batching`): its own stream of its own row."""
+        assert self._batcher is not None
+        sp = request.sampling
+        pending = Pending(
+            ids=self._prompt_ids(request),
+            max_tokens=sp.max_tokens,
+            key=(sp.temperature, sp.top_p, sp.ignore_eos),
+            seed=sp.seed,
+            cancel=cancel,
+        )
+        self._batcher.submit(pending)
+        yield StreamChunk(text="", tokens=0, prompt_tokens=len(pending.ids))
+        detok = IncrementalDetokenizer(self._tokenizer)
+        try:
+            while True:
+                item = pending.out_q.get()
+                if item is BATCH_END:
+                    break
+                if isinstance(item, Failed):
+                    exc = item.error
+                    raise RuntimeError(f"generate failed: {type(exc).__name__}: {exc}") from exc
+                yield StreamChunk(text=detok.add(item), tokens=len(item))
+        finally:
+            pending.left.set()
+
+    def _run_batch(self, batch: list[Pending]) -> None:
+        """One generate over ``batch`` (on the batcher's thread): prompts left-padded to one
+        length, each decode step's tokens routed to each row's stream."""
+        import torch
+
+        dev = self.accelerator.device()
+        pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
+        width = max(len(p.ids) for p in batch)
+        input_ids = torch.tensor([[pad] * (width - len(p.ids)) + p.ids for p in batch], dtype=torch.long, device=dev)
+        mask = torch.tensor(
+            [[0] * (width - len(p.ids)) + [1] * len(p.ids) for p in batch], dtype=torch.long, device=dev
+        )
+        temperature, top_p, ignore_eos = batch[0].key
+        eos = self.model.generation_config.eos_token_id
+        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        rows = BatchRows(batch, eos_ids, stop_at_eos=not ignore_eos)
+        streamer_cls, stop_cls = _batch_hooks()
+        sp = type("Sampling", (), {"temperature": temperature, "top_p": top_p, "ignore_eos": ignore_eos})()
+        max_new = max(p.max_tokens for p in batch)
+        kwargs = self._gen_kwargs(sp, input_ids, mask, max_new, streamer_cls(rows), stop_cls(rows))
+        try:
+            if batch[0].seed is not None:
+                torch.manual_seed(batch[0].seed)
+            with self._grad_mode(), generate_scope():
+                self.model.generate(**kwargs)
+        except BaseException as exc:  # noqa: BLE001 - every open stream of the batch gets the reason
+            rows.finish(exc)
+            return
+        rows.finish()
+
+
+_BATCH_HOOKS: tuple[type, type] | None = None
+
+
+def _batch_hooks() -> tuple[type, type]:
+    """The streamer and stopping criterion of a batched generate (defined once, see :func:`_generation_hooks`)."""
+    global _BATCH_HOOKS
+    if _BATCH_HOOKS is None:
+        import torch
+        from transformers import StoppingCriteria
+        from transformers.generation.streamers import BaseStreamer
+
+        class RowStreamer(BaseStreamer):
+            """Each decode step's tokens, one per row, to the rows' streams (the prompt is skipped)."""
+
+            def __init__(self, rows: BatchRows) -> None:
+                self.rows = rows
+                self.prompt_seen = False
+
+            def put(self, value: Any) -> None:
+                if not self.prompt_seen:
+                    self.prompt_seen = True
+                    return
+                self.rows.step(value.reshape(-1).tolist())
+
+            def end(self) -> None:
+                self.rows.finish()
+
+        class RowsDone(StoppingCriteria):
+            """Rows that reached their own length, their EOS, or were cancelled: generate pads them."""
+
+            def __init__(self, rows: BatchRows) -> None:
+                self.rows = rows
+
+            def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+                return torch.tensor(self.rows.done(), dtype=torch.bool, device=input_ids.device)
+
+        _BATCH_HOOKS = (RowStreamer, RowsDone)
+    return _BATCH_HOOKS
 
 
 _HOOKS: tuple[type, type] | None = None

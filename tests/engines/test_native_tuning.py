@@ -1,0 +1,179 @@
+"""The native engine's tuning options on the real tiny model on CPU: static batching groups the
+requests in flight as configured and gives each the tokens it would get alone, with exact
+lengths; the options that apply on CPU give eager's outputs; those that cannot apply are
+refused in one line before anything loads."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engines.base import GenerationRequest, SamplingParams, create_engine
+from engines.errors import ConfigError
+
+RNG = random.Random(7)
+# Different prompt lengths (left padding in a batch) and different output lengths.
+PROMPTS = [[RNG.randrange(10, 1000) for _ in range(n)] for n in (16, 9, 24, 16, 5, 12)]
+MAX_TOKENS = [8, 12, 8, 5, 12, 3]
+
+
+def _start(**opts: Any) -> Any:
+    engine = create_engine({"kind": "native", "model": "tiny-deepseek-v3", "accelerator": "cpu", **opts})
+    engine.start()
+    return engine
+
+
+def _generate(engine: Any, i: int, out: list[Any], cancel: threading.Event | None = None, **sampling: Any) -> None:
+    req = GenerationRequest(
+        str(i), "", SamplingParams(max_tokens=MAX_TOKENS[i], **sampling), prompt_token_ids=tuple(PROMPTS[i])
+    )
+    text, tokens, prompt = "", 0, None
+    for chunk in engine.stream(req, cancel):
+        text += chunk.text
+        tokens += chunk.tokens
+        prompt = chunk.prompt_tokens if chunk.prompt_tokens is not None else prompt
+    out[i] = (tokens, text, prompt)
+
+
+def _all_at_once(engine: Any, indices: list[int], **sampling: Any) -> list[Any]:
+    out: list[Any] = [None] * len(PROMPTS)
+    threads = [threading.Thread(target=_generate, args=(engine, i, out), kwargs=sampling) for i in indices]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_model: Path) -> Iterator[list[Any]]:
+    """Each prompt generated on its own by the default (eager, unbatched) engine: the reference."""
+    engine = _start()
+    out: list[Any] = [None] * len(PROMPTS)
+    for i in range(len(PROMPTS)):
+        _generate(engine, i, out)
+    engine.stop()
+    yield out
+
+
+def test_static_batching_groups_requests_and_keeps_each_ones_tokens(alone: list[Any]) -> None:
+    engine = _start(batch_size=4, batch_wait_ms=200)
+    try:
+        got = _all_at_once(engine, list(range(len(PROMPTS))))
+        assert got == alone  # same tokens, same text, exact lengths, each prompt's own length
+        assert [g[0] for g in got] == MAX_TOKENS and [g[2] for g in got] == [len(p) for p in PROMPTS]
+        batches = engine._batcher.batches
+        assert sum(batches) == len(PROMPTS) and max(batches) == 4  # 200 ms is time enough to fill one
+        assert engine.describe()["tuning"]["batch_size"] == 4
+    finally:
+        engine.stop()
+
+
+def test_requests_with_other_sampling_wait_for_a_batch_of_their_own(alone: list[Any]) -> None:
+    engine = _start(batch_size=8, batch_wait_ms=200)
+    try:
+        out: list[Any] = [None] * len(PROMPTS)
+        threads = [
+            threading.Thread(target=_generate, args=(engine, i, out), kwargs={"ignore_eos": i % 2 == 0})
+            for i in range(4)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert sorted(engine._batcher.batches) == [2, 2]
+        assert out[0] == alone[0] and out[2] == alone[2]  # ignore_eos=True: exact lengths as alone
+    finally:
+        engine.stop()
+
+
+def test_a_cancelled_request_leaves_its_batch_and_the_others_finish(alone: list[Any]) -> None:
+    engine = _start(batch_size=4, batch_wait_ms=200)
+    try:
+        cancel = threading.Event()
+        cancel.set()  # cancelled before its first token: it ends at once, with no output
+        out: list[Any] = [None] * len(PROMPTS)
+        threads = [threading.Thread(target=_generate, args=(engine, 1, out, cancel))]
+        threads += [threading.Thread(target=_generate, args=(engine, i, out)) for i in (0, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert out[1][0] == 0
+        assert out[0] == alone[0] and out[2] == alone[2]
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {"cache": "static"},
+        {"experts_impl": "eager"},
+        {"experts_impl": "batched_mm"},
+        {"attn_impl": "eager"},
+        {"inference_mode": False},
+        {"cache": "static", "batch_size": 3, "batch_wait_ms": 200},
+    ],
+    ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
+)
+def test_options_that_apply_on_cpu_give_eagers_outputs(alone: list[Any], opts: dict[str, Any]) -> None:
+    engine = _start(**opts)
+    try:
+        if opts.get("batch_size", 1) > 1:
+            got = _all_at_once(engine, [0, 1, 2])[:3]
+        else:
+            got = [None] * len(PROMPTS)
+            for i in range(3):
+                _generate(engine, i, got)
+            got = got[:3]
+        assert got == alone[:3]
+        tuning = engine.describe()["tuning"]
+        for key in ("experts_impl", "attn_impl", "cache"):
+            if key in opts:
+                assert tuning[key] == opts[key]  # what transformers resolved, not only what was asked
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize(
+    ("opts", "reason"),
+    [
+        ({"cudnn_benchmark": True}, "cudnn_benchmark: cuDNN is NVIDIA's, so it does nothing on cpu; leave it off"),
+        ({"compile": "default"}, "compile=default needs cache=static: transformers compiles the decode step only"),
+        ({"attn_impl": "flash_attention_2"}, "attn_impl=flash_attention_2: FlashAttention runs on NVIDIA GPUs"),
+    ],
+)
+def test_options_that_cannot_apply_are_refused_in_one_line(tiny_model: Path, opts: dict[str, Any], reason: str) -> None:
+    engine = create_engine({"kind": "native", "model": "tiny-deepseek-v3", "accelerator": "cpu", **opts})
+    with pytest.raises(ConfigError) as err:
+        engine.start()
+    assert str(err.value).startswith(reason) and "\n" not in str(err.value)
+    assert engine.model is None  # refused before loading
+
+
+@pytest.mark.slow
+def test_compile_with_a_static_cache_matches_eager_and_compiles_once(alone: list[Any]) -> None:
+    """torch.compile on CPU (inductor, about a minute on 2 cores): the same tokens as eager, and
+    a second round of requests of the same shapes compiles nothing new (no per-step or
+    per-request recompiles)."""
+    from torch._dynamo.utils import counters
+
+    engine = _start(cache="static", compile="default", record_routing=False)
+    try:
+        got: list[Any] = [None] * len(PROMPTS)
+        _generate(engine, 0, got)
+        graphs = counters["stats"]["unique_graphs"]
+        assert graphs >= 1  # it did compile
+        _generate(engine, 0, got)
+        _generate(engine, 3, got)  # another prompt of the same length and output length
+        assert counters["stats"]["unique_graphs"] == graphs
+        assert got[0] == alone[0] and got[3] == alone[3]
+        assert engine.describe()["tuning"]["compile"] == "default"
+    finally:
+        engine.stop()
