@@ -75,6 +75,7 @@ class StreamChunk:
     reasoning: bool = False  # a reasoning_content chunk (reasoning models), not answer content
     # ``tokens`` is a guess (one per chunk: no server count and no client tokenizer here)
     estimated: bool = False
+    token_ids: tuple[int, ...] | None = None  # the chunk's token ids, where the engine has them (native)
 
 
 @dataclass

@@ -173,6 +173,7 @@ class NativeEngine(Engine):
         self.num_parameters = 0
         self.load_seconds = 0.0
         self._batcher: StaticBatcher | None = None
+        self._loaded_impls: tuple[str | None, str | None] | None = None
         self.weights_bytes = 0
         self._routing: RoutingRecorder | None = None
 
@@ -237,12 +238,19 @@ class NativeEngine(Engine):
         import torch
 
         o: NativeOptions = self.options  # type: ignore[assignment]
-        if o.cudnn_benchmark:
-            torch.backends.cudnn.benchmark = True
-        for option, value, setter in (
-            ("experts_impl", o.experts_impl, "set_experts_implementation"),
-            ("attn_impl", o.attn_impl, "set_attn_implementation"),
+        if o.cudnn_benchmark or self.accelerator.name == "cuda":
+            torch.backends.cudnn.benchmark = o.cudnn_benchmark
+        cfg = self.model.config
+        if self._loaded_impls is None:  # what transformers chose at load: "default" when retuned back
+            self._loaded_impls = (
+                getattr(cfg, "_experts_implementation", None),
+                getattr(cfg, "_attn_implementation", None),
+            )
+        for option, value, setter, loaded in (
+            ("experts_impl", o.experts_impl, "set_experts_implementation", self._loaded_impls[0]),
+            ("attn_impl", o.attn_impl, "set_attn_implementation", self._loaded_impls[1]),
         ):
+            value = value if value is not None else loaded
             if value is None:
                 continue
             if not hasattr(self.model, setter):
@@ -265,6 +273,26 @@ class NativeEngine(Engine):
             gc.disable_compile = False
         if o.batch_size > 1:
             self._batcher = StaticBatcher(self._run_batch, o.batch_size, o.batch_wait_ms / 1000.0)
+
+    def retune(self, **changes: Any) -> None:
+        """Apply other tuning options to the loaded model without loading it again (the tuning
+        benchmark's ablation); refused in one line, the old tuning kept, where one cannot apply.
+        Call it between runs, not during one."""
+        if self.model is None:
+            raise EngineUnavailable("the native engine is not started; load the model first")
+        old = self.options
+        new = type(old).model_validate({**old.model_dump(), **changes})
+        if self._batcher is not None:
+            self._batcher.close()
+            self._batcher = None
+        self.options = new
+        try:
+            self._check_tuning()
+            self._apply_tuning()
+        except BaseException:
+            self.options = old
+            self._apply_tuning()
+            raise
 
     def tuning(self) -> dict[str, Any]:
         """The tuning in effect (what transformers resolved, not only what was asked)."""
@@ -430,7 +458,7 @@ class NativeEngine(Engine):
                 item = out_q.get()
                 if item is _END:
                     break
-                yield StreamChunk(text=detok.add(item), tokens=len(item))
+                yield StreamChunk(text=detok.add(item), tokens=len(item), token_ids=tuple(item))
             if errors:
                 exc = errors[0]
                 raise RuntimeError(f"generate failed: {type(exc).__name__}: {exc}") from exc
@@ -460,7 +488,7 @@ class NativeEngine(Engine):
                 if isinstance(item, Failed):
                     exc = item.error
                     raise RuntimeError(f"generate failed: {type(exc).__name__}: {exc}") from exc
-                yield StreamChunk(text=detok.add(item), tokens=len(item))
+                yield StreamChunk(text=detok.add(item), tokens=len(item), token_ids=tuple(item))
         finally:
             pending.left.set()
 

@@ -177,3 +177,20 @@ def test_compile_with_a_static_cache_matches_eager_and_compiles_once(alone: list
         assert engine.describe()["tuning"]["compile"] == "default"
     finally:
         engine.stop()
+
+
+def test_retune_switches_the_loaded_model_and_back(alone: list[Any]) -> None:
+    engine = _start()
+    try:
+        assert engine.describe()["tuning"]["experts_impl"] == "grouped_mm"  # transformers' default here
+        engine.retune(experts_impl="eager", cache="static", batch_size=3, batch_wait_ms=200)
+        got = _all_at_once(engine, [0, 1, 2])
+        assert got[:3] == alone[:3] and engine._batcher.batches == [3]
+        assert engine.describe()["tuning"]["experts_impl"] == "eager"
+        with pytest.raises(ConfigError, match="cudnn_benchmark"):
+            engine.retune(cudnn_benchmark=True)
+        assert engine.describe()["tuning"]["batch_size"] == 3  # refused: the tuning before it stays
+        engine.retune(experts_impl=None, cache="dynamic", batch_size=1)
+        assert engine.describe()["tuning"]["experts_impl"] == "grouped_mm" and engine._batcher is None
+    finally:
+        engine.stop()

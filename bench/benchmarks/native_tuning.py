@@ -1,0 +1,243 @@
+"""The book's tuning advice (8.4.2-8.4.3) measured: an ablation of the native engine's options.
+
+Loads the model once (``random-v2-lite-shape`` on CUDA by default: DeepSeek-V2-Lite's shape,
+random bf16 weights) and, for each configuration and each batch size, retunes the loaded
+engine (:meth:`engines.native.NativeEngine.retune`), warms it up with one batch of the same
+shapes (compile and capture happen there: timed as ``warm-up s``), then measures one run of
+``batch`` requests in flight with the native engine's static batching (``batch_size`` =
+``batch``; batch 1 is the unbatched engine) through the CLI's own runner: 128 tokens in, 64
+out, greedy, exact lengths.
+
+Per row: ms per decode step (the gaps between a sequence's tokens, ITL, p50 with p90/p99;
+TPOT p50 beside it), output tokens/s, TTFT p50/p99, torch's
+peak memory, the warm-up time, the HBM limit at that batch (:mod:`bench.run_limits`) and
+whether the greedy tokens of four fixed prompts equal the baseline's generated alone (the
+first position where they differ otherwise: batched bf16 kernels may round differently).
+
+Prints a markdown table, writes ``results.json`` and the runs as bundles in one
+``bundles.tar.gz`` (``python -m bench import`` each). Usage (on the GPU)::
+
+    python bench/benchmarks/native_tuning.py --out DIR [--configs baseline,static_cache] [--batches 1,8,32,128]
+
+A configuration that cannot apply or fails (out of memory, say) is a row with its one-line
+reason; ``--budget-s`` stops before a row that would start past the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tarfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.config import RunConfig
+from bench.run_limits import for_run_or_reason
+from bench.runner import start_run
+from bench.store import Store
+from engines.base import GenerationRequest, SamplingParams, create_engine
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "baseline": {},  # the engine's defaults (transformers' experts and attention kernels)
+    "experts_eager": {"experts_impl": "eager"},
+    "experts_grouped_mm": {"experts_impl": "grouped_mm"},
+    "experts_batched_mm": {"experts_impl": "batched_mm"},
+    "attn_eager": {"attn_impl": "eager"},
+    "static_cache": {"cache": "static"},
+    "no_inference_mode": {"inference_mode": False},
+    "cudnn_benchmark": {"cudnn_benchmark": True},
+    "compile_default": {"cache": "static", "compile": "default"},
+    "compile_max_autotune": {"cache": "static", "compile": "max-autotune"},
+    "compile_reduce_overhead": {"cache": "static", "compile": "reduce-overhead"},
+}
+CHECK_PROMPTS = 4  # prompts whose greedy tokens are compared with the baseline's
+
+
+def _prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def _generate_all(engine: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Every prompt at once (one batch when batching), greedy: each one's token ids."""
+    out: list[list[int]] = [[] for _ in prompts]
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        req = GenerationRequest(
+            f"w{i}", "", SamplingParams(max_tokens=max_tokens, temperature=0.0), prompt_token_ids=tuple(prompts[i])
+        )
+        try:
+            for chunk in engine.stream(req):
+                out[i].extend(chunk.token_ids or ())
+        except BaseException as exc:  # noqa: BLE001 - reported as the row's reason
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return out
+
+
+def _match(got: list[list[int]], ref: list[list[int]]) -> str:
+    """ "4/4" or "2/4 (first difference at token 17)"."""
+    same = sum(g == r for g, r in zip(got, ref, strict=False))
+    text = f"{same}/{len(ref)}"
+    firsts = [
+        next((k for k, (a, b) in enumerate(zip(g, r, strict=False)) if a != b), min(len(g), len(r)))
+        for g, r in zip(got, ref, strict=False)
+        if g != r
+    ]
+    return text + (f" (first difference at token {min(firsts)})" if firsts else "")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="random-v2-lite-shape")
+    ap.add_argument("--accelerator", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--batches", default="1,8,32,128")
+    ap.add_argument("--configs", default="baseline,experts_eager,experts_batched_mm,attn_eager,static_cache")
+    ap.add_argument("--best", default="", help="one more row: options KEY=VALUE,KEY=VALUE (the best combination)")
+    ap.add_argument("--budget-s", type=float, default=540.0)
+    args = ap.parse_args()
+    started = time.monotonic()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    store = Store(out / "tuning.sqlite")
+    batches = [int(b) for b in args.batches.split(",") if b.strip()]
+    configs = {name: CONFIGS[name] for name in args.configs.split(",") if name.strip()}
+    if args.best:
+        configs["best"] = {k: json.loads(v) if v[:1] in "0123456789tf" else v
+                           for k, _, v in (kv.partition("=") for kv in args.best.split(","))}  # fmt: skip
+    engine_opts = {"kind": "native", "model": args.model, "accelerator": args.accelerator, "dtype": args.dtype}
+    t = time.perf_counter()
+    engine = create_engine({**engine_opts, "record_routing": False})
+    engine.start()
+    info = engine.describe()
+    took = time.perf_counter() - t
+    print(f"loaded {info['model']} on {info['device']} in {took:.1f} s; {info['tuning']}", flush=True)
+    vocab = int(info["model_config"]["vocab_size"])
+    prompts = _prompts(max([*batches, CHECK_PROMPTS]), args.input_len, vocab)
+    ref = [_generate_all(engine, [p], args.output_len)[0] for p in prompts[:CHECK_PROMPTS]]
+    rows: list[dict[str, Any]] = []
+    run_ids: list[int] = []
+    for name, changes in configs.items():
+        for batch in batches:
+            if time.monotonic() - started > args.budget_s:
+                rows.append({"config": name, "batch": batch, "error": "not run: past the time budget"})
+                continue
+            row: dict[str, Any] = {"config": name, "batch": batch, "options": changes}
+            try:
+                engine.retune(**{**{k: None for k in ("experts_impl", "attn_impl")}, "cache": "dynamic",
+                                 "compile": "off", "inference_mode": True, "cudnn_benchmark": False, **changes,
+                                 "batch_size": batch, "batch_wait_ms": 200.0})  # fmt: skip
+                row["tuning"] = engine.tuning()
+                t = time.perf_counter()
+                warm = _generate_all(engine, prompts[:batch], args.output_len)  # compile/capture happen here
+                row["warmup_s"] = time.perf_counter() - t
+                row["greedy_match"] = _match(warm[:CHECK_PROMPTS], ref[: min(batch, CHECK_PROMPTS)])
+                cfg = RunConfig.build(
+                    engine={**engine_opts, "record_routing": False, **changes, "batch_size": batch},
+                    mode="concurrency",
+                    workload={"source": "random", "input_len": args.input_len, "output_len": args.output_len},
+                    requests=batch if batch > 1 else 3,  # batch 1: three requests one after another
+                    concurrency=batch,
+                    warmup=0,
+                    name=f"tuning-{name}-b{batch}",
+                )
+                snap = start_run(cfg, store, engine=engine).wait(600)
+                s = snap.summary
+                if snap.status != "completed" or s is None:
+                    raise RuntimeError(snap.error or snap.status)
+                run_ids.append(snap.run_id)  # type: ignore[arg-type]
+                run = store.get_run(snap.run_id)  # type: ignore[arg-type]
+                lim = for_run_or_reason(run.config, run.engine_info, s, run.accelerator) if run else "no run"
+                row.update(
+                    run_id=snap.run_id,
+                    tpot_ms_p50=s.tpot_ms.p50,
+                    step_ms_p50=s.itl_ms.p50,  # the gaps between a sequence's tokens: one decode step each
+                    step_ms_p90=s.itl_ms.p90,
+                    step_ms_p99=s.itl_ms.p99,
+                    output_tok_s=s.output_throughput_tok_s,
+                    ttft_ms_p50=s.ttft_ms.p50,
+                    ttft_ms_p99=s.ttft_ms.p99,
+                    peak_memory_gib=s.peak_memory_gib,
+                    device_util_pct=s.device_util_pct,
+                    hbm_limit_ms=None if isinstance(lim, str) else lim.tpot_limit_ms,
+                    limit_pct=None if isinstance(lim, str) else lim.tpot_pct,
+                )
+            except BaseException as exc:  # one row's reason; the ablation goes on
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+                row["error"] = f"{type(exc).__name__}: {first}"
+                try:
+                    import torch
+
+                    torch.cuda.empty_cache()
+                except Exception:  # noqa: BLE001
+                    pass
+            rows.append(row)
+            print(_line(row), flush=True)
+    engine.stop()
+    (out / "results.json").write_text(json.dumps({"engine": info, "rows": rows}, indent=1, default=str))
+    with tarfile.open(out / "bundles.tar.gz", "w:gz") as tar:
+        for run_id in run_ids:
+            run = store.get_run(run_id)
+            path = out / f"{run.name if run else run_id}.json"
+            path.write_text(json.dumps(store.export_bundle(run_id)))
+            tar.add(path, arcname=path.name)
+            path.unlink()
+    print("\n" + table(rows))
+    return 0
+
+
+def _fmt(v: Any, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _line(row: dict[str, Any]) -> str:
+    if "error" in row:
+        return f"{row['config']:<24} b={row['batch']:<4} {row['error']}"
+    return (
+        f"{row['config']:<24} b={row['batch']:<4} step {_fmt(row['step_ms_p50'])} ms "
+        f"(p99 {_fmt(row['step_ms_p99'])}), {_fmt(row['output_tok_s'])} tok/s, TTFT {_fmt(row['ttft_ms_p50'])} ms, "
+        f"peak {_fmt(row['peak_memory_gib'])} GiB, warm-up {_fmt(row['warmup_s'])} s, greedy {row['greedy_match']}"
+    )
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The README's table: one row per configuration and batch."""
+    head = (
+        "| config | batch | ms/step p50 (p99) | output tok/s | TTFT p50 ms | peak GiB | warm-up s | HBM limit ms "
+        "| greedy = baseline |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    )
+    lines = [head]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['config']} | {r['batch']} | {r['error']} | | | | | | |")
+            continue
+        lines.append(
+            f"| {r['config']} | {r['batch']} | {_fmt(r['step_ms_p50'])} ({_fmt(r['step_ms_p99'])}) "
+            f"| {_fmt(r['output_tok_s'], ',.0f')} | {_fmt(r['ttft_ms_p50'], ',.0f')} | {_fmt(r['peak_memory_gib'])} "
+            f"| {_fmt(r['warmup_s'])} | {_fmt(r['hbm_limit_ms'], '.2f')} | {r['greedy_match']} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
