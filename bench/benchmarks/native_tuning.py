@@ -57,6 +57,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "compile_reduce_overhead": {"cache": "static", "compile": "reduce-overhead"},
 }
 CHECK_PROMPTS = 4  # prompts whose greedy tokens are compared with the baseline's
+LOGIT_STEPS = 8  # greedy steps whose logits are compared with the baseline's alone
 
 
 def _prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -87,6 +88,49 @@ def _generate_all(engine: Any, prompts: list[list[int]], max_tokens: int) -> lis
     if errors:
         raise errors[0]
     return out
+
+
+def _step_logits(engine: Any, prompts: list[list[int]], steps: int) -> Any:
+    """Greedy logits of ``prompts`` decoded together (left-padded), through ``generate`` with the
+    engine's tuning (kernels, cache, compile): a float32 tensor [prompts, steps, vocab]."""
+    import torch
+
+    model, tok = engine.model, engine._tokenizer
+    dev = next(model.parameters()).device
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=dev)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=dev)
+    kwargs: dict[str, Any] = {
+        "max_new_tokens": steps, "min_new_tokens": steps, "do_sample": False, "temperature": None, "top_p": None,
+        "top_k": None, "output_logits": True, "return_dict_in_generate": True, "pad_token_id": pad,
+    }  # fmt: skip
+    if engine.options.cache == "static":
+        kwargs["cache_implementation"] = "static"
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+    return torch.stack(out.logits, 1).float().cpu()
+
+
+def _logits_check(got: Any, ref: Any) -> dict[str, Any]:
+    """How far a configuration's logits are from the baseline's alone: the largest |difference| at
+    the first step (the prompt's), and over the decode steps up to the first one whose greedy
+    token differs (after it the two continue from different tokens); with the median gap
+    between the top two logits of the reference at step 0 (random weights leave near ties, so
+    a small numeric difference can flip a greedy token)."""
+    step0 = float((got[:, 0] - ref[:, 0]).abs().max())
+    agree = got.argmax(-1) == ref.argmax(-1)  # [prompts, steps]
+    same_steps = int(agree.all(0).long().cumprod(0).sum())  # leading steps where every prompt agrees
+    upto = max(1, same_steps)
+    decode = float((got[:, :upto] - ref[:, :upto]).abs().max())
+    top2 = ref[:, 0].topk(2, dim=-1).values
+    return {
+        "logits_max_abs_diff_step0": step0,
+        "logits_max_abs_diff_agreeing_steps": decode,
+        "steps_all_tokens_agree": same_steps,
+        "ref_top2_gap_median": float((top2[:, 0] - top2[:, 1]).median()),
+        "ref_logit_abs_max": float(ref.abs().max()),
+    }
 
 
 def _match(got: list[list[int]], ref: list[list[int]]) -> str:
@@ -133,6 +177,9 @@ def main() -> int:
     vocab = int(info["model_config"]["vocab_size"])
     prompts = _prompts(max([*batches, CHECK_PROMPTS]), args.input_len, vocab)
     ref = [_generate_all(engine, [p], args.output_len)[0] for p in prompts[:CHECK_PROMPTS]]
+    import torch
+
+    ref_logits = torch.cat([_step_logits(engine, [p], LOGIT_STEPS) for p in prompts[:CHECK_PROMPTS]])
     rows: list[dict[str, Any]] = []
     run_ids: list[int] = []
     for name, changes in configs.items():
@@ -150,6 +197,8 @@ def main() -> int:
                 warm = _generate_all(engine, prompts[:batch], args.output_len)  # compile/capture happen here
                 row["warmup_s"] = time.perf_counter() - t
                 row["greedy_match"] = _match(warm[:CHECK_PROMPTS], ref[: min(batch, CHECK_PROMPTS)])
+                n = min(batch, CHECK_PROMPTS)
+                row.update(_logits_check(_step_logits(engine, prompts[:n], LOGIT_STEPS), ref_logits[:n]))
                 cfg = RunConfig.build(
                     engine={**engine_opts, "record_routing": False, **changes, "batch_size": batch},
                     mode="concurrency",
@@ -216,7 +265,9 @@ def _line(row: dict[str, Any]) -> str:
     return (
         f"{row['config']:<24} b={row['batch']:<4} step {_fmt(row['step_ms_p50'])} ms "
         f"(p99 {_fmt(row['step_ms_p99'])}), {_fmt(row['output_tok_s'])} tok/s, TTFT {_fmt(row['ttft_ms_p50'])} ms, "
-        f"peak {_fmt(row['peak_memory_gib'])} GiB, warm-up {_fmt(row['warmup_s'])} s, greedy {row['greedy_match']}"
+        f"peak {_fmt(row['peak_memory_gib'])} GiB, warm-up {_fmt(row['warmup_s'])} s, greedy {row['greedy_match']}, "
+        f"logits |d| {_fmt(row.get('logits_max_abs_diff_step0'), '.3g')} (top-2 gap "
+        f"{_fmt(row.get('ref_top2_gap_median'), '.3g')}), {row.get('steps_all_tokens_agree')} steps agree"
     )
 
 
@@ -224,17 +275,21 @@ def table(rows: list[dict[str, Any]]) -> str:
     """The README's table: one row per configuration and batch."""
     head = (
         "| config | batch | ms/step p50 (p99) | output tok/s | TTFT p50 ms | peak GiB | warm-up s | HBM limit ms "
-        "| greedy = baseline |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        "| greedy = baseline | logits max abs diff (step 0 / agreeing steps) |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     )
     lines = [head]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['config']} | {r['batch']} | {r['error']} | | | | | | |")
+            lines.append(f"| {r['config']} | {r['batch']} | {r['error']} | | | | | | | |")
             continue
         lines.append(
             f"| {r['config']} | {r['batch']} | {_fmt(r['step_ms_p50'])} ({_fmt(r['step_ms_p99'])}) "
             f"| {_fmt(r['output_tok_s'], ',.0f')} | {_fmt(r['ttft_ms_p50'], ',.0f')} | {_fmt(r['peak_memory_gib'])} "
-            f"| {_fmt(r['warmup_s'])} | {_fmt(r['hbm_limit_ms'], '.2f')} | {r['greedy_match']} |"
+            f"| {_fmt(r['warmup_s'])} | {_fmt(r['hbm_limit_ms'], '.2f')} | {r['greedy_match']} "
+            f"| {_fmt(r.get('logits_max_abs_diff_step0'), '.3g')} / "
+            f"{_fmt(r.get('logits_max_abs_diff_agreeing_steps'), '.3g')} "
+            f"({r.get('steps_all_tokens_agree', '-')} steps) |"
         )
     return "\n".join(lines)
 
