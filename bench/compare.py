@@ -9,9 +9,15 @@ the measured ratios (a ratio means something only between two runs of the same w
 - ``throughput_speedup`` = vLLM output tok/s / native output tok/s (the book's 吞吐量 提升);
 - ``p99_latency_speedup`` = native P99 E2E latency / vLLM P99 E2E latency (P99延迟 提升;
   above 1 means vLLM is faster). TTFT and TPOT P99 ratios are given too.
-- memory efficiency (显存效率), see :data:`MEMORY_EFFICIENCY_DEFINITION`: measured for vLLM
-  from its own metrics; ``None`` for native, which has no reserved KV-cache pool to measure
-  against (its KV cache is allocated per request by transformers).
+- memory efficiency (显存效率), see :func:`memory_efficiency`: for vLLM its KV-cache use
+  (:data:`MEMORY_EFFICIENCY_DEFINITION`); for the native engine, which reserves no KV-cache
+  pool, the share of the device memory in use that its tensors held at peak, from device
+  telemetry (:data:`MEMORY_EFFICIENCY_TELEMETRY_DEFINITION`); ``None`` when neither was
+  measured (a CPU run has no device telemetry).
+
+Memory of one run, as the accelerator table (8.3.3) shows it: :func:`run_memory` (the
+engine's own peak, and the peak device memory in use from telemetry,
+:func:`peak_device_memory_gib`) and :func:`common_memory` (two runs' figures from one source).
 
 :func:`run_offline_workload` runs vLLM's in-process ``LLM.generate`` on the same random
 prompts as an online run (see :func:`engines.vllm.run_offline`).
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -33,6 +40,7 @@ from typing import Any
 
 from bench.config import RunConfig
 from bench.metrics import RunSummary
+from bench.recorder import SERIES_SERVER_DEVICE_MEM
 from bench.runner import start_run
 from bench.store import RunRow, Store
 from bench.workloads import WorkloadSpec
@@ -46,8 +54,32 @@ MEMORY_EFFICIENCY_DEFINITION = (
     "of vllm:kv_cache_usage_perc (allocated KV blocks / blocks reserved at start-up) over the "
     "run, sampled about once a second. It depends on the workload (more, longer requests fill "
     "more of the pool). The native engine reserves no KV pool (transformers grows a cache per "
-    "request), so it has no such figure: None, not an estimate."
+    "request), so it has no such figure; its memory efficiency comes from device telemetry instead "
+    "(MEMORY_EFFICIENCY_TELEMETRY_DEFINITION), or is None, not an estimate."
 )
+
+MEMORY_EFFICIENCY_TELEMETRY_DEFINITION = (
+    "Where the engine reports no KV-cache use (the native engine) but the run has device telemetry: the engine's "
+    "peak tensor memory (the device allocator's peak, torch max_memory_allocated on CUDA, NPU or MLU) / the peak "
+    "device memory in use (the highest one-second sample of dev*_mem_used_gib summed over the devices read: every "
+    "process on them counts, the framework's cached blocks and context included) x 100, i.e. the share of the "
+    "device memory in use that the engine's tensors held at peak. Telemetry is sampled about once a second, so a "
+    "short spike between samples is missed. A CPU run has no device telemetry and no such figure: None."
+)
+
+# Which definition a measured memory efficiency used (shown beside the figure).
+EFFICIENCY_KV_CACHE = "KV cache"
+EFFICIENCY_DEVICE_TELEMETRY = "device telemetry"
+
+# Where a run's memory figure comes from (shown beside it).
+MEMORY_TORCH_PEAK = "torch peak"  # the native engine's device allocator (max_memory_allocated) on CUDA/NPU/MLU
+MEMORY_PROCESS_RSS = "process RSS peak"  # the native engine on the CPU
+MEMORY_SERVER_RSS = "server RSS peak"  # a server MoE Bench launched: its process tree's RSS (no device memory)
+MEMORY_SERVER_DEVICE = "server device memory"  # a launched server's own device memory (telemetry seeing processes)
+MEMORY_DEVICE_TELEMETRY = "device telemetry"  # peak device memory in use (NVML, npu-smi, cnmon, exporters)
+
+# dev{i}_mem_used_gib, and h{host}_dev{i}_mem_used_gib from an exporter (engines.telemetry.series_points).
+DEVICE_MEM_USED_SERIES = re.compile(r"^(?:h[a-z0-9_]+_)?dev\d+_mem_used_gib$")
 
 
 @dataclass(frozen=True)
@@ -66,6 +98,8 @@ class EngineFigures:
     peak_memory_gib: float | None
     memory_efficiency_pct: float | None
     kv_cache_reserved_gib: float | None = None
+    memory_efficiency_source: str | None = None  # EFFICIENCY_KV_CACHE | EFFICIENCY_DEVICE_TELEMETRY | None
+    device_memory_gib: float | None = None  # peak device memory in use (telemetry), see peak_device_memory_gib
 
 
 @dataclass(frozen=True)
@@ -84,6 +118,9 @@ class CompareResult:
     memory_efficiency_vllm_pct: float | None
     memory_efficiency_definition: str = MEMORY_EFFICIENCY_DEFINITION
     notes: list[str] = field(default_factory=list)
+    memory_efficiency_native_source: str | None = None  # which definition measured it (EFFICIENCY_*)
+    memory_efficiency_vllm_source: str | None = None
+    memory_efficiency_telemetry_definition: str = MEMORY_EFFICIENCY_TELEMETRY_DEFINITION
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -105,7 +142,7 @@ class CompareResult:
                 "speedup": self.p99_latency_speedup,
             },
             {
-                "metric": "memory efficiency (% of reserved KV cache used at peak)",
+                "metric": "memory efficiency (%, see the definitions)",
                 "native": self.memory_efficiency_native_pct,
                 "vllm": self.memory_efficiency_vllm_pct,
                 "speedup": None,
@@ -125,13 +162,106 @@ def peak_kv_usage_pct(store: Store, run_id: int) -> float | None:
     return max(values) if values else None
 
 
+def device_memory_series_peak_gib(store: Store, run_id: int) -> float | None:
+    """The highest device memory in use at one moment, from the run's telemetry series: at each
+    sample time the ``dev*_mem_used_gib`` series (this host's and exporters') are summed over the
+    devices, and the largest sum is returned (GiB); None when the run has no such series."""
+    per_t: dict[float, float] = {}
+    for t, name, value in store.timeseries(run_id):
+        if value is not None and DEVICE_MEM_USED_SERIES.match(name):
+            per_t[t] = per_t.get(t, 0.0) + value
+    return max(per_t.values()) if per_t else None
+
+
+def peak_device_memory_gib(store: Store, run: RunRow) -> float | None:
+    """A run's peak device memory in use (GiB) from device telemetry: the series'
+    (:func:`device_memory_series_peak_gib`), else the summary's ``device_mem_used_gib``; None
+    when the run read no device telemetry (a CPU run, or no tool to read)."""
+    peak = device_memory_series_peak_gib(store, run.id)
+    if peak is None and run.summary is not None:
+        peak = run.summary.device_mem_used_gib
+    return peak
+
+
+def engine_memory_source(run: RunRow) -> str:
+    """What a run's ``summary.peak_memory_gib`` measured: the native engine's device allocator
+    peak on an accelerator, its process's peak RSS on the CPU, or a launched server's RSS."""
+    if run.engine == "native":
+        return MEMORY_TORCH_PEAK if run.accelerator in ("cuda", "npu", "mlu") else MEMORY_PROCESS_RSS
+    return MEMORY_SERVER_RSS
+
+
+@dataclass(frozen=True)
+class RunMemory:
+    """One run's memory figures (GiB), each with where it comes from; None: not measured."""
+
+    engine_peak_gib: float | None  # summary.peak_memory_gib
+    engine_source: str  # MEMORY_TORCH_PEAK | MEMORY_PROCESS_RSS | MEMORY_SERVER_RSS
+    device_peak_gib: float | None  # peak device memory in use, device telemetry
+
+    @property
+    def shown(self) -> tuple[float | None, str | None]:
+        """The figure the accelerator table shows: the engine's own peak when it has one, else
+        the device telemetry's; ``(None, None)`` when neither was measured."""
+        if self.engine_peak_gib is not None:
+            return self.engine_peak_gib, self.engine_source
+        if self.device_peak_gib is not None:
+            return self.device_peak_gib, MEMORY_DEVICE_TELEMETRY
+        return None, None
+
+
+def run_memory(store: Store, run: RunRow) -> RunMemory:
+    """A run's memory: the engine's own peak and the peak device memory in use."""
+    s = run.summary
+    source = engine_memory_source(run)
+    if source == MEMORY_SERVER_RSS and store.timeseries(run.id, [SERIES_SERVER_DEVICE_MEM]):
+        source = MEMORY_SERVER_DEVICE  # the runner made the server's own device memory the run's peak
+    return RunMemory(
+        engine_peak_gib=s.peak_memory_gib if s is not None else None,
+        engine_source=source,
+        device_peak_gib=peak_device_memory_gib(store, run),
+    )
+
+
+def common_memory(base: RunMemory, other: RunMemory) -> tuple[float, float, str] | None:
+    """Two runs' memory from one source both have, for a percentage of one by the other:
+    ``(base GiB, other GiB, source)`` with the engines' own peaks when both measured the same
+    kind (two torch peaks), else device telemetry when both have it; None when they share no
+    source (a torch peak against a CPU process's RSS is no ratio)."""
+    if base.engine_peak_gib is not None and other.engine_peak_gib is not None:
+        if base.engine_source == other.engine_source:
+            return base.engine_peak_gib, other.engine_peak_gib, base.engine_source
+    if base.device_peak_gib is not None and other.device_peak_gib is not None:
+        return base.device_peak_gib, other.device_peak_gib, MEMORY_DEVICE_TELEMETRY
+    return None
+
+
+def memory_efficiency(store: Store, run: RunRow, memory: RunMemory | None = None) -> tuple[float | None, str | None]:
+    """A run's memory efficiency (%) and the definition that measured it: the engine's KV-cache
+    use at peak (:data:`MEMORY_EFFICIENCY_DEFINITION`, :data:`EFFICIENCY_KV_CACHE`) when the engine
+    reports one, else its peak tensor memory / the peak device memory in use
+    (:data:`MEMORY_EFFICIENCY_TELEMETRY_DEFINITION`, :data:`EFFICIENCY_DEVICE_TELEMETRY`) when the
+    run has both; ``(None, None)`` otherwise, never an estimate. ``memory``: the run's
+    :func:`run_memory`, when the caller has it already."""
+    if run.engine != "native":
+        kv = peak_kv_usage_pct(store, run.id)
+        if kv is not None:
+            return kv, EFFICIENCY_KV_CACHE
+    mem = memory if memory is not None else run_memory(store, run)
+    # Only a device allocator's peak is tensor memory on the devices that telemetry reads.
+    if mem.engine_source == MEMORY_TORCH_PEAK and mem.engine_peak_gib is not None and mem.device_peak_gib:
+        return mem.engine_peak_gib / mem.device_peak_gib * 100.0, EFFICIENCY_DEVICE_TELEMETRY
+    return None, None
+
+
 def engine_figures(store: Store, run_id: int) -> EngineFigures:
     """One run's row from the store."""
     run = store.get_run(run_id)
     if run is None:
         raise ConfigError(f"no run with id {run_id}")
     s: RunSummary | None = run.summary
-    mem_eff = peak_kv_usage_pct(store, run_id) if run.engine != "native" else None
+    memory = run_memory(store, run)
+    mem_eff, mem_eff_source = memory_efficiency(store, run, memory)
     reserved = None
     kv = (run.engine_info or {}).get("kv_cache")
     if isinstance(kv, dict) and kv.get("kv_cache_memory_bytes", "None") not in ("None", ""):
@@ -149,6 +279,8 @@ def engine_figures(store: Store, run_id: int) -> EngineFigures:
         peak_memory_gib=s.peak_memory_gib if s else None,
         memory_efficiency_pct=mem_eff,
         kv_cache_reserved_gib=reserved,
+        memory_efficiency_source=mem_eff_source,
+        device_memory_gib=memory.device_peak_gib,
     )
 
 
@@ -318,9 +450,11 @@ def compare_engines(
         p99_latency_speedup=_ratio(native.e2e_p99_ms, vllm.e2e_p99_ms),
         ttft_p99_speedup=_ratio(native.ttft_p99_ms, vllm.ttft_p99_ms),
         tpot_p99_speedup=_ratio(native.tpot_p99_ms, vllm.tpot_p99_ms),
-        memory_efficiency_native_pct=None,
+        memory_efficiency_native_pct=native.memory_efficiency_pct,
         memory_efficiency_vllm_pct=vllm.memory_efficiency_pct,
         notes=notes,
+        memory_efficiency_native_source=native.memory_efficiency_source,
+        memory_efficiency_vllm_source=vllm.memory_efficiency_source,
     )
 
 
@@ -335,7 +469,10 @@ def format_compare(result: CompareResult) -> str:
         speedup = "" if row["speedup"] is None else f(row["speedup"]) + "x"
         lines.append(f"{row['metric']:<58}{f(row['native']):>12}{f(row['vllm']):>12}{speedup:>10}")
     lines.append(f"runs: native {result.native_run_id}, vllm {result.vllm_run_id}")
-    lines.append(f"memory efficiency: {result.memory_efficiency_definition}")
+    sources = f"native: {result.memory_efficiency_native_source or 'not measured'}, "
+    sources += f"vLLM: {result.memory_efficiency_vllm_source or 'not measured'}"
+    lines.append(f"memory efficiency ({sources}): {result.memory_efficiency_definition}")
+    lines.append(f"memory efficiency (device telemetry): {result.memory_efficiency_telemetry_definition}")
     lines += [f"note: {n}" for n in result.notes]
     return "\n".join(lines)
 

@@ -98,8 +98,8 @@ LATENCY_METRICS: dict[str, str] = {
 }
 
 NOT_MEASURED_MEMORY_EFFICIENCY = (
-    "not measured for the native engine: transformers grows a KV cache per request and reserves no "
-    "KV-cache pool, so there is no reserved memory to measure the used share of"
+    "not measured: the engine reports no KV-cache use (the native engine reserves no KV-cache pool) and the run "
+    "has no device telemetry beside a device allocator peak (a CPU run has none) to measure the used share of"
 )
 
 
@@ -134,8 +134,8 @@ def measured_engine_values(
     summary: RunSummary | None, latency_metric: str = "e2e_ms", memory_efficiency_pct: float | None = None
 ) -> dict[str, float | None]:
     """A measured run as the 8.2.4 rows: throughput (output tokens/s), P99 latency (ms) and
-    memory efficiency (%), which only engines that report their KV-cache use have
-    (``bench.compare.peak_kv_usage_pct``); None otherwise, never an estimate."""
+    memory efficiency (%), as ``bench.compare.memory_efficiency`` measured it (KV-cache use, or
+    tensor memory / device memory in use from telemetry); None otherwise, never an estimate."""
     if latency_metric not in LATENCY_METRICS:
         raise ValueError(f"unknown latency metric '{latency_metric}'; use one of {', '.join(LATENCY_METRICS)}")
     if summary is None or summary.completed == 0:
@@ -148,8 +148,16 @@ def measured_engine_values(
     }
 
 
+def book_accelerator_pct(row: AcceleratorRow, baseline: AcceleratorRow) -> dict[str, float]:
+    """The book's figures of ``row`` as % of ``baseline``'s, keyed like :data:`ACCELERATOR_METRICS`:
+    the printed ones when ``baseline`` is the H100 (70 / 120 / 80 for the 910B), else rebased,
+    book / book (the H100 is 143 % of the 910B's throughput)."""
+    return {key: getattr(row, key) / getattr(baseline, key) * 100.0 for key, _, _ in ACCELERATOR_METRICS}
+
+
 def measured_accelerator_values(summary: RunSummary | None) -> dict[str, float | None]:
-    """Absolute measured values behind the 8.3.3 columns: output tokens/s, mean E2E ms, peak GiB."""
+    """Absolute measured values behind the 8.3.3 columns: output tokens/s, mean E2E ms, peak GiB
+    (the engine's own peak; ``bench.compare.run_memory`` adds device telemetry)."""
     if summary is None or summary.completed == 0:
         return {"throughput_pct": None, "latency_pct": None, "memory_pct": None}
     return {

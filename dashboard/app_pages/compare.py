@@ -6,7 +6,18 @@ import pandas as pd
 import streamlit as st
 
 from bench import reference as ref
-from bench.compare import MEMORY_EFFICIENCY_DEFINITION, default_pair, is_vllm, mismatch, peak_kv_usage_pct
+from bench.compare import (
+    EFFICIENCY_DEVICE_TELEMETRY,
+    MEMORY_EFFICIENCY_DEFINITION,
+    MEMORY_EFFICIENCY_TELEMETRY_DEFINITION,
+    RunMemory,
+    common_memory,
+    default_pair,
+    is_vllm,
+    memory_efficiency,
+    mismatch,
+    run_memory,
+)
 from bench.config import RunConfig, field_bounds
 from bench.store import RunRow
 from bench.workloads import WorkloadSpec
@@ -48,8 +59,7 @@ def _label(run_id: int | None) -> str:
     if run_id is None:
         return "none"
     r = by_id[run_id]
-    dev = r.engine_info.get("device")
-    return f"{data.run_label(r)}" + (f" · {dev}" if dev else "") + (f" · {r.name}" if r.name else "")
+    return data.run_label(r) + (f" · {r.name}" if r.name else "")  # run_label names the device off the CPU
 
 
 def _pick(title: str, candidates: list[RunRow], key: str, missing: str) -> RunRow | None:
@@ -275,10 +285,13 @@ if pair is None and native is not None and vllm is not None:
         icon=":material/info:",
     )
 
-measured_native = ref.measured_engine_values(native.summary if native else None, lat_metric)  # no KV pool
-measured_vllm = ref.measured_engine_values(
-    vllm.summary if vllm else None, lat_metric, peak_kv_usage_pct(store, vllm.id) if vllm else None
-)
+# Memory efficiency: the engine's KV-cache use, else tensor memory / device memory in use (telemetry);
+# each figure carries the definition that measured it.
+eff_native = memory_efficiency(store, native) if native else (None, None)
+eff_vllm = memory_efficiency(store, vllm) if vllm else (None, None)
+measured_native = ref.measured_engine_values(native.summary if native else None, lat_metric, eff_native[0])
+measured_vllm = ref.measured_engine_values(vllm.summary if vllm else None, lat_metric, eff_vllm[0])
+eff_sources = {"native": eff_native[1], "vLLM": eff_vllm[1]}
 
 
 def _measured_cell(row: ref.EngineRow, run: RunRow | None, value: float | None, who: str) -> str:
@@ -286,6 +299,8 @@ def _measured_cell(row: ref.EngineRow, run: RunRow | None, value: float | None, 
         return "no measured vLLM run yet" if who == "vLLM" else "no measured native run yet"
     if value is None:
         return "not measured"
+    if row.key == "memory_efficiency" and eff_sources[who] == EFFICIENCY_DEVICE_TELEMETRY:
+        return f"{data.fmt_unit(value, row.unit)} ({EFFICIENCY_DEVICE_TELEMETRY})"  # the KV-cache figure: unlabelled
     return data.fmt_unit(value, row.unit)
 
 
@@ -300,14 +315,25 @@ for row in ref.ENGINE_TABLE:
             "gain (book)": row.book_gain_text + ("" if row.gain != "points" else " (points)"),
         }
     )
-    mg = ref.gain(row.gain, measured_native[row.key], measured_vllm[row.key]) if comparable else None
+    # Two memory efficiencies of different definitions (KV cache, device telemetry) make no gain.
+    other_definitions = (
+        row.key == "memory_efficiency"
+        and None not in (measured_native[row.key], measured_vllm[row.key])
+        and eff_native[1] != eff_vllm[1]
+    )
+    mg = (
+        ref.gain(row.gain, measured_native[row.key], measured_vllm[row.key])
+        if comparable and not other_definitions
+        else None
+    )
+    gain_text = "definitions differ" if comparable and other_definitions else _no_gain
     measured_rows.append(
         {
             "metric": row.metric
             + (f" [{lat_metric.removesuffix('_ms').upper()} p99]" if row.key == "p99_latency" else ""),
             "native (measured)": _measured_cell(row, native, measured_native[row.key], "native"),
             "vLLM (measured)": _measured_cell(row, vllm, measured_vllm[row.key], "vLLM"),
-            "gain (measured)": ref.format_gain(row.gain, mg) if mg is not None else _no_gain,
+            "gain (measured)": ref.format_gain(row.gain, mg) if mg is not None else gain_text,
         }
     )
     if row.gain == "points":
@@ -361,7 +387,13 @@ with left:
 with right:
     st.markdown("**Measured** (runs stored here)")
     st.dataframe(pd.DataFrame(measured_rows), hide_index=True, key="c.engine-measured")
-st.caption("Memory efficiency (measured): " + MEMORY_EFFICIENCY_DEFINITION)
+st.caption(
+    "Memory efficiency (measured), a plain figure: "
+    + MEMORY_EFFICIENCY_DEFINITION
+    + " A figure labelled (device telemetry): "
+    + MEMORY_EFFICIENCY_TELEMETRY_DEFINITION
+    + " A gain in points needs both figures of one definition."
+)
 gains_fig = charts.book_vs_measured_gains(pd.DataFrame(gain_rows))
 if differences:
     gains_fig.update_annotations(text="no measured gain: the picked runs' workloads differ")
@@ -370,18 +402,80 @@ ui.chart(gains_fig, "c.engine-gains")
 # --- 8.3.3: accelerators -----------------------------------------------------------------------
 
 st.header("Accelerators: NVIDIA, Ascend, Cambricon")
-st.caption(f"Book: {ref.SOURCE_ACCELERATORS.cite()}. Every figure is relative to the NVIDIA H100 (= 100%).")
+st.caption(
+    f"Book: {ref.SOURCE_ACCELERATORS.cite()}. The book gives every figure relative to the NVIDIA H100 (= 100%); "
+    "the measured percentages are relative to the run of the column picked as the baseline."
+)
+
+acc_rows = {r.accelerator: r for r in ref.ACCELERATOR_TABLE}
+PCT_COLUMNS = {"throughput_pct": "throughput", "latency_pct": "latency", "memory_pct": "memory"}  # % column names
+
+
+def _pick_acc(row: ref.AcceleratorRow) -> RunRow | None:
+    """The run of one platform column: runs of its accelerator first, then every other run.
+
+    It starts on the newest run of its accelerator, or on none when there is none; any run can be
+    picked (one measured elsewhere, or imported), and "none" empties the column.
+    """
+    key, title = f"c.acc.{row.accelerator}", f"Measured run for the {row.platform} column ({row.accelerator})"
+    missing = f"no measured {row.accelerator} run yet"
+    if not runs:
+        st.selectbox(title, ["none"], key=key + ".empty", disabled=True)
+        st.info(missing, icon=":material/hourglass_empty:")
+        return None
+    matching = [r.id for r in runs if r.accelerator == row.accelerator]
+    ids: list[int | None] = [None, *matching, *(r.id for r in runs if r.accelerator != row.accelerator)]
+    if key in ss and ss[key] not in ids:
+        del ss[key]
+    if key not in ss:
+        ss[key] = matching[0] if matching else None
+
+    def label(run_id: int | None) -> str:
+        other = run_id is not None and by_id[run_id].accelerator != row.accelerator
+        return _label(run_id) + (f" · accelerator {by_id[run_id].accelerator}" if other else "")
+
+    chosen = st.selectbox(title, ids, key=key, format_func=label)
+    if not matching:
+        st.info(f"{missing}: any other stored run can be picked above", icon=":material/hourglass_empty:")
+    return by_id.get(chosen) if chosen is not None else None
+
 
 picked: dict[str, RunRow | None] = {}
 cols = st.columns(len(ref.ACCELERATOR_TABLE))
 for col, row in zip(cols, ref.ACCELERATOR_TABLE, strict=True):
     with col:
-        picked[row.accelerator] = _pick(
-            f"Measured run for the {row.platform} column ({row.accelerator})",
-            [r for r in runs if r.accelerator == row.accelerator],
-            f"c.acc.{row.accelerator}",
-            f"no measured {row.accelerator} run yet",
-        )
+        picked[row.accelerator] = _pick_acc(row)
+st.caption(
+    "Each column lists the runs of its accelerator first (newest first), then every other completed run, so a run "
+    "measured elsewhere (an openai-engine run against a remote Ascend or Cambricon server is stored with this "
+    "client's accelerator) can stand in any column. A column starts on the newest run of its accelerator, or "
+    "empty when there is none; 'none', first in the list, empties it. Profile runs are left out (the profiler "
+    "slows them down)."
+)
+
+
+def _baseline_label(acc: str) -> str:
+    run = picked.get(acc)
+    return f"{acc_rows[acc].platform} column" + (f" · run #{run.id}" if run is not None else " · no run picked")
+
+
+base_acc = st.selectbox(
+    "Baseline (= 100 %)",
+    list(acc_rows),
+    key="c.acc.baseline",
+    format_func=_baseline_label,
+    help="Which column's run the measured percentages are relative to. The book's percentages are rebased to "
+    "that column's platform (book / book), so each row holds two figures of the same baseline.",
+)
+
+
+def _device(run: RunRow) -> str:
+    """The device the run's engine reported, else its stored accelerator (a remote server's device is unknown)."""
+    return str(run.engine_info.get("device") or f"accelerator {run.accelerator}, device not recorded")
+
+
+base_row, base_run = acc_rows[base_acc], picked.get(base_acc)
+base_name = f"run #{base_run.id} ({_device(base_run)})" if base_run is not None else f"the {base_row.platform} column"
 
 book_acc = pd.DataFrame(
     [
@@ -394,36 +488,66 @@ book_acc = pd.DataFrame(
         for r in ref.ACCELERATOR_TABLE
     ]
 )
-base_run = picked.get(ref.ACCELERATOR_TABLE[0].accelerator)
+memories: dict[str, RunMemory] = {acc: run_memory(store, run) for acc, run in picked.items() if run is not None}
+show_device_memory = any(m.device_peak_gib is not None for m in memories.values())
 base_vals = ref.measured_accelerator_values(base_run.summary if base_run else None)
 measured_acc, rel_measured = [], {}
-acc_differences: dict[str, list[str]] = {}  # a run whose workload is not the CUDA run's gets no percentage
+acc_differences: dict[str, list[str]] = {}  # a run whose workload is not the baseline run's gets no percentage
+
+
+def _memory_cell(mem: RunMemory | None) -> str:
+    value, source = mem.shown if mem is not None else (None, None)
+    return f"{data.fmt_unit(value, 'GiB')} ({source})" if value is not None else "not measured"
+
+
+def _memory_pct(mem: RunMemory, diff: list[str]) -> tuple[float | None, str]:
+    """The run's memory as % of the baseline's, from one source both have, and its cell."""
+    if base_run is None:
+        return None, "-"
+    if diff:
+        return None, "not comparable"
+    if mem.shown[0] is None:
+        return None, "not measured"
+    if memories[base_acc].shown[0] is None:
+        return None, "baseline not measured"
+    both = common_memory(memories[base_acc], mem)
+    if both is None:
+        return None, f"sources differ ({memories[base_acc].shown[1]} vs {mem.shown[1]})"
+    pct = ref.relative_pct(both[0], both[1])
+    return pct, f"{pct:.0f}% ({both[2]})" if pct is not None else "-"
+
+
 for row in ref.ACCELERATOR_TABLE:
     run = picked.get(row.accelerator)
     vals = ref.measured_accelerator_values(run.summary if run else None)
     diff = mismatch(base_run, run) if run is not None and base_run is not None else []
-    if diff and run is not None:
-        acc_differences[f"{row.platform} run #{run.id} against the CUDA run"] = diff
-    rel = {k: None if diff else ref.relative_pct(base_vals[k], vals[k]) for k in vals}
+    if diff and run is not None and base_run is not None:
+        acc_differences[f"{row.platform} column's run #{run.id} against the baseline run #{base_run.id}"] = diff
+    rel = {k: None if diff else ref.relative_pct(base_vals[k], vals[k]) for k in ("throughput_pct", "latency_pct")}
+    mem_pct, mem_pct_cell = _memory_pct(memories[row.accelerator], diff) if run is not None else (None, "-")
+    rel["memory_pct"] = mem_pct
     if run is not None and base_run is not None and not diff:
-        rel_measured[f"{row.accelerator} (run #{run.id})"] = rel
+        rel_measured[f"{row.platform}: run #{run.id}"] = rel
+    book = ref.book_accelerator_pct(row, base_row)
     no_pct = "not comparable" if diff else "-"
-    measured_acc.append(
-        {
-            "column": row.platform,
-            "measured run": f"#{run.id} · {run.engine_info.get('device', row.accelerator)}" if run else "no run yet",
-            "throughput": data.fmt_unit(vals["throughput_pct"], "tok/s") if run else "-",
-            "mean E2E latency": data.fmt_unit(vals["latency_pct"], "ms") if run else "-",
-            "peak memory": (
-                data.fmt_unit(vals["memory_pct"], "GiB") if vals["memory_pct"] is not None else "not measured"
-            )
-            if run
-            else "-",
-            "throughput %": f"{rel['throughput_pct']:.0f}%" if rel["throughput_pct"] is not None else no_pct,
-            "latency %": f"{rel['latency_pct']:.0f}%" if rel["latency_pct"] is not None else no_pct,
-            "memory %": f"{rel['memory_pct']:.0f}%" if rel["memory_pct"] is not None else no_pct,
-        }
-    )
+    cells: dict[str, str] = {
+        "column": row.platform,
+        "measured run": f"#{run.id} · {run.engine_info.get('device') or run.accelerator}" if run else "no run yet",
+        "throughput": data.fmt_unit(vals["throughput_pct"], "tok/s") if run else "-",
+        "mean E2E latency": data.fmt_unit(vals["latency_pct"], "ms") if run else "-",
+        "peak memory": _memory_cell(memories[row.accelerator]) if run else "-",
+    }
+    if show_device_memory:  # beside the engine's own peak, the device memory in use (telemetry)
+        device_gib = memories[row.accelerator].device_peak_gib if run else None
+        device_cell = data.fmt_unit(device_gib, "GiB") if device_gib is not None else "not measured"
+        cells["device memory in use (telemetry)"] = device_cell if run else "-"
+    for key, name in PCT_COLUMNS.items():  # the measured % beside the book's, metric by metric
+        if key == "memory_pct":
+            cells[f"{name} % (measured)"] = mem_pct_cell
+        else:
+            cells[f"{name} % (measured)"] = f"{rel[key]:.0f}%" if rel[key] is not None else no_pct
+        cells[f"{name} % (book)"] = f"{book[key]:.0f}%"
+    measured_acc.append(cells)
     if _goodput(run) is not None:  # beside the throughput, only for runs with SLOs
         measured_acc[-1]["goodput"] = _goodput_cell(run)
 
@@ -434,40 +558,55 @@ if "goodput" in acc_columns:
     for row in measured_acc:
         row.setdefault("goodput", "no SLOs set" if row["measured run"] != "no run yet" else "-")
 
-st.markdown("**Book** (chapter 8, section 8.3.3)")
+st.markdown("**Book** (chapter 8, section 8.3.3, as printed: % of the NVIDIA H100)")
 st.dataframe(book_acc, hide_index=True, key="c.acc-book")
-st.markdown("**Measured** (absolute values, and % of the measured CUDA run)")
+st.markdown(f"**Measured** (absolute values, and % of the baseline: {base_name}, beside the book's %)")
 st.dataframe(pd.DataFrame(measured_acc, columns=acc_columns), hide_index=True, key="c.acc-measured")
 if base_run is None:
     st.info(
-        "Percentages need a measured CUDA run as the 100% reference: no measured cuda run is picked yet.",
+        f"Percentages need a run in the baseline column: no run is picked in the {base_row.platform} column.",
         icon=":material/info:",
     )
-elif "H100" not in str(base_run.engine_info.get("device", "")):
+else:
     st.caption(
-        f"The measured reference ran on {base_run.engine_info.get('device', 'an unknown CUDA device')}, "
-        "not an H100: measured percentages are relative to that device."
+        f"Baseline (= 100 %): run #{base_run.id} in the {base_row.platform} column ({_device(base_run)}). The "
+        f"book's % are its figures relative to the {base_row.platform}"
+        + (" (as printed)." if base_row is ref.ACCELERATOR_TABLE[0] else " (book / book, rebased from the H100).")
     )
 for what, diff in acc_differences.items():
     _not_comparable(diff, what)
+st.caption(
+    "Peak memory: the engine's own peak where it has one (torch peak: the device allocator's on CUDA, NPU or MLU; "
+    "process RSS peak: the native engine on the CPU; server RSS peak: a server MoE Bench launched, host memory "
+    "only), else the peak device memory in use from device telemetry (NVML, npu-smi, cnmon or exporters, summed "
+    "over the devices read; every process on them counts); 'not measured' when the run has neither. Memory % "
+    "compares two runs on a source both have (the same kind of engine peak, else device telemetry) and names it. "
+    "Imported run bundles are listed in these pickers too: `python -m bench import FILE` imports one (exported "
+    "with `python -m bench export RUN_ID --bundle --out FILE`, or examples/*.json), and the Results page offers "
+    "to import the H200 example runs while the store is empty."
+)
 
 metric_names = [label for _, label, _ in ref.ACCELERATOR_METRICS]
 book_rel = pd.DataFrame(
     {"metric": metric_names}
-    | {r.platform: [r.throughput_pct, r.latency_pct, r.memory_pct] for r in ref.ACCELERATOR_TABLE}
+    | {
+        r.platform: [ref.book_accelerator_pct(r, base_row)[k] for k, _, _ in ref.ACCELERATOR_METRICS]
+        for r in ref.ACCELERATOR_TABLE
+    }
 )
 g1, g2 = st.columns(2)
 with g1:
-    ui.chart(charts.relative_bars(book_rel, "Book: % of NVIDIA H100"), "c.acc-book-chart")
+    ui.chart(charts.relative_bars(book_rel, f"Book: % of {base_row.platform}"), "c.acc-book-chart")
 with g2:
+    measured_title = f"Measured: % of {base_name}"
     if rel_measured:
         measured_rel = pd.DataFrame(
             {"metric": metric_names}
             | {name: [rel[k] for k, _, _ in ref.ACCELERATOR_METRICS] for name, rel in rel_measured.items()}
         )
-        ui.chart(charts.relative_bars(measured_rel, "Measured: % of the CUDA run"), "c.acc-measured-chart")
+        ui.chart(charts.relative_bars(measured_rel, measured_title), "c.acc-measured-chart")
     else:
         ui.chart(
-            charts.empty_figure("Measured: % of the CUDA run", "no measured CUDA run to compare against yet", 340),
+            charts.empty_figure(measured_title, "no run in the baseline column to compare against yet", 340),
             "c.acc-measured-chart",
         )

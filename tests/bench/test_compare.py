@@ -2,25 +2,40 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench.compare import (
+    EFFICIENCY_DEVICE_TELEMETRY,
+    EFFICIENCY_KV_CACHE,
     KV_USAGE_SERIES,
+    MEMORY_DEVICE_TELEMETRY,
     MEMORY_EFFICIENCY_DEFINITION,
+    MEMORY_EFFICIENCY_TELEMETRY_DEFINITION,
+    MEMORY_PROCESS_RSS,
+    MEMORY_TORCH_PEAK,
+    common_memory,
     compare_engines,
     default_pair,
+    device_memory_series_peak_gib,
     engine_figures,
     format_compare,
+    memory_efficiency,
     mismatch,
+    peak_device_memory_gib,
+    run_memory,
     run_offline_workload,
     workload_key,
 )
 from bench.metrics import RequestRecord, summarize
 from bench.runner import RunConfig
-from bench.store import RunRow, Store
+from bench.store import RunRow, Store, import_bundle_file
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _stored_run(store: Store, engine: str, e2e_s: float, tokens: int, kv: list[float] | None = None) -> int:
@@ -52,6 +67,102 @@ def test_figures_and_ratios_from_the_store(store: Store) -> None:
     assert vllm.output_throughput_tok_s == pytest.approx(80.0)
     assert native.e2e_p99_ms == pytest.approx(2000.0) and vllm.e2e_p99_ms == pytest.approx(500.0)
     assert "vllm:kv_cache_usage_perc" in MEMORY_EFFICIENCY_DEFINITION
+
+
+def _bundle_device_peak(path: Path) -> float:
+    """The bundle's peak device memory in use, computed here from its JSON: at each sample time
+    the dev*_mem_used_gib values are added up, and the largest sum is the peak."""
+    bundle = json.loads(path.read_text(encoding="utf-8"))
+    sums: dict[float, float] = {}
+    for t, name, value in bundle["timeseries"]:
+        if "dev" in name and name.endswith("_mem_used_gib") and value is not None:
+            sums[t] = sums.get(t, 0.0) + value
+    assert sums, f"{path.name} has no device memory series"
+    return max(sums.values())
+
+
+def test_device_memory_and_memory_efficiency_of_the_h200_bundles(store: Store) -> None:
+    for name in ("h200-latency-bs1.json", "h200-concurrency-16.json"):
+        run = store.get_run(import_bundle_file(store, EXAMPLES / name))
+        assert run is not None and run.summary is not None and run.summary.peak_memory_gib is not None
+        peak = _bundle_device_peak(EXAMPLES / name)
+        assert device_memory_series_peak_gib(store, run.id) == pytest.approx(peak)
+        assert peak_device_memory_gib(store, run) == pytest.approx(peak)
+        mem = run_memory(store, run)
+        assert (mem.engine_peak_gib, mem.engine_source) == (run.summary.peak_memory_gib, MEMORY_TORCH_PEAK)
+        assert mem.shown == (run.summary.peak_memory_gib, MEMORY_TORCH_PEAK)
+        # The native engine has no KV pool: tensor memory / device memory in use, from telemetry.
+        pct, source = memory_efficiency(store, run)
+        assert source == EFFICIENCY_DEVICE_TELEMETRY
+        assert pct == pytest.approx(run.summary.peak_memory_gib / peak * 100)
+        figures = engine_figures(store, run.id)
+        assert figures.memory_efficiency_pct == pct and figures.memory_efficiency_source == source
+        assert figures.device_memory_gib == pytest.approx(peak)
+        if name == "h200-concurrency-16.json":
+            assert run.summary.peak_memory_gib == pytest.approx(83.617, abs=1e-3)
+            assert pct == pytest.approx(83.61707210540771 / peak * 100)
+            assert 70.0 < pct < 70.2  # 83.6 GiB of tensors in 119.3 GiB in use
+    assert "device telemetry" in MEMORY_EFFICIENCY_TELEMETRY_DEFINITION
+
+
+def _device_run(
+    store: Store,
+    accelerator: str,
+    engine: str = "native",
+    peak_gib: float | None = None,
+    points: list[tuple[float, str, float | None]] | None = None,
+    summary_device_gib: float | None = None,
+) -> RunRow:
+    """A completed run with an engine peak, device telemetry series and summary figure as given."""
+    run_id = store.create_run(mode="concurrency", engine=engine, model="m", accelerator=accelerator, config={})
+    records = [RequestRecord("r0", 0.0, 1.0, chunk_times_s=[0.5, 1.0], prompt_tokens=4, output_tokens=2)]
+    summary = summarize(records, duration_s=1.0, peak_memory_gib=peak_gib)
+    summary = dataclasses.replace(summary, device_mem_used_gib=summary_device_gib)
+    store.finish_run(run_id, "completed", summary=summary)
+    store.add_points(run_id, points or [])
+    run = store.get_run(run_id)
+    assert run is not None
+    return run
+
+
+def test_device_memory_is_the_peak_of_the_sum_over_devices_and_hosts(store: Store) -> None:
+    points = [
+        (0.0, "dev0_mem_used_gib", 10.0), (0.0, "dev1_mem_used_gib", 15.0), (0.0, "h10_0_0_7_dev0_mem_used_gib", 1.0),
+        (1.0, "dev0_mem_used_gib", 20.0), (1.0, "dev1_mem_used_gib", 1.0), (1.0, "h10_0_0_7_dev0_mem_used_gib", 2.0),
+        (2.0, "dev0_mem_used_gib", 5.0), (2.0, "dev1_mem_used_gib", 30.0), (2.0, "h10_0_0_7_dev0_mem_used_gib", None),
+        (2.0, "dev0_mem_total_gib", 80.0), (2.0, "mem_peak_gib", 99.0),  # not memory in use on a device
+    ]  # fmt: skip
+    run = _device_run(store, "cuda", peak_gib=14.0, points=points)
+    assert device_memory_series_peak_gib(store, run.id) == 35.0  # 5 + 30 at t=2 (not 20 + 30)
+    pct, source = memory_efficiency(store, run)
+    assert (pct, source) == (pytest.approx(40.0), EFFICIENCY_DEVICE_TELEMETRY)
+
+
+def test_memory_falls_back_and_is_never_made_up(store: Store) -> None:
+    # No series: the summary's device figure (an older run, a bundle without series).
+    older = _device_run(store, "npu", engine="openai", summary_device_gib=50.0)
+    assert peak_device_memory_gib(store, older) == 50.0
+    assert run_memory(store, older).shown == (50.0, MEMORY_DEVICE_TELEMETRY)  # no engine peak: telemetry
+    assert memory_efficiency(store, older) == (None, None)  # a server's RSS is not tensor memory
+    # A CPU run: its RSS, no device telemetry, no memory efficiency.
+    cpu = _device_run(store, "cpu", peak_gib=2.0)
+    assert run_memory(store, cpu).shown == (2.0, MEMORY_PROCESS_RSS) and peak_device_memory_gib(store, cpu) is None
+    assert memory_efficiency(store, cpu) == (None, None)
+    assert engine_figures(store, cpu.id).memory_efficiency_pct is None
+    # Nothing at all: not measured.
+    bare = _device_run(store, "cuda")
+    assert run_memory(store, bare).shown == (None, None) and memory_efficiency(store, bare) == (None, None)
+    # A vLLM run's KV-cache use wins over telemetry.
+    vllm = _device_run(
+        store, "cuda", engine="vllm", points=[(0.0, KV_USAGE_SERIES, 12.5), (0.0, "dev0_mem_used_gib", 70.0)]
+    )
+    assert memory_efficiency(store, vllm) == (12.5, EFFICIENCY_KV_CACHE)
+    # Two runs' memory from a source both have.
+    torch_a = run_memory(store, _device_run(store, "cuda", peak_gib=10.0, points=[(0.0, "dev0_mem_used_gib", 20.0)]))
+    torch_b = run_memory(store, _device_run(store, "npu", peak_gib=8.0, points=[(0.0, "dev0_mem_used_gib", 12.0)]))
+    assert common_memory(torch_a, torch_b) == (10.0, 8.0, MEMORY_TORCH_PEAK)
+    assert common_memory(torch_a, run_memory(store, older)) == (20.0, 50.0, MEMORY_DEVICE_TELEMETRY)
+    assert common_memory(torch_a, run_memory(store, cpu)) is None  # a torch peak is no ratio of an RSS
 
 
 def _configured_run(

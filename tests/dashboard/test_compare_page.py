@@ -87,22 +87,25 @@ def test_the_matching_pair_is_picked_by_default_and_its_gain_drawn(
     store.close()
 
 
-def test_accelerator_percentages_only_against_a_cuda_run_of_the_same_workload(
+def test_accelerator_percentages_only_against_a_baseline_run_of_the_same_workload(
     app_test: Callable[..., Any], fresh_data_dir: Path
 ) -> None:
     store = Store(get_settings().db_path)
-    add_synthetic_run(store, 20, accelerator="cuda", device="NVIDIA H100")
+    cuda = add_synthetic_run(store, 20, accelerator="cuda", device="NVIDIA H100")
     npu = add_synthetic_run(store, 20, accelerator="npu", device="Ascend 910B", mode="latency", seed=1)
     add_synthetic_run(store, 20, accelerator="mlu", device="MLU590", seed=2)
     at = app_test(PAGE)
     _no_exception(at)
+    assert at.selectbox(key="c.acc.baseline").value == "cuda"  # the book's baseline by default
     acc = _frame(at, "measured run").set_index("column")
-    assert acc.loc["NVIDIA H100", "throughput %"] == "100%"
-    assert acc.loc["Cambricon MLU590", "throughput %"].endswith("%")  # same workload: a percentage
-    assert acc.loc["Huawei Ascend 910B", "throughput %"] == "not comparable"
+    assert acc.loc["NVIDIA H100", "throughput % (measured)"] == "100%"
+    assert acc.loc["NVIDIA H100", "memory % (measured)"] == "100% (torch peak)"
+    assert acc.loc["Cambricon MLU590", "throughput % (measured)"].endswith("%")  # same workload: a percentage
+    assert acc.loc["Huawei Ascend 910B", "throughput % (measured)"] == "not comparable"
+    assert acc.loc["Huawei Ascend 910B", "throughput % (book)"] == "70%"  # the book's figure stays beside it
     assert acc.loc["Huawei Ascend 910B", "throughput"].endswith("tok/s")  # its own figure stays
     assert (
-        f"Not comparable (Huawei Ascend 910B run #{npu} against the CUDA run): mode: concurrency vs latency; "
-        "concurrency: 4 vs 1"
+        f"Not comparable (Huawei Ascend 910B column's run #{npu} against the baseline run #{cuda}): "
+        "mode: concurrency vs latency; concurrency: 4 vs 1"
     ) in _texts(at, "error")
     store.close()
