@@ -147,7 +147,7 @@ def _match(got: list[list[int]], ref: list[list[int]]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default="native-tuning")
     ap.add_argument("--model", default="random-v2-lite-shape")
     ap.add_argument("--accelerator", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
@@ -157,7 +157,18 @@ def main() -> int:
     ap.add_argument("--configs", default="baseline,experts_eager,experts_batched_mm,attn_eager,static_cache")
     ap.add_argument("--best", default="", help="one more row: options KEY=VALUE,KEY=VALUE (the best combination)")
     ap.add_argument("--budget-s", type=float, default=540.0)
+    ap.add_argument(
+        "--table", nargs="*", metavar="RESULTS", help="print the table of results.json files (later rows win) and stop"
+    )
     args = ap.parse_args()
+    if args.table:
+        merged: dict[tuple[str, int], dict[str, Any]] = {}
+        for path in args.table:
+            for r in json.loads(Path(path).read_text())["rows"]:
+                if "error" not in r or (r["config"], r["batch"]) not in merged:
+                    merged[(r["config"], r["batch"])] = r
+        print(table(list(merged.values())))
+        return 0
     started = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -281,7 +292,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = [head]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['config']} | {r['batch']} | {r['error']} | | | | | | | |")
+            reason = r["error"] if len(r["error"]) <= 90 else r["error"][:88] + "…"
+            lines.append(f"| {r['config']} | {r['batch']} | {reason} | | | | | | | |")
             continue
         lines.append(
             f"| {r['config']} | {r['batch']} | {_fmt(r['step_ms_p50'])} ({_fmt(r['step_ms_p99'])}) "

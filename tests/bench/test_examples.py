@@ -54,3 +54,22 @@ def test_h200_examples_carry_nvml_telemetry(store: Store, name: str) -> None:
     assert s.device_util_pct is not None and 0 < s.device_util_pct <= 100
     assert s.device_power_w is not None and 60 < s.device_power_w < 700
     assert s.device_mem_used_gib is not None and s.device_mem_used_gib >= run.engine_info["weights_gib"]
+
+
+@pytest.mark.parametrize("name", ["h200-bf16-kernels", "h200-bf16-cache-compile", "h200-fp32-check"])
+def test_h200_tuning_runs_import_with_their_tuning(store: Store, tmp_path: Path, name: str) -> None:
+    """The tuning ablation's runs (bench/benchmarks/native_tuning.py on the H200): every row of
+    results.json that ran is a bundle that imports, with the tuning it ran under."""
+    import tarfile
+
+    rows = [r for r in json.loads((EXAMPLES / "tuning" / f"{name}.results.json").read_text())["rows"] if "run_id" in r]
+    with tarfile.open(EXAMPLES / "tuning" / f"{name}.bundles.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == sorted(
+        f"tuning-{r['config']}-b{r['batch']}.json" for r in rows
+    )
+    for r in rows:
+        run = store.get_run(import_bundle_file(store, tmp_path / f"tuning-{r['config']}-b{r['batch']}.json"))
+        assert run is not None and run.status == "completed" and run.engine_info["device"] == "NVIDIA H200"
+        assert run.engine_info["tuning"]["batch_size"] == r["batch"]
+        assert run.summary is not None and run.summary.itl_ms.p50 == pytest.approx(r["step_ms_p50"])
