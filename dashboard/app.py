@@ -29,6 +29,7 @@ PAGES = {
         st.Page(ui.PAGE_CONCURRENCY, title="Concurrency", icon=":material/stacked_line_chart:"),
         st.Page(ui.PAGE_SWEEP, title="Sweep", icon=":material/ssid_chart:"),
         st.Page(ui.PAGE_PROFILING, title="Profiling", icon=":material/troubleshoot:"),
+        st.Page(ui.PAGE_TUNING, title="Tuning", icon=":material/tune:"),
     ],
     "Analysis": [
         st.Page(ui.PAGE_RESULTS, title="Results", icon=":material/table_chart:"),

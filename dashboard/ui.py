@@ -34,6 +34,7 @@ PAGE_COMPARE = "app_pages/compare.py"
 PAGE_PROFILING = "app_pages/profiling.py"
 PAGE_SWEEP = "app_pages/sweep.py"
 PAGE_REPLAY = "app_pages/replay.py"
+PAGE_TUNING = "app_pages/tuning.py"
 MODE_PAGES = {"latency": PAGE_LATENCY, "concurrency": PAGE_CONCURRENCY, "profile": PAGE_PROFILING}
 
 PLOTLY_CONFIG: dict[str, Any] = {"displaylogo": False, "modeBarButtonsToRemove": ["lasso2d", "select2d"]}

@@ -41,21 +41,9 @@ from bench.config import RunConfig
 from bench.run_limits import for_run_or_reason
 from bench.runner import start_run
 from bench.store import Store
+from bench.tuning import ARTIFACT_TUNING_CHECK, CHECK_FIELDS, CONFIGS
 from engines.base import GenerationRequest, SamplingParams, create_engine
 
-CONFIGS: dict[str, dict[str, Any]] = {
-    "baseline": {},  # the engine's defaults (transformers' experts and attention kernels)
-    "experts_eager": {"experts_impl": "eager"},
-    "experts_grouped_mm": {"experts_impl": "grouped_mm"},
-    "experts_batched_mm": {"experts_impl": "batched_mm"},
-    "attn_eager": {"attn_impl": "eager"},
-    "static_cache": {"cache": "static"},
-    "no_inference_mode": {"inference_mode": False},
-    "cudnn_benchmark": {"cudnn_benchmark": True},
-    "compile_default": {"cache": "static", "compile": "default"},
-    "compile_max_autotune": {"cache": "static", "compile": "max-autotune"},
-    "compile_reduce_overhead": {"cache": "static", "compile": "reduce-overhead"},
-}
 CHECK_PROMPTS = 4  # prompts whose greedy tokens are compared with the baseline's
 LOGIT_STEPS = 8  # greedy steps whose logits are compared with the baseline's alone
 
@@ -240,6 +228,7 @@ def main() -> int:
                     hbm_limit_ms=None if isinstance(lim, str) else lim.tpot_limit_ms,
                     limit_pct=None if isinstance(lim, str) else lim.tpot_pct,
                 )
+                store.put_artifact(snap.run_id, ARTIFACT_TUNING_CHECK, {k: row.get(k) for k in CHECK_FIELDS})
             except BaseException as exc:  # one row's reason; the ablation goes on
                 if isinstance(exc, KeyboardInterrupt):
                     raise

@@ -22,6 +22,7 @@ PAGES = (
     "app_pages/results.py",
     "app_pages/compare.py",
     "app_pages/replay.py",
+    "app_pages/tuning.py",
 )
 
 

@@ -1,0 +1,218 @@
+"""The native engine's tuning ablation (``bench/benchmarks/native_tuning.py``) as stored runs.
+
+The ablation stores each row as a run named ``tuning-<config>-b<batch>``; its correctness
+check (greedy tokens and logits against the baseline's) is the run's ``tuning_check``
+artifact. Here: the rows of the runs in a store (:func:`tuning_rows`), the saved H200 rows
+imported from ``examples/tuning`` (:func:`import_saved`), and a new ablation started in the
+background (:class:`AblationTask`: the benchmark script in its own process, its runs imported
+when it ends), which the dashboard's Tuning page uses.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.job import BackgroundTask
+from bench.run_limits import for_run_or_reason
+from bench.store import RunRow, Store, import_bundle_file
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "bench" / "benchmarks" / "native_tuning.py"
+SAVED = ROOT / "examples" / "tuning"
+RUN_NAME = re.compile(r"^tuning-(?P<config>[a-z0-9_]+)-b(?P<batch>\d+)$")
+ARTIFACT_TUNING_CHECK = "tuning_check"
+# The ablation's configurations: option changes from the engine's defaults (each alone).
+CONFIGS: dict[str, dict[str, Any]] = {
+    "baseline": {},  # the engine's defaults (transformers' experts and attention kernels)
+    "experts_eager": {"experts_impl": "eager"},
+    "experts_grouped_mm": {"experts_impl": "grouped_mm"},
+    "experts_batched_mm": {"experts_impl": "batched_mm"},
+    "attn_eager": {"attn_impl": "eager"},
+    "static_cache": {"cache": "static"},
+    "no_inference_mode": {"inference_mode": False},
+    "cudnn_benchmark": {"cudnn_benchmark": True},
+    "compile_default": {"cache": "static", "compile": "default"},
+    "compile_max_autotune": {"cache": "static", "compile": "max-autotune"},
+    "compile_reduce_overhead": {"cache": "static", "compile": "reduce-overhead"},
+}
+CHECK_FIELDS = (
+    "greedy_match",
+    "logits_max_abs_diff_step0",
+    "logits_max_abs_diff_agreeing_steps",
+    "steps_all_tokens_agree",
+    "ref_top2_gap_median",
+    "warmup_s",
+)
+
+
+@dataclass(frozen=True)
+class TuningRow:
+    """One configuration at one batch size, as one stored run measured it."""
+
+    run_id: int
+    config: str
+    batch: int
+    device: str
+    dtype: str
+    step_ms_p50: float | None  # the gaps between a sequence's tokens (ITL): one decode step each
+    step_ms_p99: float | None
+    output_tok_s: float
+    ttft_ms_p50: float | None
+    peak_memory_gib: float | None
+    hbm_limit_ms: float | None
+    greedy_match: str | None
+    logits_max_abs_diff: float | None
+    warmup_s: float | None
+    created_at: str
+
+    @property
+    def group(self) -> str:
+        """Rows comparable with each other: one device, one dtype."""
+        return f"{self.device} · {self.dtype}"
+
+
+def _row(store: Store, run: RunRow) -> TuningRow | None:
+    m = RUN_NAME.match(run.name or "")
+    s = run.summary
+    if m is None or s is None or run.status != "completed" or not s.completed:
+        return None
+    lim = for_run_or_reason(run.config, run.engine_info, s, run.accelerator, measure=False)
+    check = store.artifact(run.id, ARTIFACT_TUNING_CHECK) or {}
+    return TuningRow(
+        run_id=run.id,
+        config=m["config"],
+        batch=int(m["batch"]),
+        device=str(run.engine_info.get("device") or run.accelerator),
+        dtype=str(run.engine_info.get("dtype") or "-"),
+        step_ms_p50=s.itl_ms.p50,
+        step_ms_p99=s.itl_ms.p99,
+        output_tok_s=s.output_throughput_tok_s,
+        ttft_ms_p50=s.ttft_ms.p50,
+        peak_memory_gib=s.peak_memory_gib,
+        hbm_limit_ms=None if isinstance(lim, str) else lim.tpot_limit_ms,
+        greedy_match=check.get("greedy_match"),
+        logits_max_abs_diff=check.get("logits_max_abs_diff_step0"),
+        warmup_s=check.get("warmup_s"),
+        created_at=run.created_at,
+    )
+
+
+def tuning_rows(store: Store) -> list[TuningRow]:
+    """Every ablation row stored; of repeats of one (group, config, batch), the newest measured."""
+    newest: dict[tuple[str, str, int], TuningRow] = {}
+    for run in store.list_runs():
+        row = _row(store, run)
+        if row is None:
+            continue
+        key = (row.group, row.config, row.batch)
+        if key not in newest or (row.created_at, row.run_id) > (newest[key].created_at, newest[key].run_id):
+            newest[key] = row
+    return sorted(newest.values(), key=lambda r: (r.group, r.config, r.batch))
+
+
+def import_results(store: Store, bundles: Path, results: Path | None) -> list[str]:
+    """Import the runs of one ablation (its ``bundles.tar.gz``) with each row's check from its
+    ``results.json``; runs already in the store (same name, device, dtype, times) are skipped.
+    Returns the names imported."""
+    checks: dict[str, dict[str, Any]] = {}
+    if results is not None and results.is_file():
+        for r in json.loads(results.read_text(encoding="utf-8")).get("rows", []):
+            if "run_id" in r:
+                checks[f"tuning-{r['config']}-b{r['batch']}"] = {k: r.get(k) for k in CHECK_FIELDS}
+    have = {(r.name, r.created_at) for r in store.list_runs()}
+    imported: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp, tarfile.open(bundles) as tar:
+        tar.extractall(tmp, filter="data")
+        for path in sorted(Path(tmp).glob("tuning-*.json")):
+            bundle = json.loads(path.read_text(encoding="utf-8"))
+            run = bundle.get("run") or {}
+            if (run.get("name"), run.get("created_at")) in have:
+                continue
+            run_id = import_bundle_file(store, path)
+            if path.stem in checks:
+                store.put_artifact(run_id, ARTIFACT_TUNING_CHECK, checks[path.stem])
+            imported.append(path.stem)
+    return imported
+
+
+def import_saved(store: Store, folder: Path = SAVED) -> list[str]:
+    """The ablations saved in ``examples/tuning`` (``NAME.bundles.tar.gz`` + ``NAME.results.json``)."""
+    imported: list[str] = []
+    for bundles in sorted(folder.glob("*.bundles.tar.gz")):
+        results = bundles.with_name(bundles.name.replace(".bundles.tar.gz", ".results.json"))
+        imported += import_results(store, bundles, results)
+    return imported
+
+
+class AblationTask(BackgroundTask):
+    """``native_tuning.py`` in its own process (the model loads there, never in the dashboard),
+    followed line by line; its runs are imported into ``store`` when it ends. Cancel stops it."""
+
+    def __init__(self, store: Store, out_dir: Path, argv: Sequence[str]) -> None:
+        super().__init__("tuning ablation")
+        self.store = store
+        self.out_dir = out_dir
+        self.argv = list(argv)
+        self.lines: list[str] = []
+        self.imported: list[str] = []
+
+    def run(self) -> None:
+        self.start(self._body)
+
+    def _body(self) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, str(SCRIPT), "--out", str(self.out_dir), *self.argv]
+        self.transition("running", phase="loading the model")
+        with open(self.out_dir / "ablation.log", "w", encoding="utf-8") as log:
+            proc = subprocess.Popen(
+                cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+            )
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line)
+                line = line.rstrip()
+                if line and "warn" not in line.lower():
+                    self.lines.append(line)
+                    if " b=" in line or line.startswith("loaded"):
+                        self.set_phase(line[:160])
+                if self.cancel_event.is_set():
+                    proc.terminate()
+                    break
+            rc = proc.wait()
+        bundles = self.out_dir / "bundles.tar.gz"
+        if bundles.is_file():
+            self.imported = import_results(self.store, bundles, self.out_dir / "results.json")
+        if self.cancel_event.is_set():
+            self.transition("cancelled", phase="stopped")
+        elif rc != 0:
+            last = next((ln for ln in reversed(self.lines) if ln.strip()), f"exit status {rc}")
+            self.transition("failed", error=f"the ablation stopped (exit {rc}): {last[:300]}")
+        else:
+            self.transition("completed", phase=f"{len(self.imported)} runs stored")
+
+
+def ablation_argv(
+    model: str, accelerator: str, dtype: str, configs: Sequence[str], batches: Sequence[int], input_len: int = 128,
+    output_len: int = 64,
+) -> list[str]:  # fmt: skip
+    """The benchmark's arguments for a page's choices."""
+    return [
+        "--model", model, "--accelerator", accelerator, "--dtype", dtype, "--configs", ",".join(configs),
+        "--batches", ",".join(str(b) for b in batches), "--input-len", str(input_len), "--output-len",
+        str(output_len), "--budget-s", "3600",
+    ]  # fmt: skip
+
+
+def out_dir(data_dir: Path) -> Path:
+    """Where a new ablation writes (``data/tuning/<time>``)."""
+    return data_dir / "tuning" / time.strftime("%Y%m%d-%H%M%S")

@@ -1,0 +1,211 @@
+"""Tuning page: the native engine's tuning ablation (book 8.4.2-8.4.3) from stored runs, and a new
+ablation run in the background (bench.tuning, bench/benchmarks/native_tuning.py)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from bench import tuning
+from dashboard import charts, data, services, ui
+from engines.accelerators import list_accelerators
+from engines.errors import MoEBenchError
+from engines.models import PRESETS
+from engines.settings import get_settings
+
+st.title("Native engine tuning")
+st.caption(
+    "The book's tuning advice (8.4.2-8.4.3) measured: the native engine's options one at a time and combined, "
+    "at several batch sizes (static batching). ms per decode step is the gap between a sequence's tokens; the HBM "
+    "limit is the hardware's shortest step at that batch (README: Physical limits). Greedy tokens and logits are "
+    "checked against the baseline's generated alone."
+)
+
+store = services.get_store()
+ss = st.session_state
+
+
+@st.cache_resource(show_spinner=False)
+def _holder(db_path: str) -> dict[str, tuning.AblationTask | None]:
+    """This process's ablation task (outlives pages and sessions)."""
+    return {"task": None}
+
+
+holder = _holder(services.db_path())
+task = holder["task"]
+running = task is not None and task.state().active
+
+rows = tuning.tuning_rows(store)
+if not rows:
+    st.info(
+        "No tuning runs stored yet. Import the ablation measured on an NVIDIA H200 (examples/tuning), or run one "
+        "below.",
+        icon=":material/info:",
+    )
+if st.button("Import the H200 tuning runs", icon=":material/download:", key="t.btn.import", disabled=services.viewer()):
+    try:
+        names = tuning.import_saved(store)
+        ss["t.imported"] = (
+            f"Imported {len(names)} tuning run(s)." if names else "The H200 tuning runs are already here."
+        )
+    except MoEBenchError as exc:
+        ss["t.imported"] = f"Import failed: {exc}"
+    st.rerun()
+if msg := ss.pop("t.imported", None):
+    (st.error if msg.startswith("Import failed") else st.success)(msg)
+
+if rows:
+    groups = sorted({r.group for r in rows})
+    group = st.selectbox("Device and dtype", groups, key="t.group")
+    mine = [r for r in rows if r.group == group]
+    batches = sorted({r.batch for r in mine})
+    order = list(tuning.CONFIGS)  # the baseline first, as the benchmark runs them; others ("best") after
+    configs = sorted({r.config for r in mine}, key=lambda c: (order.index(c) if c in order else len(order), c))
+    cell = {(r.config, r.batch): r for r in mine}
+
+    def _grid(fmt: str, value: str) -> pd.DataFrame:
+        frame = {"config": configs}
+        for b in batches:
+            frame[f"batch {b}"] = [
+                format(getattr(cell[(c, b)], value), fmt)
+                if (c, b) in cell and getattr(cell[(c, b)], value) is not None
+                else "-"
+                for c in configs
+            ]
+        return pd.DataFrame(frame)
+
+    limits = {b: next((r.hbm_limit_ms for r in mine if r.batch == b and r.hbm_limit_ms), None) for b in batches}
+    st.markdown("**ms per decode step, p50** (p99 in the detail table below)")
+    step = _grid(".1f", "step_ms_p50")
+    step.loc[len(step)] = ["hardware limit"] + [f"{limits[b]:.2f}" if limits[b] else "-" for b in batches]
+    st.dataframe(step, hide_index=True, key="t.step-grid")
+    st.markdown("**Output tokens/s**")
+    st.dataframe(_grid(",.0f", "output_tok_s"), hide_index=True, key="t.toks-grid")
+
+    left, right = st.columns(2)
+    for col, value, title, axis in (
+        (left, "output_tok_s", "Output tokens per second", "tokens/s"),
+        (right, "step_ms_p50", "Milliseconds per decode step (p50)", "ms per step"),
+    ):
+        fig = charts._figure(title, 380)
+        for i, b in enumerate(batches):
+            fig.add_trace(
+                go.Bar(
+                    x=configs, y=[getattr(cell[(c, b)], value) if (c, b) in cell else None for c in configs],
+                    name=f"batch {b}", marker={"color": charts.COLORS[i % len(charts.COLORS)]},
+                    hovertemplate=f"%{{x}} · batch {b}<br>%{{y:,.1f}} {axis}<extra></extra>",
+                )
+            )  # fmt: skip
+        fig.update_yaxes(title=axis, type="log")
+        fig.update_layout(barmode="group", legend={"orientation": "h", "y": -0.3})
+        with col:
+            ui.chart(fig, f"t.chart-{value}")
+
+    detail = pd.DataFrame(
+        [
+            {
+                "run": r.run_id, "config": r.config, "batch": r.batch, "ms/step p50": r.step_ms_p50,
+                "ms/step p99": r.step_ms_p99, "output tok/s": r.output_tok_s, "TTFT p50 ms": r.ttft_ms_p50,
+                "peak GiB": r.peak_memory_gib, "warm-up s": r.warmup_s, "HBM limit ms": r.hbm_limit_ms,
+                "greedy = baseline": r.greedy_match or "-",
+                "logits max |diff|": r.logits_max_abs_diff,
+            }
+            for r in mine
+        ]
+    )  # fmt: skip
+    with st.expander("Every row (p99, TTFT, memory, warm-up, correctness)", icon=":material/table_rows:"):
+        st.dataframe(detail, hide_index=True, key="t.detail")
+        st.caption(
+            "Warm-up: the first batch of each row, where compiling happens. Greedy tokens and logits: the first "
+            "four prompts against the baseline's generated alone; in bf16 on random weights any kernel change moves "
+            "the logits (near ties flip tokens), so judge correctness in float32 (README: Native engine tuning)."
+        )
+
+# --- a new ablation ---------------------------------------------------------------------------
+st.subheader("Run the ablation")
+accs = {name: avail for name, _label, avail in list_accelerators()}
+ss.setdefault("t.model", "random-v2-lite-shape" if accs.get("cuda") and accs["cuda"].ok else "tiny-deepseek-v3")
+ss.setdefault("t.accelerator", "cuda" if accs.get("cuda") and accs["cuda"].ok else "cpu")
+ss.setdefault("t.dtype", "bfloat16" if ss["t.accelerator"] == "cuda" else "float32")
+ss.setdefault("t.configs", ["baseline", "static_cache", "attn_eager"])
+ss.setdefault("t.batches", "1,8,32,128" if ss["t.accelerator"] == "cuda" else "1,4")
+f1, f2, f3 = st.columns(3)
+f1.selectbox("Model", [p for p in PRESETS if PRESETS[p].builtin or PRESETS[p].random_config is not None], key="t.model")
+f2.selectbox("Accelerator", list(accs), key="t.accelerator")
+f3.selectbox("dtype", ["bfloat16", "float16", "float32"], key="t.dtype")
+g1, g2 = st.columns([3, 1])
+g1.multiselect(
+    "Configurations", list(tuning.CONFIGS), key="t.configs", help="Each option alone (baseline: the defaults)"
+)
+g2.text_input("Batch sizes", key="t.batches", help="Comma-separated, e.g. 1,8,32,128")
+reason = None
+try:
+    chosen_batches = [int(b) for b in str(ss["t.batches"]).split(",") if b.strip()]
+    if not chosen_batches or min(chosen_batches) < 1 or max(chosen_batches) > 1024:
+        raise ValueError
+except ValueError:
+    chosen_batches = []
+    reason = "batch sizes: whole numbers from 1 to 1024, comma-separated"
+avail = accs.get(ss["t.accelerator"])
+if services.viewer():
+    reason = "viewer mode: the operator runs ablations"
+elif running:
+    reason = "an ablation is running"
+elif avail is not None and not avail.ok:
+    reason = f"{ss['t.accelerator']} is unavailable here: {avail.reason}"
+elif not ss["t.configs"]:
+    reason = "pick at least one configuration"
+elif (busy := services.busy_reason()) is not None:
+    reason = busy
+
+
+def _start() -> None:
+    if reason is not None:
+        return
+    new = tuning.AblationTask(
+        store,
+        tuning.out_dir(get_settings().data_dir),
+        tuning.ablation_argv(ss["t.model"], ss["t.accelerator"], ss["t.dtype"], ss["t.configs"], chosen_batches),
+    )
+    holder["task"] = new
+    new.run()
+
+
+b1, b2 = st.columns([1, 3], vertical_alignment="center")
+b1.button(
+    "Start ablation", type="primary", icon=":material/play_arrow:", key="t.btn.start", on_click=_start,
+    disabled=reason is not None, width="stretch",
+)  # fmt: skip
+if reason:
+    (b2.error if "unavailable" in reason or "batch sizes" in reason else b2.caption)(reason)
+else:
+    b2.caption(
+        "Runs bench/benchmarks/native_tuning.py in its own process (it loads its own copy of the model: unload the "
+        "engine first on a small machine); its runs are stored here when it ends."
+    )
+
+
+@st.fragment(run_every=1.0 if running else None)
+def _status() -> None:
+    now = holder["task"]
+    if now is None:
+        return
+    state = now.state()
+    if running and not state.active:
+        st.rerun()  # finished: redraw the tables with its runs
+    icon = {"completed": ":material/check_circle:", "running": ":material/progress_activity:"}.get(
+        state.status, ":material/error:"
+    )
+    st.markdown(f"{icon} **ablation · {state.status}** · {data.fmt_duration(max(0.0, state.since - state.created_at))}")
+    st.caption(state.phase)
+    if state.active:
+        st.button("Stop", icon=":material/stop:", key="t.btn.stop", on_click=now.cancel, disabled=services.viewer())
+    if state.error:
+        st.error(state.error, icon=":material/error:")
+    if now.lines:
+        with st.expander("Output", icon=":material/terminal:"):
+            st.code("\n".join(now.lines[-40:]))
+
+
+_status()

@@ -1,0 +1,93 @@
+"""The Tuning page: the H200 ablation imported from examples/tuning shown as tables and bars, and
+a new ablation run from the page in the background on this CPU (the tiny model), its runs
+stored when it ends."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import tuning
+from bench.store import Store
+from engines.settings import get_settings
+from tests.dashboard.test_pages import _no_exception, _texts
+
+SAVED = Path(__file__).resolve().parents[2] / "examples" / "tuning"
+
+
+def _grid(at: Any, key_column: str, first: str) -> Any:
+    """The dataframe whose first column is ``key_column`` and whose first row is ``first``."""
+    return next(d.value for d in at.dataframe if key_column in d.value.columns and d.value.iloc[0][key_column] == first)
+
+
+def test_the_saved_h200_ablation_imports_with_its_checks(store: Store) -> None:
+    names = tuning.import_saved(store)
+    ran = [r for f in sorted(SAVED.glob("*.results.json")) for r in json.loads(f.read_text())["rows"] if "run_id" in r]
+    assert len(names) == len(ran) == 39
+    assert tuning.import_saved(store) == []  # a second import adds nothing
+    rows = tuning.tuning_rows(store)
+    assert {r.group for r in rows} == {"NVIDIA H200 · bfloat16", "NVIDIA H200 · float32"}
+    # baseline at batch 1 was measured twice in bf16: the newer measurement wins
+    newer = json.loads((SAVED / "h200-bf16-cache-compile.results.json").read_text())["rows"]
+    base = next(r for r in newer if r["config"] == "baseline" and r["batch"] == 1)
+    got = next(r for r in rows if r.group == "NVIDIA H200 · bfloat16" and r.config == "baseline" and r.batch == 1)
+    assert got.step_ms_p50 == pytest.approx(base["step_ms_p50"])
+    assert got.greedy_match == base["greedy_match"] and got.warmup_s == pytest.approx(base["warmup_s"])
+    compiled = next(r for r in rows if r.config == "compile_default" and r.batch == 1 and "bfloat16" in r.group)
+    assert compiled.greedy_match == "0/1 (first difference at token 1)"
+    assert compiled.hbm_limit_ms == pytest.approx(1.02, abs=0.01)  # the H200's limit at batch 1, context 160
+
+
+def test_tuning_page_shows_the_imported_ablation(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+    at = app_test("app_pages/tuning.py")
+    _no_exception(at)
+    assert "No tuning runs stored yet" in _texts(at)
+    at.button(key="t.btn.import").click().run()
+    _no_exception(at)
+    assert any("Imported" in s.value for s in at.success)
+    at.selectbox(key="t.group").set_value("NVIDIA H200 · bfloat16").run()
+    rows = {(r.config, r.batch): r for r in tuning.tuning_rows(Store(get_settings().db_path)) if "bf" in r.group}
+    step = _grid(at, "config", "baseline")
+    assert list(step.columns) == ["config", "batch 1", "batch 8", "batch 32", "batch 128"]
+    row = step[step["config"] == "static_cache"].iloc[0]
+    assert row["batch 8"] == f"{rows[('static_cache', 8)].step_ms_p50:.1f}"
+    assert step.iloc[-1]["config"] == "hardware limit"
+    batched = step[step["config"] == "experts_batched_mm"].iloc[0]
+    assert batched["batch 32"] == "-"  # out of memory there: no made-up figure
+    assert len(at.get("plotly_chart")) == 2
+
+
+@pytest.mark.slow
+def test_an_ablation_runs_from_the_page_on_this_cpu(
+    app_test: Callable[..., Any], fresh_data_dir: Path, tiny_model: Path
+) -> None:
+    at = app_test("app_pages/tuning.py")
+    assert at.selectbox(key="t.accelerator").value == "cpu" and at.selectbox(key="t.model").value == "tiny-deepseek-v3"
+    at.text_input(key="t.batches").set_value("1,x").run()
+    assert "batch sizes: whole numbers from 1 to 1024" in at.error[0].value and at.button(key="t.btn.start").disabled
+    at.text_input(key="t.batches").set_value("1,2").run()
+    at.multiselect(key="t.configs").set_value(["baseline", "static_cache"]).run()
+    at.button(key="t.btn.start").click().run()
+    _no_exception(at)
+    store = Store(get_settings().db_path)
+    deadline = time.monotonic() + 240
+    while len(tuning.tuning_rows(store)) < 4:
+        assert time.monotonic() < deadline, "the ablation did not store its four runs"
+        time.sleep(1)
+    time.sleep(1.5)
+    at.run()
+    _no_exception(at)
+    rows = tuning.tuning_rows(store)
+    assert {(r.config, r.batch) for r in rows} == {("baseline", 1), ("baseline", 2), ("static_cache", 1),
+                                                   ("static_cache", 2)}  # fmt: skip
+    assert all(r.greedy_match in ("1/1", "2/2") and r.dtype == "float32" for r in rows)
+    step = _grid(at, "config", "baseline")
+    assert (
+        step.iloc[0]["batch 2"] == f"{next(r for r in rows if r.config == 'baseline' and r.batch == 2).step_ms_p50:.1f}"
+    )
+    assert any("ablation · completed" in m.value for m in at.markdown)
