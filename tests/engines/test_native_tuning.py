@@ -194,3 +194,40 @@ def test_retune_switches_the_loaded_model_and_back(alone: list[Any]) -> None:
         assert engine.describe()["tuning"]["experts_impl"] == "grouped_mm" and engine._batcher is None
     finally:
         engine.stop()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {"cache": "static"},
+        {"cudnn_benchmark": True},
+        {"batch_size": 3, "batch_wait_ms": 200},
+        {"cache": "static", "compile": "default", "record_routing": False},
+    ],
+    ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
+)
+def test_options_on_cuda_give_eagers_tokens_in_float32(tiny_model: Path, opts: dict[str, Any]) -> None:
+    """On a GPU (the H200 via the device tool), float32: each option gives the default engine's tokens."""
+    from engines.accelerators import get_accelerator
+
+    avail = get_accelerator("cuda").availability()
+    if not avail.ok:
+        pytest.skip(f"no CUDA here: {avail.reason}")
+    base = {"kind": "native", "model": "tiny-deepseek-v3", "accelerator": "cuda", "dtype": "float32"}
+    ref_engine = create_engine(base)
+    ref_engine.start()
+    ref: list[Any] = [None] * len(PROMPTS)
+    for i in range(3):
+        _generate(ref_engine, i, ref)
+    ref_engine.stop()
+    engine = create_engine({**base, **opts})
+    engine.start()
+    try:
+        got = _all_at_once(engine, [0, 1, 2]) if opts.get("batch_size", 1) > 1 else [None] * len(PROMPTS)
+        if opts.get("batch_size", 1) == 1:
+            for i in range(3):
+                _generate(engine, i, got)
+        assert got[:3] == ref[:3]
+    finally:
+        engine.stop()
