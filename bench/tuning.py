@@ -74,6 +74,7 @@ class TuningRow:
     logits_max_abs_diff: float | None
     warmup_s: float | None
     created_at: str
+    tuning: dict[str, Any]  # what transformers resolved for the run (engine_info["tuning"])
 
     @property
     def group(self) -> str:
@@ -104,6 +105,7 @@ def _row(store: Store, run: RunRow) -> TuningRow | None:
         logits_max_abs_diff=check.get("logits_max_abs_diff_step0"),
         warmup_s=check.get("warmup_s"),
         created_at=run.created_at,
+        tuning={k: v for k, v in (run.engine_info.get("tuning") or {}).items() if k != "batch_size"},
     )
 
 
@@ -216,3 +218,20 @@ def ablation_argv(
 def out_dir(data_dir: Path) -> Path:
     """Where a new ablation writes (``data/tuning/<time>``)."""
     return data_dir / "tuning" / time.strftime("%Y%m%d-%H%M%S")
+
+
+def config_texts(rows: Sequence[TuningRow]) -> dict[str, str]:
+    """What each configuration changed from the baseline's tuning (``cache=static, attn_impl=eager``),
+    from the tuning its runs recorded; the baseline reads as its own settings."""
+    by_config: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        by_config.setdefault(r.config, r.tuning)
+    base = by_config.get("baseline", {})
+    out: dict[str, str] = {}
+    for config, tun in by_config.items():
+        if config == "baseline":
+            out[config] = ", ".join(f"{k}={v}" for k, v in tun.items()) or "the engine's defaults"
+        else:
+            changed = {k: v for k, v in tun.items() if base.get(k) != v}
+            out[config] = ", ".join(f"{k}={v}" for k, v in changed.items()) or "no change recorded"
+    return out

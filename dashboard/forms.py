@@ -80,7 +80,9 @@ def field_spec(name: str, info: FieldInfo) -> FieldSpec:
     lo, hi = _bounds(info)
     common: dict[str, Any] = {"name": name, "label": label, "default": default, "optional": optional, "help": help_text}
     if typing.get_origin(annotation) is Literal:
-        return FieldSpec(widget="select", choices=tuple(typing.get_args(annotation)), **common)
+        # An optional choice offers None first: "engine default" (the engine or library decides).
+        choices = ((None,) if optional else ()) + tuple(typing.get_args(annotation))
+        return FieldSpec(widget="select", choices=choices, **common)
     if isinstance(annotation, type) and issubclass(annotation, Enum):
         return FieldSpec(widget="select", choices=tuple(e.value for e in annotation), **common)
     if annotation is bool:

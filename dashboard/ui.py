@@ -816,6 +816,7 @@ def headline(
             if lim is not None and lim.throughput_pct is not None
             else None,
             delta_color="off",
+            delta_arrow="off",  # a share of a limit, not a change
         )
     ok = summary is not None and summary.completed > 0
     cols[1].metric(
@@ -833,6 +834,7 @@ def headline(
             if lim is not None and lim.tpot_pct is not None
             else None,
             delta_color="off",
+            delta_arrow="off",  # a share of a limit, not a change
         )
     cols[3].metric(
         "E2E p99", data.fmt_unit(summary.e2e_ms.p99 if ok else None, "ms"), help=METRIC_DEFINITIONS["e2e_ms"]

@@ -387,13 +387,14 @@ with left:
 with right:
     st.markdown("**Measured** (runs stored here)")
     st.dataframe(pd.DataFrame(measured_rows), hide_index=True, key="c.engine-measured")
-st.caption(
-    "Memory efficiency (measured), a plain figure: "
-    + MEMORY_EFFICIENCY_DEFINITION
-    + " A figure labelled (device telemetry): "
-    + MEMORY_EFFICIENCY_TELEMETRY_DEFINITION
-    + " A gain in points needs both figures of one definition."
-)
+with st.expander("How memory efficiency is measured", icon=":material/help:"):
+    st.caption(
+        "Memory efficiency (measured), a plain figure: "
+        + MEMORY_EFFICIENCY_DEFINITION
+        + " A figure labelled (device telemetry): "
+        + MEMORY_EFFICIENCY_TELEMETRY_DEFINITION
+        + " A gain in points needs both figures of one definition."
+    )
 gains_fig = charts.book_vs_measured_gains(pd.DataFrame(gain_rows))
 if differences:
     gains_fig.update_annotations(text="no measured gain: the picked runs' workloads differ")

@@ -292,15 +292,22 @@ def _limits_panel(model: str, accelerator: str, dtype: str, info: dict[str, Any]
         frame = pd.DataFrame(rows)
         st.dataframe(
             frame, hide_index=True, key="e.limit-table",
+            column_order=["batch", "min step (ms)", "max output tok/s", "bound"],  # the ceilings' times below
             column_config={
                 "min step (ms)": st.column_config.NumberColumn(format="%.3g", help="Shortest decode step: TPOT floor"),
                 "max output tok/s": st.column_config.NumberColumn(format="%,.0f", help="batch / shortest step"),
-                "memory time (ms)": st.column_config.NumberColumn(format="%.3g", help="bytes per step / bandwidth"),
-                "compute time (ms)": st.column_config.NumberColumn(format="%.3g", help="FLOPs per step / peak"),
+                "bound": st.column_config.TextColumn(help="memory: bytes / bandwidth binds; compute: FLOPs / peak"),
             },
         )  # fmt: skip
         st.caption(limits.describe() + ".")
         with st.expander("Where these figures come from", icon=":material/menu_book:"):
+            st.dataframe(
+                frame[["batch", "memory time (ms)", "compute time (ms)"]], hide_index=True, key="e.limit-ceilings",
+                column_config={
+                    "memory time (ms)": st.column_config.NumberColumn(format="%.3g", help="bytes per step / bandwidth"),
+                    "compute time (ms)": st.column_config.NumberColumn(format="%.3g", help="FLOPs per step / peak"),
+                },
+            )  # fmt: skip
             for name, fig in spec.figures().items():
                 st.markdown(f"- **{name}** {fig.value:,.4g} {fig.unit} ({fig.confidence}): {fig.source}")
             st.caption(

@@ -83,6 +83,11 @@ if rows:
     st.markdown("**Output tokens/s**")
     st.dataframe(_grid(",.0f", "output_tok_s"), hide_index=True, key="t.toks-grid")
 
+    st.caption(
+        "Configurations: "
+        + " · ".join(f"**{c}**: {t}" for c, t in tuning.config_texts(mine).items())
+        + ". Batch 1 is the unbatched engine; from 2 on, static batching."
+    )
     left, right = st.columns(2)
     for col, value, title, axis in (
         (left, "output_tok_s", "Output tokens per second", "tokens/s"),
@@ -97,8 +102,12 @@ if rows:
                     hovertemplate=f"%{{x}} · batch {b}<br>%{{y:,.1f}} {axis}<extra></extra>",
                 )
             )  # fmt: skip
-        fig.update_yaxes(title=axis, type="log")
-        fig.update_layout(barmode="group", legend={"orientation": "h", "y": -0.3})
+        fig.update_yaxes(title=axis, type="log", dtick=1)  # powers of ten only: readable at any spread
+        fig.update_xaxes(tickangle=-25)
+        fig.update_layout(
+            barmode="group", margin={"b": 120},
+            legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "right", "x": 1.0},
+        )  # fmt: skip
         with col:
             ui.chart(fig, f"t.chart-{value}")
 

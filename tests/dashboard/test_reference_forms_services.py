@@ -102,7 +102,8 @@ def test_option_fields_cover_engine_specific_fields_only() -> None:
     tp = specs["tensor_parallel_size"]
     assert (tp.widget, tp.default, tp.minimum, tp.maximum, tp.help) == ("int", 1, 1, 1024, "GPUs per model replica")
     assert specs["max_num_batched_tokens"].optional and specs["max_num_batched_tokens"].default is None
-    assert specs["quantization"].widget == "select" and specs["quantization"].choices == ("fp8", "awq")
+    # optional: "engine default" (None) first, so a choice can be taken back
+    assert specs["quantization"].widget == "select" and specs["quantization"].choices == (None, "fp8", "awq")
     assert specs["enable_prefix_caching"].choices == (None, True, False)  # engine default / on / off
     assert specs["enforce_eager"].widget == "checkbox"
     assert specs["gpu_memory_utilization"].widget == "float" and specs["gpu_memory_utilization"].maximum == 1.0

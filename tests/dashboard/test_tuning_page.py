@@ -91,3 +91,11 @@ def test_an_ablation_runs_from_the_page_on_this_cpu(
         step.iloc[0]["batch 2"] == f"{next(r for r in rows if r.config == 'baseline' and r.batch == 2).step_ms_p50:.1f}"
     )
     assert any("ablation · completed" in m.value for m in at.markdown)
+
+
+def test_each_configuration_says_what_it_changed(store: Store) -> None:
+    tuning.import_saved(store)
+    texts = tuning.config_texts([r for r in tuning.tuning_rows(store) if "bfloat16" in r.group])
+    assert texts["best"] == "cache=static, attn_impl=eager"
+    assert texts["compile_default"] == "cache=static, compile=default"
+    assert "experts_impl=grouped_mm" in texts["baseline"] and "attn_impl=sdpa" in texts["baseline"]
