@@ -106,7 +106,8 @@ GROUP_SERVER = "Server"
 GROUP_CONNECT = "Connection and requests"
 GROUP_ADVANCED = "Advanced: client plumbing"
 GROUP_TUNING = "Tuning (the book's 8.4.2-8.4.3)"
-OPTION_GROUPS: tuple[str, ...] = (GROUP_BOOK, GROUP_TUNING, GROUP_SERVER, GROUP_CONNECT, GROUP_ADVANCED)
+GROUP_PARALLEL = "Parallelism (several GPUs or nodes)"
+OPTION_GROUPS: tuple[str, ...] = (GROUP_BOOK, GROUP_TUNING, GROUP_PARALLEL, GROUP_SERVER, GROUP_CONNECT, GROUP_ADVANCED)
 
 # Field name -> (human label, group). A field missing here keeps its model title (or its
 # name with spaces) and goes under "Advanced": a test checks every engine's fields are named.
@@ -125,6 +126,17 @@ OPTION_META: dict[str, tuple[str, str]] = {
     "attn_impl": ("Attention kernels", GROUP_TUNING),
     "inference_mode": ("Inference mode (no autograd)", GROUP_TUNING),
     "cudnn_benchmark": ("cuDNN benchmark (CUDA)", GROUP_TUNING),
+    # parallel deployments (vLLM)
+    "pipeline_parallel_size": ("Pipeline parallel size (stages)", GROUP_PARALLEL),
+    "data_parallel_size": ("Data parallel size (replicas, all nodes)", GROUP_PARALLEL),
+    "data_parallel_size_local": ("Replicas on this node", GROUP_PARALLEL),
+    "data_parallel_address": ("Data-parallel head address", GROUP_PARALLEL),
+    "data_parallel_rpc_port": ("Data-parallel RPC port", GROUP_PARALLEL),
+    "enable_expert_parallel": ("Expert parallelism (EP)", GROUP_PARALLEL),
+    "enable_eplb": ("Expert load balancing (EPLB)", GROUP_PARALLEL),
+    "eplb_num_redundant_experts": ("Redundant experts (EPLB)", GROUP_PARALLEL),
+    "distributed_executor_backend": ("Worker backend (mp or ray)", GROUP_PARALLEL),
+    "ray_address": ("Ray cluster address", GROUP_PARALLEL),
     # the server's own
     "max_num_seqs": ("Max sequences per step", GROUP_SERVER),
     "max_model_len": ("Max model length (tokens)", GROUP_SERVER),

@@ -33,7 +33,7 @@ from pydantic import Field
 
 from engines.accelerators import Availability
 from engines.base import SERIES_PREFIX_HITS, SERIES_PREFIX_QUERIES, ProgressFn, register_engine
-from engines.errors import EngineUnavailable
+from engines.errors import ConfigError, EngineUnavailable
 from engines.launch import ManagedProcess, free_port
 from engines.managed import ServerEngine, probe_interpreter
 from engines.openai_http import OpenAIEngine, OpenAIOptions
@@ -145,6 +145,21 @@ class VLLMOptions(OpenAIOptions):
     # per-step logits processor on the server and slow it down against vllm bench serve.
     send_min_tokens: bool = False
     tensor_parallel_size: int = Field(1, ge=1, le=1024)
+    # Parallelism beyond one GPU (vLLM's own; MoE Bench only passes and checks them).
+    pipeline_parallel_size: int = Field(1, ge=1, le=128, description="Pipeline stages (GPUs per replica x TP)")
+    data_parallel_size: int = Field(1, ge=1, le=1024, description="Model replicas (data parallel), all nodes")
+    data_parallel_size_local: int | None = Field(None, ge=1, le=1024, description="Replicas on this node")
+    data_parallel_address: str | None = Field(None, description="The data-parallel head node's address (multi-node)")
+    data_parallel_rpc_port: int | None = Field(None, ge=1, le=65535, description="The head node's RPC port")
+    enable_expert_parallel: bool = Field(False, description="Experts spread over the GPUs (EP) instead of sliced (TP)")
+    enable_eplb: bool = Field(False, description="Expert-parallel load balancing (needs expert parallelism)")
+    eplb_num_redundant_experts: int | None = Field(None, ge=0, description="Redundant expert copies for EPLB")
+    distributed_executor_backend: Literal["mp", "ray"] | None = Field(
+        None, description="How vLLM starts its workers: mp (processes on this node) or ray (a Ray cluster)"
+    )
+    ray_address: str | None = Field(
+        None, description="The Ray cluster the server joins (RAY_ADDRESS; with the ray backend): auto or host:port"
+    )
     max_num_batched_tokens: int | None = Field(None, ge=1)
     max_num_seqs: int | None = Field(None, ge=1)
     quantization: str | None = None  # e.g. fp8
@@ -178,6 +193,24 @@ def server_argv(python: str, model_dir: str, name: str, host: str, port: int, op
         argv += ["--max-model-len", str(opts.max_model_len)]
     if opts.tensor_parallel_size != 1:
         argv += ["--tensor-parallel-size", str(opts.tensor_parallel_size)]
+    if opts.pipeline_parallel_size != 1:
+        argv += ["--pipeline-parallel-size", str(opts.pipeline_parallel_size)]
+    if opts.data_parallel_size != 1:
+        argv += ["--data-parallel-size", str(opts.data_parallel_size)]
+    if opts.data_parallel_size_local is not None:
+        argv += ["--data-parallel-size-local", str(opts.data_parallel_size_local)]
+    if opts.data_parallel_address:
+        argv += ["--data-parallel-address", opts.data_parallel_address]
+    if opts.data_parallel_rpc_port is not None:
+        argv += ["--data-parallel-rpc-port", str(opts.data_parallel_rpc_port)]
+    if opts.enable_expert_parallel:
+        argv.append("--enable-expert-parallel")
+    if opts.enable_eplb:
+        argv.append("--enable-eplb")
+        if opts.eplb_num_redundant_experts:
+            argv += ["--eplb-config", json.dumps({"num_redundant_experts": opts.eplb_num_redundant_experts})]
+    if opts.distributed_executor_backend:
+        argv += ["--distributed-executor-backend", opts.distributed_executor_backend]
     if opts.max_num_batched_tokens is not None:
         argv += ["--max-num-batched-tokens", str(opts.max_num_batched_tokens)]
     if opts.max_num_seqs is not None:
@@ -199,6 +232,102 @@ def server_argv(python: str, model_dir: str, name: str, host: str, port: int, op
         argv += ["--profiler-config", json.dumps(config)]
     argv += [str(a) for a in opts.extra_args]
     return argv
+
+
+def deployment_shape(opts: VLLMOptions) -> dict[str, Any]:
+    """The deployment a launch asks for: parallel sizes, expert parallelism, EPLB, the executor,
+    and the devices it needs on this node (TP x PP x local replicas)."""
+    local = opts.data_parallel_size_local or opts.data_parallel_size
+    return {
+        "tensor_parallel_size": opts.tensor_parallel_size,
+        "pipeline_parallel_size": opts.pipeline_parallel_size,
+        "data_parallel_size": opts.data_parallel_size,
+        "data_parallel_size_local": local,
+        "expert_parallel": opts.enable_expert_parallel,
+        "eplb": opts.enable_eplb,
+        "executor": opts.distributed_executor_backend or "vLLM's default",
+        "devices_on_this_node": opts.tensor_parallel_size * opts.pipeline_parallel_size * local,
+        "nodes": "several" if local < opts.data_parallel_size or opts.distributed_executor_backend == "ray" else 1,
+    }
+
+
+def check_deployment(opts: VLLMOptions, config: dict[str, Any] | None, visible_devices: int | None) -> None:
+    """Refuse, in one line and before anything starts, a parallel deployment that cannot launch:
+    options that need each other, sizes the model cannot be split into (attention heads by TP,
+    layers by PP, routed experts over the EP group), and more devices than this node shows."""
+    o = opts
+    if o.enable_eplb and not o.enable_expert_parallel:
+        raise ConfigError("enable_eplb needs enable_expert_parallel: EPLB balances experts spread over GPUs")
+    if o.eplb_num_redundant_experts and not o.enable_eplb:
+        raise ConfigError("eplb_num_redundant_experts needs enable_eplb")
+    if o.data_parallel_size_local is not None and o.data_parallel_size_local > o.data_parallel_size:
+        raise ConfigError(
+            f"data_parallel_size_local={o.data_parallel_size_local} is more than "
+            f"data_parallel_size={o.data_parallel_size} (the replicas of all nodes)"
+        )
+    multi = (o.data_parallel_size_local or o.data_parallel_size) < o.data_parallel_size
+    if multi and not o.data_parallel_address:
+        raise ConfigError(
+            "a data-parallel deployment over several nodes needs data_parallel_address (the head node) "
+            "and data_parallel_rpc_port"
+        )
+    if (o.data_parallel_address or o.data_parallel_rpc_port) and o.data_parallel_size == 1:
+        raise ConfigError("data_parallel_address and data_parallel_rpc_port need data_parallel_size above 1")
+    if o.ray_address and o.distributed_executor_backend != "ray":
+        raise ConfigError("ray_address needs distributed_executor_backend=ray")
+    if config:
+        heads = int(config.get("num_attention_heads") or 0)
+        if heads and heads % o.tensor_parallel_size:
+            raise ConfigError(
+                f"tensor_parallel_size={o.tensor_parallel_size} does not divide the model's {heads} attention heads"
+            )
+        layers = int(config.get("num_hidden_layers") or 0)
+        if layers and o.pipeline_parallel_size > layers:
+            raise ConfigError(
+                f"pipeline_parallel_size={o.pipeline_parallel_size} is more than the model's {layers} layers"
+            )
+        experts = int(config.get("n_routed_experts") or 0)
+        group = o.tensor_parallel_size * o.data_parallel_size
+        if o.enable_expert_parallel and experts and (experts + (o.eplb_num_redundant_experts or 0)) % group:
+            raise ConfigError(
+                f"expert parallelism over {group} GPUs (TP x DP) does not divide the model's {experts} routed experts"
+                + (f" plus {o.eplb_num_redundant_experts} redundant" if o.eplb_num_redundant_experts else "")
+            )
+    need = deployment_shape(o)["devices_on_this_node"]
+    if need > 1 and o.accelerator != "cpu" and visible_devices is not None and need > visible_devices:
+        raise ConfigError(
+            f"this deployment needs {need} {o.accelerator} devices on this node (TP {o.tensor_parallel_size} x "
+            f"PP {o.pipeline_parallel_size} x {need // (o.tensor_parallel_size * o.pipeline_parallel_size)} local "
+            f"replicas); {visible_devices} visible"
+        )
+
+
+def visible_devices(accelerator: str) -> int | None:
+    """Devices of ``accelerator`` this node shows (NVML for CUDA, honouring CUDA_VISIBLE_DEVICES;
+    npu-smi for Ascend); None when it cannot tell."""
+    if accelerator == "cuda":
+        limit = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if limit is not None:
+            return len([d for d in limit.split(",") if d.strip() and d.strip() != "-1"])
+        try:
+            from engines.telemetry import NvmlSource
+
+            source = NvmlSource()
+            try:
+                return len(source.indices)
+            finally:
+                source.close()
+        except Exception:  # noqa: BLE001 - no NVML: cannot tell
+            return None
+    if accelerator == "npu":
+        try:
+            from engines.telemetry import detect
+
+            sources, _ = detect("npu")
+            return len(sources[0].read()) if sources else None
+        except Exception:  # noqa: BLE001
+            return None
+    return None
 
 
 def prometheus_labels(text: str, metric: str) -> dict[str, str]:
@@ -287,6 +416,9 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
 
         report("resolving model", 0.02)
         name, path = resolve_model(self.vopts.model)
+        config_file = Path(path) / "config.json"
+        model_config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else None
+        check_deployment(self.vopts, model_config, visible_devices(self.vopts.accelerator))
         self.model_dir = str(path)
         self.checkpoint_dir = str(path)
         if self.vopts.served_model_name:
@@ -301,6 +433,8 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
         if self.vopts.accelerator == "cpu" and self.vopts.cpu_kvcache_space_gib is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.vopts.cpu_kvcache_space_gib:g}"
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        if self.vopts.ray_address:
+            env["RAY_ADDRESS"] = self.vopts.ray_address
         env.setdefault("DO_NOT_TRACK", "1")
         self._load_tokenizer(report)
         report(f"starting vLLM {self.version} on port {self.port}", 0.15)
@@ -350,6 +484,8 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
             port=self.port,
             kv_cache=self.cache_info,
             cpu_kvcache_space_gib=self.vopts.cpu_kvcache_space_gib if self.vopts.accelerator == "cpu" else None,
+            # The shape a launch asked for; a server reached by base_url does not report its own.
+            deployment=deployment_shape(self.vopts) if self.server is not None else None,
         )
         return info
 

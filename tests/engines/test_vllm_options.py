@@ -118,3 +118,85 @@ def test_parse_prometheus_and_labels() -> None:
 def test_offline_worker_has_a_main_guard() -> None:
     src = (Path(__file__).resolve().parents[2] / "engines" / "vllm_offline.py").read_text()
     assert 'if __name__ == "__main__":' in src and "import engines" not in src
+
+
+def test_parallel_deployment_argv_and_shape() -> None:
+    from engines.vllm import deployment_shape
+
+    opts = VLLMOptions(
+        accelerator="cuda", tensor_parallel_size=8, pipeline_parallel_size=2, data_parallel_size=4,
+        data_parallel_size_local=2, data_parallel_address="10.0.0.1", data_parallel_rpc_port=13345,
+        enable_expert_parallel=True, enable_eplb=True, eplb_num_redundant_experts=32,
+        distributed_executor_backend="ray",
+    )  # fmt: skip
+    text = " ".join(server_argv("/py", "/m", "m", "h", 1, opts))
+    for part in (
+        "--tensor-parallel-size 8", "--pipeline-parallel-size 2", "--data-parallel-size 4",
+        "--data-parallel-size-local 2", "--data-parallel-address 10.0.0.1", "--data-parallel-rpc-port 13345",
+        "--enable-expert-parallel", "--enable-eplb", '--eplb-config {"num_redundant_experts": 32}',
+        "--distributed-executor-backend ray",
+    ):  # fmt: skip
+        assert part in text, part
+    shape = deployment_shape(opts)
+    assert shape["devices_on_this_node"] == 8 * 2 * 2 and shape["nodes"] == "several"
+    plain = " ".join(server_argv("/py", "/m", "m", "h", 1, VLLMOptions()))
+    assert "parallel" not in plain and "eplb" not in plain  # nothing passed unless asked
+
+
+V3_SHAPE = {"num_attention_heads": 128, "num_hidden_layers": 61, "n_routed_experts": 256}  # DeepSeek-V3's config
+
+
+@pytest.mark.parametrize(
+    ("opts", "config", "visible", "reason"),
+    [
+        ({"enable_eplb": True}, None, None, "enable_eplb needs enable_expert_parallel"),
+        ({"eplb_num_redundant_experts": 8}, None, None, "eplb_num_redundant_experts needs enable_eplb"),
+        ({"data_parallel_size": 2, "data_parallel_size_local": 4}, None, None, "data_parallel_size_local=4 is more"),
+        ({"data_parallel_size": 4, "data_parallel_size_local": 2}, None, None, "needs data_parallel_address"),
+        ({"data_parallel_address": "10.0.0.1"}, None, None, "need data_parallel_size above 1"),
+        ({"ray_address": "auto"}, None, None, "ray_address needs distributed_executor_backend=ray"),
+        ({"tensor_parallel_size": 3}, V3_SHAPE, 8, "tensor_parallel_size=3 does not divide the model's 128"),
+        ({"pipeline_parallel_size": 64}, V3_SHAPE, 64, "pipeline_parallel_size=64 is more than the model's 61"),
+        (
+            {
+                "tensor_parallel_size": 8,
+                "enable_expert_parallel": True,
+                "enable_eplb": True,
+                "eplb_num_redundant_experts": 3,
+            },
+            V3_SHAPE,
+            8,
+            "expert parallelism over 8 GPUs (TP x DP) does not divide the model's 256 routed experts plus 3",
+        ),
+        ({"tensor_parallel_size": 8}, V3_SHAPE, 1, "this deployment needs 8 cuda devices on this node"),
+    ],
+)
+def test_deployments_that_cannot_launch_are_refused_in_one_line(
+    opts: dict, config: dict | None, visible: int | None, reason: str
+) -> None:
+    from engines.errors import ConfigError
+    from engines.vllm import check_deployment
+
+    with pytest.raises(ConfigError) as err:
+        check_deployment(VLLMOptions(accelerator="cuda", **opts), config, visible)
+    assert reason in str(err.value) and "\n" not in str(err.value)
+    # DeepSeek-V3 on one 8-GPU node with expert parallelism and EPLB is accepted
+    check_deployment(
+        VLLMOptions(accelerator="cuda", tensor_parallel_size=8, enable_expert_parallel=True, enable_eplb=True,
+                    eplb_num_redundant_experts=32),
+        V3_SHAPE, 8,
+    )  # fmt: skip
+
+
+def test_a_launch_that_cannot_fit_is_refused_before_anything_starts(tiny_model: object) -> None:
+    """The tiny model has 4 attention heads: TP 3 is refused before a server is launched."""
+    from engines.base import create_engine
+    from engines.errors import ConfigError
+
+    engine = create_engine({"kind": "vllm", "model": "tiny-deepseek-v3", "accelerator": "cpu",
+                            "tensor_parallel_size": 3})  # fmt: skip
+    if not engine.availability().ok:
+        pytest.skip(f"vLLM unavailable: {engine.availability().reason}")
+    with pytest.raises(ConfigError, match="tensor_parallel_size=3 does not divide the model's 4 attention heads"):
+        engine.start()
+    assert engine.server is None
