@@ -107,6 +107,12 @@ def test_describe(vllm_engine: Any) -> None:
     assert info["parameters"] > 1_000_000 and info["device"] == "cpu" and info["dtype"] == "bfloat16"
     mem = vllm_engine.memory()
     assert mem is not None and mem.source == "server process tree RSS" and mem.allocated_bytes > 200 * 2**20
+    # the deployment it was launched as: one replica on one device, vLLM's default executor
+    shape = info["deployment"]
+    assert (shape["tensor_parallel_size"], shape["data_parallel_size"], shape["devices_on_this_node"]) == (1, 1, 1)
+    assert shape["expert_parallel"] is False and shape["nodes"] == 1
+    # its process tree (server and engine core) is what per-process device memory is read for
+    assert len(vllm_engine.server_pids()) >= 2
 
 
 def test_concurrency_run_exact_lengths_metrics_and_series(vllm_engine: Any, store: Store) -> None:
