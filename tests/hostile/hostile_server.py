@@ -17,7 +17,7 @@ The modes (:data:`MODES`):
 - ``good``: ``max_tokens`` events of one word each, as a real server streams them;
 - ``huge_event``: one event of 100 MB of text, sent as many ``data:`` lines of 256 KiB
   (each line short, the event huge), generated piece by piece: the server never holds it;
-- ``huge_event_empty_lines``: one event of 20 MB of empty ``data:`` lines (six bytes each,
+- ``huge_event_empty_lines``: one event of 60 MB of empty ``data:`` lines (six bytes each,
   each adding a line to the event's data), then a blank line and ``[DONE]``;
 - ``huge_line_no_newline``: ``data: yyyy...`` without a newline (100 MB, then the connection ends);
 - ``endless``: valid one-token events, never ``[DONE]``: 20 MB of them (:data:`ENDLESS_BYTES`),
@@ -65,9 +65,14 @@ FORMULA = '=HYPERLINK("http://evil","x")'
 WORD = " a"
 HUGE_EVENT_BYTES = 100 * 10**6  # the text of the huge event
 HUGE_PIECE_BYTES = 256 * 1024  # one data: line of it
-EMPTY_LINES_EVENT_BYTES = 20 * 10**6  # the empty data: lines of mode huge_event_empty_lines (~3.3 M lines)
-ENDLESS_BYTES = 20 * 10**6  # mode endless gives up after this much (~150 k events), so a client that
-# never stops reading ends instead of hanging the test; a client that stops at its cap reads ~10 kB
+# The empty data: lines of mode huge_event_empty_lines (~10 M lines). Large beside what a client that
+# stops at its 4 MiB limit leaves in flight: the loopback sockets' buffers grow to several MB (one
+# run here saw 10.3 MB written for a 4 MiB read), so half of this stays a clear line between a client
+# that hung up and one that read on.
+EMPTY_LINES_EVENT_BYTES = 60 * 10**6
+ENDLESS_BYTES = 60 * 10**6  # mode endless gives up after this much (~450 k events), so a client that
+# never stops reading ends instead of hanging the test; a client that stops at its cap reads ~10 kB (the
+# sockets' buffers, several MB on loopback, stay far below half of this)
 TRICKLE_EVERY_S = 0.2
 HANG_GUARD_S = 300.0  # the longest any endless mode goes on when the client never hangs up
 _DIRECTIVE = re.compile(r"hostile:([a-z_]+)")
