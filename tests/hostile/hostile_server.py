@@ -20,7 +20,7 @@ The modes (:data:`MODES`):
 - ``huge_event_empty_lines``: one event of 60 MB of empty ``data:`` lines (six bytes each,
   each adding a line to the event's data), then a blank line and ``[DONE]``;
 - ``huge_line_no_newline``: ``data: yyyy...`` without a newline (100 MB, then the connection ends);
-- ``endless``: valid one-token events, never ``[DONE]``: 20 MB of them (:data:`ENDLESS_BYTES`),
+- ``endless``: valid one-token events, never ``[DONE]``: 60 MB of them (:data:`ENDLESS_BYTES`),
   then the connection ends, so a client that keeps reading is seen (:attr:`bytes_sent`);
 - ``trickle``: the SSE comment ``: keep-alive`` every 0.2 s forever, never an event;
 - ``redirect``: ``307`` to the same endpoint (``/v1/...``, without a mode) on
