@@ -166,9 +166,10 @@ def device_memory_series_peak_gib(store: Store, run_id: int) -> float | None:
     """The highest device memory in use at one moment, from the run's telemetry series: at each
     sample time the ``dev*_mem_used_gib`` series (this host's and exporters') are summed over the
     devices, and the largest sum is returned (GiB); None when the run has no such series."""
+    names = [n for n in store.series_names(run_id) if DEVICE_MEM_USED_SERIES.match(n)]
     per_t: dict[float, float] = {}
-    for t, name, value in store.timeseries(run_id):
-        if value is not None and DEVICE_MEM_USED_SERIES.match(name):
+    for t, _, value in store.timeseries(run_id, names) if names else ():
+        if value is not None:
             per_t[t] = per_t.get(t, 0.0) + value
     return max(per_t.values()) if per_t else None
 

@@ -183,14 +183,11 @@ def for_run(
     spec = spec_for(accelerator, engine_info, measure)
     dtype = _dtype(config, engine_info)
     batch = 1
-    context = 0
-    if summary is not None:
+    if summary is not None and str(config.get("mode")) != "latency":
         batch = max(1, int(summary.max_concurrency or 1))
-        if summary.completed:
-            context = round(summary.prompt_tokens / summary.completed + summary.output_tokens / summary.completed / 2)
-    if str(config.get("mode")) == "latency":
-        batch = 1
-    if summary is None or not summary.completed:
+    if summary is not None and summary.completed:
+        context = round(summary.prompt_tokens / summary.completed + summary.output_tokens / summary.completed / 2)
+    else:  # nothing finished yet: the workload's lengths
         wl = config.get("workload") or {}
         context = int(wl.get("input_len") or 0) + int(wl.get("output_len") or 0) // 2
     point = lim.roofline(shape, spec, batch, context, dtype)

@@ -605,6 +605,11 @@ class Store:
         sql += " ORDER BY t_s"
         return [(r[0], r[1], r[2]) for r in self._conn().execute(sql, args).fetchall()]
 
+    def series_names(self, run_id: int) -> list[str]:
+        """The names of a run's per-second series."""
+        sql = "SELECT DISTINCT name FROM timeseries WHERE run_id=? ORDER BY name"
+        return [r[0] for r in self._conn().execute(sql, (run_id,)).fetchall()]
+
     # --- artifacts (profiles, expert routing, trace paths) ------------------------------
     def put_artifact(self, run_id: int, name: str, content: Any) -> None:
         """Store a JSON-ready value under ``name`` for a run (replacing an older one)."""

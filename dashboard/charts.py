@@ -250,8 +250,10 @@ def distribution(
     p99: float | None = None,
     color: str = PRIMARY,
     slos: Sequence[Slo] = (),
+    limit: tuple[float, str] | None = None,
 ) -> go.Figure:
-    """Histogram of one per-request column, with p50 and p99 marked.
+    """Histogram of one per-request column, with p50 and p99 marked; ``limit`` (value, label):
+    the hardware's limit on this column (:func:`hardware_limit`).
 
     ``p50``/``p99`` default to the percentiles of the rows given; pass the run summary's
     to mark the whole run's percentiles on a window of it. ``slos``: those on this column's
@@ -296,6 +298,8 @@ def distribution(
     fig.update_layout(bargap=0.02)
     if slos:
         _slo_vlines(fig, slos, column, float(values.min()), float(values.max()))
+    if limit is not None:
+        hardware_limit(fig, limit[0], limit[1], "x", float(values.min()), float(values.max()))
     return fig
 
 
@@ -379,8 +383,15 @@ def line_chart(
     return fig
 
 
-def throughput_over_time(ts: pd.DataFrame, series_name: str = "output_tok_s") -> go.Figure:
-    return line_chart(ts, [(series_name, "output tokens/s")], "Output tokens per second", "tokens/s", fill=True)
+def throughput_over_time(
+    ts: pd.DataFrame, series_name: str = "output_tok_s", limit: tuple[float, str] | None = None
+) -> go.Figure:
+    """Output tokens per second; ``limit`` (value, label): the hardware's (:func:`hardware_limit`)."""
+    fig = line_chart(ts, [(series_name, "output tokens/s")], "Output tokens per second", "tokens/s", fill=True)
+    values = series(ts, series_name)
+    if limit is not None and not values.empty:
+        hardware_limit(fig, limit[0], limit[1], "y", 0.0, float(values["value"].max()))
+    return fig
 
 
 def in_flight_over_time(ts: pd.DataFrame, series_name: str = "in_flight") -> go.Figure:

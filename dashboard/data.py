@@ -230,6 +230,11 @@ def live_figures(
         stat = getattr(summary, stat_name)
         return stat.p50, stat.p99
 
+    tpot_limit = tok_s_limit = None
+    if isinstance(limits, RunLimits):
+        where = f"{limits.spec_name}, batch {limits.batch}"
+        tpot_limit = (limits.tpot_limit_ms, f"hardware limit {limits.tpot_limit_ms:.3g} ms ({where})")
+        tok_s_limit = (limits.output_tok_s_limit, f"hardware limit {limits.output_tok_s_limit:,.0f} tok/s ({where})")
     ttft50, ttft99 = pct("ttft_ms")
     tpot50, tpot99 = pct("tpot_ms")
     note = "" if data.total_samples <= len(data.samples) else f" (newest {len(data.samples):,} requests)"
@@ -252,43 +257,17 @@ def live_figures(
             p99=tpot99,
             color=charts.COLORS[2],
             slos=slos,
+            limit=tpot_limit,
         ),
-        "throughput": charts.throughput_over_time(data.timeseries, SERIES_OUTPUT_TOK_S),
+        "throughput": charts.throughput_over_time(data.timeseries, SERIES_OUTPUT_TOK_S, tok_s_limit),
         "in_flight": charts.in_flight_over_time(data.timeseries, SERIES_IN_FLIGHT),
         "memory": charts.memory_over_time(data.timeseries, MEMORY_SERIES, reported=_memory_reported(data.timeseries)),
     }
-    if isinstance(limits, RunLimits):
-        _draw_limits(figs, data, limits)
     for group in telemetry_groups(telemetry_series(data.timeseries)):
         figs[f"telemetry:{group.key}"] = charts.line_chart(
             data.timeseries, group.series, group.title, group.unit, integer=group.integer
         )
     return figs
-
-
-def _draw_limits(figs: dict[str, Any], data: LiveData, limits: RunLimits) -> None:
-    """The hardware's limits on the TPOT histogram and the throughput chart (where they have data)."""
-    where = f"{limits.spec_name}, batch {limits.batch}"
-    tok_s = charts.series(data.timeseries, SERIES_OUTPUT_TOK_S)
-    if not tok_s.empty:
-        charts.hardware_limit(
-            figs["throughput"], limits.output_tok_s_limit,
-            f"hardware limit {limits.output_tok_s_limit:,.0f} tok/s ({where})", "y", 0.0, float(tok_s["value"].max()),
-        )  # fmt: skip
-    if _has_column(data.samples, "tpot_ms"):
-        ok = data.samples
-        if "error" in ok.columns:
-            ok = ok[ok["error"].fillna("") == ""]
-        values = ok["tpot_ms"].dropna()
-        if not values.empty:
-            charts.hardware_limit(
-                figs["tpot"], limits.tpot_limit_ms, f"hardware limit {limits.tpot_limit_ms:.3g} ms ({where})", "x",
-                float(values.min()), float(values.max()),
-            )  # fmt: skip
-
-
-def _has_column(df: pd.DataFrame | None, column: str) -> bool:
-    return df is not None and not df.empty and column in df.columns
 
 
 @dataclass(frozen=True)

@@ -721,14 +721,15 @@ def live_panel(mode: str) -> None:
         _progress(snap, run_id, status, mode)
         live = data.load_live(store, run_id)
         slos = data.run_slos(config, summary)
-        limits = data.run_limits(store, store.get_run(run_id), summary)
+        run = store.get_run(run_id)
+        limits = data.run_limits(store, run, summary)
         headline(summary, live, running, slos, limits)
         live_charts(data.live_figures(live, summary, slos, limits), f"{mode}-live")
         if not running and summary is not None:
             st.subheader("Summary")
             show_summary(summary, mode, limits)
             book_terms(mode, summary)
-        repeat = repeat_spread(services.get_store().get_run(run_id))
+        repeat = repeat_spread(run)
         if repeat is not None:
             show_repeat_spread(*repeat, key=f"{mode}-live")
 

@@ -38,15 +38,25 @@ class Pending:
 
     ids: list[int]
     max_tokens: int
-    key: tuple[Any, ...]  # the sampling it shares with its batch
-    seed: int | None
+    sampling: Any  # its SamplingParams: a batch decodes with its first request's (all share ``key``)
     out_q: queue.Queue[Any] = field(default_factory=queue.Queue)
     cancel: threading.Event | None = None
     left: threading.Event = field(default_factory=threading.Event)  # the consumer stopped reading
 
     @property
+    def key(self) -> tuple[Any, ...]:
+        """The sampling a request shares with its batch (lengths and seeds may differ)."""
+        return (self.sampling.temperature, self.sampling.top_p, self.sampling.ignore_eos)
+
+    @property
     def stopped(self) -> bool:
         return self.left.is_set() or (self.cancel is not None and self.cancel.is_set())
+
+
+def left_pad(rows: list[list[int]], pad: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Token rows left-padded with ``pad`` to one length, and their attention masks (0 on padding)."""
+    width = max(len(r) for r in rows)
+    return [[pad] * (width - len(r)) + r for r in rows], [[0] * (width - len(r)) + [1] * len(r) for r in rows]
 
 
 # run(batch) runs one generate over the batch; BatchRows does the per-row bookkeeping.

@@ -29,7 +29,7 @@ from engines.base import (
     register_engine,
 )
 from engines.batching import END as BATCH_END
-from engines.batching import BatchRows, Failed, Pending, StaticBatcher
+from engines.batching import BatchRows, Failed, Pending, StaticBatcher, left_pad
 from engines.errors import ConfigError, EngineUnavailable, ModelLoadError
 from engines.models import count_parameters, load_spec
 from engines.profiling import ProfileSession, generate_scope
@@ -470,13 +470,7 @@ class NativeEngine(Engine):
         """One request of a static batch (:mod:`engines.batching`): its own stream of its own row."""
         assert self._batcher is not None
         sp = request.sampling
-        pending = Pending(
-            ids=self._prompt_ids(request),
-            max_tokens=sp.max_tokens,
-            key=(sp.temperature, sp.top_p, sp.ignore_eos),
-            seed=sp.seed,
-            cancel=cancel,
-        )
+        pending = Pending(ids=self._prompt_ids(request), max_tokens=sp.max_tokens, sampling=sp, cancel=cancel)
         self._batcher.submit(pending)
         yield StreamChunk(text="", tokens=0, prompt_tokens=len(pending.ids))
         detok = IncrementalDetokenizer(self._tokenizer)
@@ -499,22 +493,24 @@ class NativeEngine(Engine):
 
         dev = self.accelerator.device()
         pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
-        width = max(len(p.ids) for p in batch)
-        input_ids = torch.tensor([[pad] * (width - len(p.ids)) + p.ids for p in batch], dtype=torch.long, device=dev)
-        mask = torch.tensor(
-            [[0] * (width - len(p.ids)) + [1] * len(p.ids) for p in batch], dtype=torch.long, device=dev
-        )
-        temperature, top_p, ignore_eos = batch[0].key
+        ids, mask = left_pad([p.ids for p in batch], pad)
+        sp = batch[0].sampling
         eos = self.model.generation_config.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        rows = BatchRows(batch, eos_ids, stop_at_eos=not ignore_eos)
+        rows = BatchRows(batch, eos_ids, stop_at_eos=not sp.ignore_eos)
         streamer_cls, stop_cls = _batch_hooks()
-        sp = type("Sampling", (), {"temperature": temperature, "top_p": top_p, "ignore_eos": ignore_eos})()
         max_new = max(p.max_tokens for p in batch)
-        kwargs = self._gen_kwargs(sp, input_ids, mask, max_new, streamer_cls(rows), stop_cls(rows))
+        kwargs = self._gen_kwargs(
+            sp,
+            torch.tensor(ids, dtype=torch.long, device=dev),
+            torch.tensor(mask, dtype=torch.long, device=dev),
+            max_new,
+            streamer_cls(rows),
+            stop_cls(rows),
+        )
         try:
-            if batch[0].seed is not None:
-                torch.manual_seed(batch[0].seed)
+            if sp.seed is not None:
+                torch.manual_seed(sp.seed)
             with self._grad_mode(), generate_scope():
                 self.model.generate(**kwargs)
         except BaseException as exc:  # noqa: BLE001 - every open stream of the batch gets the reason

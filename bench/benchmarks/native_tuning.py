@@ -43,6 +43,7 @@ from bench.runner import start_run
 from bench.store import Store
 from bench.tuning import ARTIFACT_TUNING_CHECK, CHECK_FIELDS, CONFIGS
 from engines.base import GenerationRequest, SamplingParams, create_engine
+from engines.batching import left_pad
 
 CHECK_PROMPTS = 4  # prompts whose greedy tokens are compared with the baseline's
 LOGIT_STEPS = 8  # greedy steps whose logits are compared with the baseline's alone
@@ -86,9 +87,8 @@ def _step_logits(engine: Any, prompts: list[list[int]], steps: int) -> Any:
     model, tok = engine.model, engine._tokenizer
     dev = next(model.parameters()).device
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=dev)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=dev)
+    rows, masks = left_pad(prompts, pad)  # as the engine pads a batch
+    ids, mask = torch.tensor(rows, device=dev), torch.tensor(masks, device=dev)
     kwargs: dict[str, Any] = {
         "max_new_tokens": steps, "min_new_tokens": steps, "do_sample": False, "temperature": None, "top_p": None,
         "top_k": None, "output_logits": True, "return_dict_in_generate": True, "pad_token_id": pad,
