@@ -16,7 +16,7 @@ TRITON_VENV   := .venv-triton
 TRITON_STAMP  := $(TRITON_VENV)/.installed
 DROP_CUDA_PKGS := torchvision torchaudio torchcodec
 
-$(STAMP): requirements.txt requirements-dev.txt
+$(STAMP): requirements.txt requirements-dev.txt requirements-ray.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.txt

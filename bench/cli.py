@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from bench.config import MODES, RunConfig
 from bench.metrics import RunSummary, Spread
 from bench.run_limits import RunLimits
-from bench.runner import ARTIFACT_DEVICE_TELEMETRY, ARTIFACT_LIMITS, Job, start_run
+from bench.runner import ARTIFACT_DEVICE_TELEMETRY, ARTIFACT_LIMITS, ARTIFACT_LOAD_GENERATORS, Job, start_run
 from bench.store import Store
 from bench.workload_args import add_workload_arguments, workload_overrides
 from bench.workloads import WORKLOAD_SOURCES, WorkloadSpec
@@ -125,6 +125,12 @@ def run_arguments(sweep: bool = False) -> argparse.ArgumentParser:
         default=_default("workers"),
         help=_help("workers", extra="; at most --concurrency (default %(default)s)"),
     )
+    r.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="auto|HOST:PORT|ray://HOST:PORT",
+        help=_help("ray_address", extra="; needs requirements-ray.txt"),
+    )
     r.add_argument("--burstiness", type=float, default=_default("burstiness"), help=_help("burstiness"))
     r.add_argument("--duration", type=_seconds, default=None, help=_help("duration_s", extra="; 60, 60s, 5m or 1h"))
     r.add_argument("--ramp-up", type=_seconds, default=None, help=_help("ramp_up_s", extra="; 30, 30s or 2m"))
@@ -202,6 +208,7 @@ def run_config_data(args: argparse.Namespace) -> dict[str, Any]:
         "mode": args.mode,
         "workload": workload,
         "workers": args.workers,
+        "ray_address": args.ray_address,
         "burstiness": args.burstiness,
         "server_metrics": not args.no_server_metrics,
         "device_telemetry": not args.no_device_telemetry,
@@ -532,6 +539,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if isinstance(telemetry, dict):
         for reason in telemetry.get("missing") or []:
             print(f"note          device telemetry: {reason}")
+    senders = store.artifact(run_id, ARTIFACT_LOAD_GENERATORS)
+    if isinstance(senders, dict):
+        from bench.ray_sender import placement_line
+
+        print(f"senders       {placement_line(senders)}")
     limits = store.artifact(run_id, ARTIFACT_LIMITS)
     if isinstance(limits, dict):
         if "reason" in limits:

@@ -21,6 +21,18 @@ MAX_WORKERS = 16
 DURATION_MAX_REQUESTS = 1_000_000  # the request cap of a duration-bound run that names none
 
 
+def parse_ray_address(address: str) -> str:
+    """``auto``, ``host:port`` or ``ray://host:port``; anything else is refused (ValueError, one line)."""
+    a = address.strip()
+    if a == "auto":
+        return a
+    rest = a.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or "/" in rest or "@" in rest:
+        raise ValueError(f"'{address}' is not auto, host:port or ray://host:port")
+    return a
+
+
 class RunConfig(BaseModel):
     """Everything that defines a run; stored with it as JSON."""
 
@@ -91,6 +103,12 @@ class RunConfig(BaseModel):
         description="Read the accelerator's own telemetry once a second (NVML on cuda, npu-smi on npu, cnmon on "
         "mlu): utilisation, memory, power, clock, temperature per device; a missing tool is noted, never fatal",
     )
+    ray_address: str | None = Field(
+        None,
+        max_length=300,
+        description="Send from Ray actors spread over this cluster's nodes (auto, host:port or ray://host:port), "
+        "one per worker; the schedule and the concurrency cap stay global. Empty: processes on this machine",
+    )
     telemetry_urls: list[str] = Field(
         default_factory=list,
         max_length=16,
@@ -118,6 +136,11 @@ class RunConfig(BaseModel):
                 raise ValueError(f"a telemetry URL carries credentials ({redacted(url)}); exporters take none")
             out.append(url)
         return out
+
+    @field_validator("ray_address")
+    @classmethod
+    def _ray_address(cls, v: str | None) -> str | None:
+        return parse_ray_address(v) if v and v.strip() else None
 
     @field_validator("slos")
     @classmethod

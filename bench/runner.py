@@ -59,6 +59,7 @@ from engines.base import SERIES_PREFIX_HITS, SERIES_PREFIX_QUERIES, Engine, crea
 __all__ = [
     "ARTIFACT_BREAKDOWN",
     "ARTIFACT_DEVICE_TELEMETRY",
+    "ARTIFACT_LOAD_GENERATORS",
     "ARTIFACT_OPERATORS",
     "ARTIFACT_ROUTING",
     "ARTIFACT_TRACE",
@@ -85,6 +86,7 @@ ARTIFACT_TRACE = "profile_trace"
 ARTIFACT_ROUTING = "expert_routing"
 # {"sources": [{"source", "name"}], "missing": [reason, ...], "devices": ["dev0: NVIDIA H200 (nvml)", ...]}
 ARTIFACT_DEVICE_TELEMETRY = "device_telemetry"
+ARTIFACT_LOAD_GENERATORS = "load_generators"  # Ray runs: each sender actor's node, pid, clock offset
 ARTIFACT_LIMITS = "limits"  # bench.run_limits.RunLimits.as_dict(), or {"reason": why there is none}
 
 
@@ -200,7 +202,7 @@ def _measure(
         requests = requests[: strategy.max_requests]  # arrivals past a duration's end
     if isinstance(requests, RequestSource):
         requests.read_ahead = True  # the next block is built while this one is sent
-    sender = make_sender(engine, cfg.workers)
+    sender = make_sender(engine, cfg.workers, cfg.ray_address)
 
     def unhealthy(reason: str) -> None:
         job.set_error(reason)
@@ -256,6 +258,10 @@ def _measure(
         t_end = time.perf_counter()
         sampler.stop(t_end if started else None)
         recorder.close()
+        if getattr(sender, "placement", None):
+            store.put_artifact(
+                run_id, ARTIFACT_LOAD_GENERATORS, {"ray_address": cfg.ray_address, "actors": sender.placement}
+            )
         job.write_error = recorder.write_error
         job.host = (sampler.host_means(), sampler.busiest)
         job.devices = sampler.device_means()

@@ -321,6 +321,7 @@ async def send(
     """
     executor = _executor(engine, len(slots))
     add_tokens = counters.add_tokens
+    atake = getattr(tickets, "atake", None)  # tickets from another process (a Ray actor) are awaited
     reached = t0  # when a request last reached the server (or the start)
     deadline = None if strategy.deadline is None else t0 + strategy.deadline
 
@@ -332,7 +333,7 @@ async def send(
         free = t0 + strategy.slot_start(k)
         backoff = 0.0
         while not cancel.is_set():
-            seq = tickets.take()
+            seq = tickets.take() if atake is None else await atake()
             if seq is None:
                 return
             due = t0 + strategy.due(seq, free - t0)
@@ -783,9 +784,19 @@ class ProcessSender:
             return "error", f"exited before it was ready (exit code {code})"
 
 
-def make_sender(engine: Engine, workers: int) -> InProcessSender | ProcessSender:
-    """Sender processes for engines that can be reached from another process, else in-process."""
+def make_sender(engine: Engine, workers: int, ray_address: str | None = None) -> Any:
+    """Sender processes for engines that can be reached from another process, else in-process;
+    Ray actors on the cluster at ``ray_address`` where one is given (:mod:`bench.ray_sender`)."""
     spec = engine.sender_spec()
+    if ray_address:
+        if spec is None:
+            raise MoEBenchError(
+                f"ray_address: the {engine.kind} engine sends from the process that loaded the model; "
+                "Ray load generation applies to engines reached over HTTP"
+            )
+        from bench.ray_sender import RaySender
+
+        return RaySender(spec, workers, ray_address)
     if spec is None:
         if workers > 1:
             raise MoEBenchError(

@@ -29,6 +29,7 @@ from bench.runner import (
     ARTIFACT_BREAKDOWN,
     ARTIFACT_DEVICE_TELEMETRY,
     ARTIFACT_LIMITS,
+    ARTIFACT_LOAD_GENERATORS,
     ARTIFACT_OPERATORS,
     ARTIFACT_ROUTING,
     ARTIFACT_TRACE,
@@ -196,6 +197,16 @@ def watched_devices(store: Store, run_id: int | None) -> str | None:
     if missing:
         parts.append("not read: " + "; ".join(missing))
     return " · ".join(parts) or None
+
+
+def senders_line(store: Store, run_id: int) -> str | None:
+    """Where a Ray run's sender actors ran and their clock offsets (None for local senders)."""
+    found = store.artifact(run_id, ARTIFACT_LOAD_GENERATORS)
+    if not isinstance(found, dict):
+        return None
+    from bench.ray_sender import placement_line
+
+    return "Sent from " + placement_line(found)
 
 
 def limits_line(limits: RunLimits | str | None) -> str | None:

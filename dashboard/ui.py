@@ -114,6 +114,7 @@ def init_state(page: str | None = None) -> None:
                 f"{mode}.server_metrics": True,
                 f"{mode}.device_telemetry": True,
                 f"{mode}.telemetry_urls": "",
+                f"{mode}.ray_address": "",
                 f"{mode}.ignore_eos": True,
                 f"{mode}.seed": 0,
                 f"{mode}.name": "",
@@ -592,6 +593,14 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
             help="NVML on CUDA, npu-smi on Ascend, cnmon on Cambricon, once a second (the CLI's "
             "--no-device-telemetry turns it off).",
         )
+        if mode == "concurrency":
+            st.text_input(
+                "Ray cluster for the senders (optional)",
+                key=k + "ray_address",
+                placeholder="auto, head-node:6379 or ray://head-node:10001",
+                help=f"{RunConfig.model_fields['ray_address'].description}. Needs `pip install -r "
+                "requirements-ray.txt` here and on the cluster (the CLI's --ray-address); HTTP engines only.",
+            )
     concurrent = mode == "concurrency"
     fields: dict[str, Any] = {
         "mode": mode,
@@ -609,6 +618,7 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
         "server_metrics": bool(ss[k + "server_metrics"]),
         "device_telemetry": bool(ss[k + "device_telemetry"]),
         "telemetry_urls": [u.strip() for u in str(ss[k + "telemetry_urls"]).split(",") if u.strip()],
+        "ray_address": (str(ss.get(k + "ray_address") or "").strip() or None) if concurrent else None,
     }
     # A duration-bound run leaves the request count out: RunConfig picks the cap.
     if size == "duration":
