@@ -167,6 +167,12 @@ class VLLMOptions(OpenAIOptions):
     max_model_len: int | None = Field(1024, ge=16)
     gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)
     cpu_kvcache_space_gib: float | None = Field(1.0, gt=0.0)  # VLLM_CPU_KVCACHE_SPACE on cpu
+    cpu_threads_bind: str | None = Field(
+        None,
+        max_length=500,
+        description="On cpu: the cores each worker's threads use (VLLM_CPU_OMP_THREADS_BIND, ranks split by |, "
+        "e.g. 0-3|4-7). Empty: vLLM's own binding for one worker; this machine's cores split evenly for several",
+    )
     enforce_eager: bool = True
     extra_args: list[str] = Field(default_factory=list)  # more server flags, as argv items
     # Start the server with vLLM's torch profiler writing here, so profile runs can call
@@ -294,12 +300,50 @@ def check_deployment(opts: VLLMOptions, config: dict[str, Any] | None, visible_d
                 + (f" plus {o.eplb_num_redundant_experts} redundant" if o.eplb_num_redundant_experts else "")
             )
     need = deployment_shape(o)["devices_on_this_node"]
+    if o.accelerator == "cpu" and config and int(config.get("n_routed_experts") or 0):
+        if o.data_parallel_size > 1 or o.enable_expert_parallel:
+            what = "data-parallel" if o.data_parallel_size > 1 else "expert-parallel"
+            raise ConfigError(
+                f"vLLM's CPU build cannot serve a MoE model {what}: the experts' dispatch needs all_gatherv, which "
+                "its CPU communicator lacks (every request fails, seen with vLLM 0.32); use tensor_parallel_size on cpu"
+            )
+    if o.accelerator == "cpu" and need > 1:
+        cpu_bind(o, need)  # refuses more workers than cores
     if need > 1 and o.accelerator != "cpu" and visible_devices is not None and need > visible_devices:
         raise ConfigError(
             f"this deployment needs {need} {o.accelerator} devices on this node (TP {o.tensor_parallel_size} x "
             f"PP {o.pipeline_parallel_size} x {need // (o.tensor_parallel_size * o.pipeline_parallel_size)} local "
             f"replicas); {visible_devices} visible"
         )
+
+
+def cpu_bind(opts: VLLMOptions, workers: int) -> str | None:
+    """VLLM_CPU_OMP_THREADS_BIND for ``workers`` CPU workers on this node: the option as given, or
+    this process's allowed cores split into ``workers`` contiguous groups (vLLM binds each worker
+    to a NUMA node by default, and refuses several workers on one node); None for one worker."""
+    if opts.cpu_threads_bind:
+        groups = opts.cpu_threads_bind.split("|")
+        if len(groups) != workers:
+            raise ConfigError(
+                f"cpu_threads_bind gives {len(groups)} core group(s) for {workers} CPU workers "
+                "(TP x PP x local replicas); separate one group per worker with |"
+            )
+        return opts.cpu_threads_bind
+    if workers <= 1:
+        return None
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if len(cores) < workers:
+        raise ConfigError(
+            f"{workers} CPU workers (TP x PP x local replicas) need a core each; this machine allows {len(cores)}"
+        )
+    size, extra = divmod(len(cores), workers)
+    groups, start = [], 0
+    for w in range(workers):
+        chunk = cores[start : start + size + (1 if w < extra else 0)]
+        start += len(chunk)
+        contiguous = chunk[-1] - chunk[0] == len(chunk) - 1
+        groups.append(f"{chunk[0]}-{chunk[-1]}" if contiguous and len(chunk) > 1 else ",".join(map(str, chunk)))
+    return "|".join(groups)
 
 
 def visible_devices(accelerator: str) -> int | None:
@@ -377,6 +421,7 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
         self.model_dir: str | None = None
         self.model_name: str = options.served_model_name or options.model
         self.cache_info: dict[str, str] = {}
+        self.cpu_threads_bind: str | None = None  # VLLM_CPU_OMP_THREADS_BIND a launch set
         self._rates = CounterRates()
 
     # --- naming -----------------------------------------------------------------------
@@ -432,6 +477,11 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
         env = dict(os.environ)
         if self.vopts.accelerator == "cpu" and self.vopts.cpu_kvcache_space_gib is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.vopts.cpu_kvcache_space_gib:g}"
+        if self.vopts.accelerator == "cpu":
+            bind = cpu_bind(self.vopts, deployment_shape(self.vopts)["devices_on_this_node"])
+            if bind is not None:
+                env["VLLM_CPU_OMP_THREADS_BIND"] = bind
+                self.cpu_threads_bind = bind
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         if self.vopts.ray_address:
             env["RAY_ADDRESS"] = self.vopts.ray_address
@@ -485,7 +535,11 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
             kv_cache=self.cache_info,
             cpu_kvcache_space_gib=self.vopts.cpu_kvcache_space_gib if self.vopts.accelerator == "cpu" else None,
             # The shape a launch asked for; a server reached by base_url does not report its own.
-            deployment=deployment_shape(self.vopts) if self.server is not None else None,
+            deployment=(
+                {**deployment_shape(self.vopts), "cpu_threads_bind": self.cpu_threads_bind}
+                if self.server is not None
+                else None
+            ),
         )
         return info
 

@@ -93,6 +93,32 @@ def _config(**kw: Any) -> RunConfig:
     return RunConfig.build(**data)
 
 
+def test_a_tensor_parallel_cpu_deployment_completes_a_run(tiny_model: Path, store: Store) -> None:
+    """TP 2 on this machine's two cores (each worker bound to its own core): a real vLLM CPU
+    deployment of two workers serves a concurrency run with exact lengths and records its shape.
+    (Data parallelism is refused on cpu: vLLM's CPU build fails every MoE request with DP 2.)
+    First in the module: the module's own server is not started yet, so the two cores are free."""
+    _skip_without_vllm()
+    engine = create_engine({**OPTIONS, "tensor_parallel_size": 2})
+    try:
+        engine.start()
+        procs = _tree(engine.server.pid)
+        names = " ".join(" ".join(p.cmdline()) for p in procs if p.is_running())
+        assert "Worker_TP0" in names and "Worker_TP1" in names, names
+        cfg = _config(requests=16, engine={**OPTIONS, "tensor_parallel_size": 2})
+        snap = start_run(cfg, store, engine=engine).wait(300)
+        assert snap.status == "completed", snap.error
+        s = snap.summary
+        assert s is not None and s.completed == 16 and s.failed == 0 and s.output_tokens == 16 * 16
+        shape = engine.describe()["deployment"]
+        assert shape["tensor_parallel_size"] == 2 and shape["devices_on_this_node"] == 2
+        assert shape["cpu_threads_bind"] is not None and shape["cpu_threads_bind"].count("|") == 1
+        assert store.get_run(snap.run_id).engine_info["deployment"]["tensor_parallel_size"] == 2  # type: ignore[arg-type]
+    finally:
+        engine.stop()
+    assert not _wait_dead(procs), "vLLM processes left behind"
+
+
 def test_describe(vllm_engine: Any) -> None:
     info = vllm_engine.describe()
     assert info["engine"] == "vllm" and info["vllm_version"] == "0.32.0"

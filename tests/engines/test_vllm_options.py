@@ -188,6 +188,43 @@ def test_deployments_that_cannot_launch_are_refused_in_one_line(
     )  # fmt: skip
 
 
+TINY_SHAPE = {"num_attention_heads": 4, "num_hidden_layers": 2, "n_routed_experts": 8}
+
+
+@pytest.mark.parametrize(
+    ("opts", "reason"),
+    [
+        ({"data_parallel_size": 2}, "vLLM's CPU build cannot serve a MoE model data-parallel"),
+        ({"enable_expert_parallel": True}, "cannot serve a MoE model expert-parallel"),
+        ({"tensor_parallel_size": 2, "cpu_threads_bind": "0-3"}, "cpu_threads_bind gives 1 core group(s) for 2"),
+    ],
+)
+def test_cpu_deployments_vllm_cannot_run_are_refused(opts: dict, reason: str) -> None:
+    from engines.errors import ConfigError
+    from engines.vllm import check_deployment
+
+    with pytest.raises(ConfigError) as err:
+        check_deployment(VLLMOptions(accelerator="cpu", **opts), TINY_SHAPE, None)
+    assert reason in str(err.value) and "\n" not in str(err.value)
+
+
+def test_cpu_workers_get_their_own_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM binds each CPU worker to a NUMA node and refuses two on one: MoE Bench splits the
+    allowed cores into one contiguous group per worker (VLLM_CPU_OMP_THREADS_BIND)."""
+    from engines.errors import ConfigError
+    from engines.vllm import cpu_bind
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
+    assert cpu_bind(VLLMOptions(accelerator="cpu"), 1) is None  # one worker: vLLM's own binding
+    assert cpu_bind(VLLMOptions(accelerator="cpu"), 2) == "0-4|5-9"
+    assert cpu_bind(VLLMOptions(accelerator="cpu"), 4) == "0-2|3-5|6-7|8-9"
+    assert cpu_bind(VLLMOptions(accelerator="cpu", cpu_threads_bind="0,2|1,3"), 2) == "0,2|1,3"  # as given
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 2, 4})
+    assert cpu_bind(VLLMOptions(accelerator="cpu"), 2) == "0,2|4"
+    with pytest.raises(ConfigError, match=r"4 CPU workers .* need a core each; this machine allows 3"):
+        cpu_bind(VLLMOptions(accelerator="cpu"), 4)
+
+
 def test_a_launch_that_cannot_fit_is_refused_before_anything_starts(tiny_model: object) -> None:
     """The tiny model has 4 attention heads: TP 3 is refused before a server is launched."""
     from engines.base import create_engine
