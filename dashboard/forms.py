@@ -137,6 +137,11 @@ OPTION_META: dict[str, tuple[str, str]] = {
     "eplb_num_redundant_experts": ("Redundant experts (EPLB)", GROUP_PARALLEL),
     "distributed_executor_backend": ("Worker backend (mp or ray)", GROUP_PARALLEL),
     "ray_address": ("Ray cluster address", GROUP_PARALLEL),
+    "cpu_threads_bind": ("CPU cores per worker (cpu)", GROUP_PARALLEL),
+    # parallel deployments (LMDeploy)
+    "tp": ("Tensor parallel (tp)", GROUP_PARALLEL),
+    "dp": ("Data parallel (dp)", GROUP_PARALLEL),
+    "ep": ("Expert parallel (ep)", GROUP_PARALLEL),
     # the server's own
     "max_num_seqs": ("Max sequences per step", GROUP_SERVER),
     "max_model_len": ("Max model length (tokens)", GROUP_SERVER),
@@ -145,8 +150,6 @@ OPTION_META: dict[str, tuple[str, str]] = {
     "enforce_eager": ("Eager mode (no CUDA graphs)", GROUP_SERVER),
     "served_model_name": ("Served model name", GROUP_SERVER),
     "backend": ("LMDeploy backend", GROUP_SERVER),
-    "tp": ("Tensor parallel (tp)", GROUP_SERVER),
-    "ep": ("Expert parallel (ep)", GROUP_SERVER),
     "session_len": ("Session length (tokens)", GROUP_SERVER),
     "max_batch_size": ("Max batch size", GROUP_SERVER),
     "cache_max_entry_count": ("KV cache share of free memory", GROUP_SERVER),

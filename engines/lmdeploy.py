@@ -14,8 +14,10 @@ and Cambricon (``--device camb``) need the PyTorch backend.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -27,6 +29,7 @@ from engines.launch import free_port
 from engines.managed import ServerEngine, probe_interpreter
 from engines.openai_http import OpenAIEngine, OpenAIOptions
 from engines.settings import get_settings
+from engines.telemetry import visible_devices
 
 NO_CPU_BACKEND = "LMDeploy has no CPU backend; it runs on CUDA, Ascend (npu) or Cambricon (mlu)"
 
@@ -45,8 +48,17 @@ class LMDeployOptions(OpenAIOptions):
     kind: Literal["lmdeploy"] = "lmdeploy"  # type: ignore[assignment]
     base_url: str | None = None  # type: ignore[assignment]  # connect instead of launching
     backend: Literal["pytorch", "turbomind"] = "pytorch"
-    tp: int = Field(1, ge=1, le=64)
-    ep: int | None = Field(None, ge=1, le=1024)  # expert parallelism (PyTorch backend)
+    tp: int = Field(1, ge=1, le=64, description="Tensor parallelism: devices one replica spans (--tp)")
+    dp: int = Field(
+        1, ge=1, le=1024, description="Data parallelism: replicas of the attention layers, one per device group (--dp)"
+    )
+    ep: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="Expert parallelism: the routed experts spread over this many devices (--ep; PyTorch backend, "
+        "with dp)",
+    )
     session_len: int | None = Field(None, ge=16)
     max_batch_size: int | None = Field(None, ge=1)
     cache_max_entry_count: float | None = Field(None, gt=0.0, le=1.0)
@@ -103,6 +115,8 @@ def server_argv(python: str, model_dir: str, name: str, host: str, port: int, o:
         if o.eager_mode:
             argv.append("--eager-mode")
     argv += ["--tp", str(o.tp), "--server-name", host, "--server-port", str(port), "--model-name", name]
+    if o.dp > 1:
+        argv += ["--dp", str(o.dp)]
     if o.ep:
         argv += ["--ep", str(o.ep)]
     if o.session_len:
@@ -116,6 +130,42 @@ def server_argv(python: str, model_dir: str, name: str, host: str, port: int, o:
     if o.trust_remote_code:
         argv.append("--trust-remote-code")
     return argv + [str(a) for a in o.extra_args]
+
+
+def deployment_shape(o: LMDeployOptions) -> dict[str, Any]:
+    """The deployment a launch asks for, and the devices it needs on this node (TP x DP)."""
+    return {
+        "tensor_parallel_size": o.tp,
+        "data_parallel_size": o.dp,
+        "expert_parallel_size": o.ep or 1,
+        "backend": o.backend,
+        "devices_on_this_node": o.tp * o.dp,
+        "nodes": 1,
+    }
+
+
+def check_deployment(o: LMDeployOptions, config: dict[str, Any] | None, visible: int | None) -> None:
+    """Refuse, in one line and before anything starts, an LMDeploy deployment that cannot launch."""
+    ep = o.ep or 1
+    if ep > 1 and o.backend != "pytorch":
+        raise ConfigError(f"ep={ep}: LMDeploy runs expert parallelism on its pytorch backend, not {o.backend}")
+    if ep > 1 and o.dp == 1:
+        raise ConfigError(f"ep={ep} needs dp above 1: LMDeploy's pytorch engine spreads experts over its DP ranks")
+    if ep > o.tp * o.dp:
+        raise ConfigError(f"ep={ep} is more than the {o.tp * o.dp} devices of tp={o.tp} x dp={o.dp}")
+    if config:
+        heads = int(config.get("num_attention_heads") or 0)
+        if heads and heads % o.tp:
+            raise ConfigError(f"tp={o.tp} does not divide the model's {heads} attention heads")
+        experts = int(config.get("n_routed_experts") or 0)
+        if ep > 1 and experts and experts % ep:
+            raise ConfigError(f"ep={ep} does not divide the model's {experts} routed experts")
+    need = o.tp * o.dp
+    if need > 1 and visible is not None and need > visible:
+        raise ConfigError(
+            f"this deployment needs {need} {o.accelerator} devices on this node (tp {o.tp} x dp {o.dp}); "
+            f"{visible} visible"
+        )
 
 
 @register_engine
@@ -166,6 +216,9 @@ class LMDeployEngine(ServerEngine, OpenAIEngine):
         from engines.models import PRESETS, resolve_model
 
         name, path = resolve_model(self.lopts.model)
+        config_file = Path(path) / "config.json"
+        model_config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else None
+        check_deployment(self.lopts, model_config, visible_devices(self.lopts.accelerator))
         self.checkpoint_dir = str(path)
         if not self.lopts.served_model_name:
             self.model_name = name if self.lopts.model.lower() in PRESETS else self.lopts.model
@@ -181,4 +234,6 @@ class LMDeployEngine(ServerEngine, OpenAIEngine):
     def describe(self) -> dict[str, Any]:
         info = super().describe()
         info.update(engine="lmdeploy", backend=self.lopts.backend)
+        if self.server is not None:  # the shape a launch asked for (a connected server reports none)
+            info["deployment"] = deployment_shape(self.lopts)
         return info

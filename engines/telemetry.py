@@ -894,3 +894,27 @@ def process_tree_device_bytes(readings: Iterable[DeviceReading], pids: Iterable[
             continue
         total = (total or 0) + sum(used for pid, used in r.process_mem_bytes.items() if pid in wanted)
     return total
+
+
+def visible_devices(accelerator: str) -> int | None:
+    """Devices of ``accelerator`` this node shows (NVML for CUDA, honouring CUDA_VISIBLE_DEVICES;
+    npu-smi for Ascend); None when it cannot tell."""
+    if accelerator == "cuda":
+        limit = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if limit is not None:
+            return len([d for d in limit.split(",") if d.strip() and d.strip() != "-1"])
+        try:
+            source = NvmlSource()
+            try:
+                return len(source.indices)
+            finally:
+                source.close()
+        except Exception:  # noqa: BLE001 - no NVML: cannot tell
+            return None
+    if accelerator == "npu":
+        try:
+            sources, _ = detect("npu")
+            return len(sources[0].read()) if sources else None
+        except Exception:  # noqa: BLE001
+            return None
+    return None

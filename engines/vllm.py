@@ -39,6 +39,7 @@ from engines.managed import ServerEngine, probe_interpreter
 from engines.openai_http import OpenAIEngine, OpenAIOptions
 from engines.prometheus import CounterRates, parse_prometheus
 from engines.settings import PROJECT_ROOT, get_settings
+from engines.telemetry import visible_devices
 
 VLLM_VERSION = "0.32.0"
 INSTALL_HINT = {
@@ -344,34 +345,6 @@ def cpu_bind(opts: VLLMOptions, workers: int) -> str | None:
         contiguous = chunk[-1] - chunk[0] == len(chunk) - 1
         groups.append(f"{chunk[0]}-{chunk[-1]}" if contiguous and len(chunk) > 1 else ",".join(map(str, chunk)))
     return "|".join(groups)
-
-
-def visible_devices(accelerator: str) -> int | None:
-    """Devices of ``accelerator`` this node shows (NVML for CUDA, honouring CUDA_VISIBLE_DEVICES;
-    npu-smi for Ascend); None when it cannot tell."""
-    if accelerator == "cuda":
-        limit = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if limit is not None:
-            return len([d for d in limit.split(",") if d.strip() and d.strip() != "-1"])
-        try:
-            from engines.telemetry import NvmlSource
-
-            source = NvmlSource()
-            try:
-                return len(source.indices)
-            finally:
-                source.close()
-        except Exception:  # noqa: BLE001 - no NVML: cannot tell
-            return None
-    if accelerator == "npu":
-        try:
-            from engines.telemetry import detect
-
-            sources, _ = detect("npu")
-            return len(sources[0].read()) if sources else None
-        except Exception:  # noqa: BLE001
-            return None
-    return None
 
 
 def prometheus_labels(text: str, metric: str) -> dict[str, str]:

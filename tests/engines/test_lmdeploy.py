@@ -89,3 +89,40 @@ def test_unavailable_without_any_lmdeploy_device() -> None:
     assert not avail.ok and avail.reason.startswith("LMDeploy has no CPU backend; it runs on CUDA")
     assert avail.reason.endswith("none is available here (for a remote LMDeploy server use the openai engine)")
     assert listed["openai"].ok
+
+
+def test_parallel_deployment_argv_and_shape() -> None:
+    from engines.lmdeploy import deployment_shape
+
+    argv = _argv(accelerator="cuda", tp=1, dp=8, ep=8)
+    assert argv[argv.index("--dp") + 1] == "8" and argv[argv.index("--ep") + 1] == "8"
+    assert "--dp" not in _argv(accelerator="cuda")  # nothing passed unless asked
+    opts = LMDeployOptions(kind="lmdeploy", accelerator="cuda", tp=2, dp=4, ep=8)
+    shape = deployment_shape(opts)
+    assert shape["devices_on_this_node"] == 8 and shape["expert_parallel_size"] == 8
+
+
+V3_SHAPE = {"num_attention_heads": 128, "num_hidden_layers": 61, "n_routed_experts": 256}
+
+
+@pytest.mark.parametrize(
+    ("opts", "visible", "reason"),
+    [
+        ({"backend": "turbomind", "dp": 8, "ep": 8}, 8, "ep=8: LMDeploy runs expert parallelism on its pytorch"),
+        ({"ep": 8, "tp": 8}, 8, "ep=8 needs dp above 1"),
+        ({"ep": 16, "dp": 8}, 8, "ep=16 is more than the 8 devices of tp=1 x dp=8"),
+        ({"tp": 3}, 8, "tp=3 does not divide the model's 128 attention heads"),
+        ({"ep": 6, "dp": 6}, 8, "ep=6 does not divide the model's 256 routed experts"),
+        ({"tp": 8, "dp": 2}, 8, "this deployment needs 16 cuda devices on this node (tp 8 x dp 2); 8 visible"),
+    ],
+)
+def test_lmdeploy_deployments_that_cannot_launch_are_refused_in_one_line(opts: dict, visible: int, reason: str) -> None:
+    from engines.errors import ConfigError
+    from engines.lmdeploy import check_deployment
+
+    with pytest.raises(ConfigError) as err:
+        check_deployment(LMDeployOptions(kind="lmdeploy", accelerator="cuda", **opts), V3_SHAPE, visible)
+    assert reason in str(err.value) and "\n" not in str(err.value)
+    # DeepSeek-V3 over 8 GPUs with DP 8 and EP 8 (LMDeploy's recipe), or TP 8, is accepted
+    check_deployment(LMDeployOptions(kind="lmdeploy", accelerator="cuda", dp=8, ep=8), V3_SHAPE, 8)
+    check_deployment(LMDeployOptions(kind="lmdeploy", accelerator="cuda", tp=8), V3_SHAPE, 8)
