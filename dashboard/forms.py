@@ -126,6 +126,7 @@ OPTION_META: dict[str, tuple[str, str]] = {
     "attn_impl": ("Attention kernels", GROUP_TUNING),
     "inference_mode": ("Inference mode (no autograd)", GROUP_TUNING),
     "cudnn_benchmark": ("cuDNN benchmark (CUDA)", GROUP_TUNING),
+    "cuda_graphs": ("CUDA graphs (decode step)", GROUP_TUNING),
     # parallel deployments (vLLM)
     "pipeline_parallel_size": ("Pipeline parallel size (stages)", GROUP_PARALLEL),
     "data_parallel_size": ("Data parallel size (replicas, all nodes)", GROUP_PARALLEL),
