@@ -44,6 +44,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "compile_default": {"cache": "static", "compile": "default"},
     "compile_max_autotune": {"cache": "static", "compile": "max-autotune"},
     "compile_reduce_overhead": {"cache": "static", "compile": "reduce-overhead"},
+    "cuda_graphs": {"cache": "static", "cuda_graphs": True},
+    "cuda_graphs_compile": {"cache": "static", "cuda_graphs": True, "compile": "default"},
 }
 CHECK_FIELDS = (
     "greedy_match",

@@ -11,10 +11,12 @@ linear in the output length on the thread that stamps the chunks.
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import Field
@@ -143,6 +145,12 @@ class NativeOptions(EngineOptions):
     cudnn_benchmark: bool = Field(
         False, description="torch.backends.cudnn.benchmark: let cuDNN pick its fastest kernels per shape (CUDA only)."
     )
+    cuda_graphs: bool = Field(
+        False,
+        description="Capture the decode step in a CUDA graph (one per batch shape) and replay it each step: the prompt "
+        "runs eagerly, then every step is one graph launch over static input buffers. NVIDIA GPUs only; needs "
+        "cache=static. With compile=default/max-autotune the step is compiled before it is captured.",
+    )
 
 
 def _installed(*modules: str) -> Availability:
@@ -173,6 +181,7 @@ class NativeEngine(Engine):
         self.num_parameters = 0
         self.load_seconds = 0.0
         self._batcher: StaticBatcher | None = None
+        self._graphed: GraphedDecoder | None = None
         self._loaded_impls: tuple[str | None, str | None] | None = None
         self.weights_bytes = 0
         self._routing: RoutingRecorder | None = None
@@ -211,6 +220,7 @@ class NativeEngine(Engine):
         self.load_seconds = time.perf_counter() - t0
         if getattr(self.options, "record_routing", True):
             self._routing = RoutingRecorder(self.model)
+            self._routing.enabled = not getattr(self.options, "cuda_graphs", False)
         self.started = True
         report("ready", 1.0)
 
@@ -232,6 +242,25 @@ class NativeEngine(Engine):
                 raise ConfigError(f"attn_impl=flash_attention_2: FlashAttention runs on NVIDIA GPUs, not on {acc}")
             if importlib.util.find_spec("flash_attn") is None:
                 raise ConfigError("attn_impl=flash_attention_2: the flash-attn package is not installed")
+        if o.cuda_graphs:
+            if acc != "cuda":
+                raise ConfigError(f"cuda_graphs: CUDA graphs need an NVIDIA GPU; this run is on {acc}")
+            if o.cache != "static":
+                raise ConfigError(
+                    "cuda_graphs needs cache=static: a captured step writes into cache buffers fixed at capture"
+                )
+            if o.compile == "reduce-overhead":
+                raise ConfigError(
+                    "cuda_graphs with compile=reduce-overhead: that mode captures CUDA graphs of its own; use "
+                    "compile=default or max-autotune"
+                )
+            if o.experts_impl == "eager":
+                raise ConfigError(
+                    "cuda_graphs with experts_impl=eager: its loop picks the experts to run on the host (nonzero), "
+                    "which a replayed graph cannot redo; use grouped_mm or batched_mm"
+                )
+            if o.attn_impl == "flash_attention_2":
+                raise ConfigError("cuda_graphs with attn_impl=flash_attention_2: the captured step needs sdpa or eager")
 
     def _apply_tuning(self) -> None:
         """Experts and attention kernels, and how generate compiles (see :class:`NativeOptions`)."""
@@ -271,7 +300,20 @@ class NativeEngine(Engine):
             cc._compile_all_devices = self.accelerator.name != "cuda"  # generate compiles only on GPUs by default
             gc.compile_config = cc
             gc.disable_compile = False
-        if o.batch_size > 1:
+        self._graphed = None
+        if o.cuda_graphs:
+            impls = (getattr(cfg, "_experts_implementation", None), getattr(cfg, "_attn_implementation", None))
+            if impls[0] == "eager":
+                raise ConfigError(
+                    "cuda_graphs: this model resolved experts_impl=eager, whose host-side expert loop a graph "
+                    "cannot replay; set experts_impl=grouped_mm"
+                )
+            if impls[1] not in ("sdpa", "eager"):
+                raise ConfigError(f"cuda_graphs: the captured step needs attn_impl sdpa or eager, not {impls[1]}")
+            self._graphed = GraphedDecoder(self.model, o.compile)
+        if self._routing is not None:
+            self._routing.enabled = not o.cuda_graphs  # gate hooks cannot run inside a replayed graph
+        if o.batch_size > 1 or o.cuda_graphs:  # the graphed path decodes through the batcher (a batch of 1 too)
             self._batcher = StaticBatcher(self._run_batch, o.batch_size, o.batch_wait_ms / 1000.0)
 
     def retune(self, **changes: Any) -> None:
@@ -298,7 +340,7 @@ class NativeEngine(Engine):
         """The tuning in effect (what transformers resolved, not only what was asked)."""
         o: NativeOptions = self.options  # type: ignore[assignment]
         cfg = self.model.config if self.model is not None else None
-        return {
+        tuning: dict[str, Any] = {
             "batch_size": o.batch_size,
             "cache": o.cache,
             "compile": o.compile,
@@ -306,12 +348,18 @@ class NativeEngine(Engine):
             "attn_impl": getattr(cfg, "_attn_implementation", None) if cfg is not None else o.attn_impl,
             "inference_mode": o.inference_mode,
             "cudnn_benchmark": o.cudnn_benchmark,
+            "cuda_graphs": o.cuda_graphs,
         }
+        if self._graphed is not None:
+            tuning["cuda_graphs_captured"] = self._graphed.captures
+            tuning["cuda_graphs_capture_s"] = round(self._graphed.capture_s, 3)
+        return tuning
 
     def stop(self) -> None:
         if self._batcher is not None:
             self._batcher.close()
             self._batcher = None
+        self._graphed = None
         if self._routing is not None:
             self._routing.close()
             self._routing = None
@@ -334,7 +382,9 @@ class NativeEngine(Engine):
         return int(n) if isinstance(n, int) and n > 0 else None
 
     def expert_routing(self) -> dict[str, Any] | None:
-        return self._routing.snapshot() if self._routing is not None else None
+        if self._routing is None or not self._routing.enabled:
+            return None  # with cuda_graphs the decode steps run no hooks: counts would cover the prompts only
+        return self._routing.snapshot()
 
     def reset_expert_routing(self) -> None:
         if self._routing is not None:
@@ -498,8 +548,28 @@ class NativeEngine(Engine):
         eos = self.model.generation_config.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         rows = BatchRows(batch, eos_ids, stop_at_eos=not sp.ignore_eos)
-        streamer_cls, stop_cls = _batch_hooks()
         max_new = max(p.max_tokens for p in batch)
+        if self._graphed is not None:
+            try:
+                if sp.seed is not None:
+                    torch.manual_seed(sp.seed)
+                with self._grad_mode():
+                    self._graphed.decode(
+                        [p.ids for p in batch],
+                        pad,
+                        max_new,
+                        on_step=rows.step,
+                        done=lambda: all(rows.done()),
+                        suppress=eos_ids if sp.ignore_eos else (),
+                        temperature=sp.temperature,
+                        top_p=sp.top_p,
+                    )
+            except BaseException as exc:  # noqa: BLE001 - every open stream of the batch gets the reason
+                rows.finish(exc)
+                return
+            rows.finish()
+            return
+        streamer_cls, stop_cls = _batch_hooks()
         kwargs = self._gen_kwargs(
             sp,
             torch.tensor(ids, dtype=torch.long, device=dev),
@@ -517,6 +587,239 @@ class NativeEngine(Engine):
             rows.finish(exc)
             return
         rows.finish()
+
+
+CACHE_LEN_STEP = 64  # graphs are keyed by (batch, cache length rounded up to this): fewer captures
+
+
+@dataclass(eq=False)
+class _Captured:
+    """One batch shape's static cache, static input and output buffers, and its captured step."""
+
+    batch: int
+    cache_len: int
+    cache: Any  # a transformers StaticCache of batch x cache_len
+    input_ids: Any  # [B, 1] long: the token each row feeds next
+    position_ids: Any  # [B, 1] long: its position (left padding shifts a row's positions)
+    valid: Any  # [B, L] bool: the cache slots a row may attend to (its prompt's real tokens, then its own)
+    mask: Any  # [B, 1, 1, L]: valid as the attention implementation wants it (bool for sdpa, additive for eager)
+    eos_bias: Any  # [V] float32: -inf on the EOS ids while they are suppressed (ignore_eos), else 0
+    logits: Any  # [B, V] float32: the step's last logits
+    next_ids: Any  # [B] long: their greedy choice
+    graph: Any = None
+
+
+class GraphedDecoder:
+    """The decode step captured in CUDA graphs (the ``cuda_graphs`` option).
+
+    The prompt runs eagerly through the model's forward into a transformers ``StaticCache``;
+    every decode step after it is one replay of a graph captured for that batch shape. What a
+    step depends on lives in static buffers written in place before each replay: the tokens
+    fed, their positions, the attention mask over the cache (passed as a ready 4-D mask, so
+    transformers builds none on the host), and the EOS suppression. The cache's write slot is
+    its own device counter (``cumulative_length``), advanced inside the graph; the warm-up steps
+    run before capture (on a side stream, as capture requires) advance it too, so it is put
+    back after them. Greedy choice happens inside the graph; sampling draws from the replayed
+    logits outside it. ``compile`` (default / max-autotune) compiles the step before capture.
+
+    Numerics are eager's: the same kernels run, over a cache rounded up to a multiple of
+    :data:`CACHE_LEN_STEP` whose extra slots are masked out.
+    """
+
+    def __init__(self, model: Any, compile_mode: str = "off", max_graphs: int = 4) -> None:
+        self.model = model
+        self.max_graphs = max_graphs
+        self._shapes: collections.OrderedDict[tuple[int, int], _Captured] = collections.OrderedDict()
+        self.captures = 0
+        self.capture_s = 0.0
+        self.compile_mode = compile_mode
+        self._forward: Any = self._step_logits
+        if compile_mode != "off":
+            import torch
+
+            # max-autotune would add inductor's own CUDA graphs inside ours
+            mode = "max-autotune-no-cudagraphs" if compile_mode == "max-autotune" else compile_mode
+            self._forward = torch.compile(self._step_logits, mode=mode, dynamic=False, fullgraph=False)
+
+    def _step_logits(self, input_ids: Any, position_ids: Any, mask: Any, cache: Any) -> Any:
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=mask,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :].float()
+
+    def _step(self, c: _Captured) -> None:
+        """What the graph holds: one forward over the static buffers, logits and greedy ids out."""
+        import torch
+
+        logits = self._forward(c.input_ids, c.position_ids, c.mask, c.cache)
+        c.logits.copy_(logits)
+        c.next_ids.copy_(torch.argmax(logits + c.eos_bias, dim=-1))
+
+    def _allow(self, c: _Captured, cols: Any, rows: Any = slice(None)) -> None:
+        """Let ``rows`` attend to cache slot(s) ``cols`` (in place, in the captured mask)."""
+        c.valid[rows, cols] = True
+        if c.mask.dtype != c.valid.dtype:  # eager attention adds its mask
+            c.mask[rows, 0, 0, cols] = 0.0
+
+    def _buffers(self, batch: int, cache_len: int) -> _Captured:
+        import torch
+        from transformers import StaticCache
+
+        key = (batch, cache_len)
+        if key in self._shapes:
+            self._shapes.move_to_end(key)
+            return self._shapes[key]
+        while len(self._shapes) >= self.max_graphs:
+            self._shapes.popitem(last=False)
+        model = self.model
+        dev = next(model.parameters()).device
+        vocab = int(model.config.vocab_size)
+        valid = torch.zeros(batch, cache_len, dtype=torch.bool, device=dev)
+        if model.config._attn_implementation == "sdpa":
+            mask = valid.view(batch, 1, 1, cache_len)  # the same storage: writes to valid are the mask's
+        else:
+            mask = torch.full((batch, 1, 1, cache_len), torch.finfo(model.dtype).min, dtype=model.dtype, device=dev)
+        c = _Captured(
+            batch=batch,
+            cache_len=cache_len,
+            cache=StaticCache(config=model.config, max_cache_len=cache_len),
+            input_ids=torch.zeros(batch, 1, dtype=torch.long, device=dev),
+            position_ids=torch.zeros(batch, 1, dtype=torch.long, device=dev),
+            valid=valid,
+            mask=mask,
+            eos_bias=torch.zeros(vocab, dtype=torch.float32, device=dev),
+            logits=torch.zeros(batch, vocab, dtype=torch.float32, device=dev),
+            next_ids=torch.zeros(batch, dtype=torch.long, device=dev),
+        )
+        self._shapes[key] = c
+        return c
+
+    def _prefill(self, c: _Captured, prompts: list[list[int]], pad: int) -> Any:
+        """The prompts, left-padded, through the model's forward into ``c.cache`` (eager): their last
+        logits [B, V] float32; afterwards the buffers hold the first decode step's state."""
+        import torch
+
+        dev = c.input_ids.device
+        ids, am = left_pad(prompts, pad)
+        width = len(ids[0])
+        ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
+        real = torch.tensor(am, dtype=torch.bool, device=dev)
+        pos = (real.long().cumsum(-1) - 1).masked_fill(~real, 0)  # as generate numbers a left-padded row
+        c.cache.reset()
+        c.valid.zero_()
+        if c.mask.dtype != c.valid.dtype:
+            c.mask.fill_(torch.finfo(c.mask.dtype).min)
+        allowed = torch.ones(width, width, dtype=torch.bool, device=dev).tril()[None] & real[:, None, :]
+        allowed |= torch.eye(width, dtype=torch.bool, device=dev)[None]  # a padding row sees itself: no empty row
+        full = torch.zeros(c.batch, 1, width, c.cache_len, dtype=torch.bool, device=dev)
+        full[:, 0, :, :width] = allowed
+        if c.mask.dtype != torch.bool:
+            full = torch.zeros(full.shape, dtype=c.mask.dtype, device=dev).masked_fill_(
+                ~full, torch.finfo(c.mask.dtype).min
+            )
+        logits = self._step_logits(ids_t, pos, full, c.cache)
+        c.valid[:, :width] = real
+        if c.mask.dtype != c.valid.dtype:
+            c.mask[:, 0, 0, :width].masked_fill_(real, 0.0)
+        c.position_ids.copy_(pos[:, -1:] + 1)
+        return logits
+
+    def _capture(self, c: _Captured) -> None:
+        """Warm up on a side stream, then capture :meth:`_step`; the cache's counters are put back."""
+        import torch
+
+        t0 = time.perf_counter()
+        counters = [layer.cumulative_length for layer in c.cache.layers]
+        if not all(isinstance(n, torch.Tensor) for n in counters):
+            raise ConfigError("cuda_graphs: this transformers' static cache keeps its length on the host")
+        saved = [n.clone() for n in counters]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):  # compile (if asked) and lazy allocations happen here, not in the capture
+                self._step(c)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            self._step(c)
+        for n, v in zip(counters, saved, strict=True):
+            n.copy_(v)
+        torch.cuda.synchronize()
+        c.graph = graph
+        self.captures += 1
+        self.capture_s += time.perf_counter() - t0
+
+    def decode(
+        self,
+        prompts: list[list[int]],
+        pad: int,
+        max_new: int,
+        on_step: Callable[[list[int]], Any],
+        done: Callable[[], bool] = lambda: False,
+        suppress: Iterable[int] = (),
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        keep_logits: bool = False,
+    ) -> list[Any]:
+        """Generate up to ``max_new`` tokens for each prompt (one batch): each step's tokens, one per
+        row, go to ``on_step`` as soon as they are known; ``done()`` stops early. ``suppress``: token
+        ids never chosen (EOS under ignore_eos, as generate's min_new_tokens). With ``keep_logits``,
+        each step's logits [B, V] (float32, on the CPU) are returned."""
+        import torch
+
+        width = max(len(p) for p in prompts)
+        need = width + max(max_new, 4) - 1  # the last token is never fed back; capture's warm-ups write 3 slots
+        cache_len = -(-need // CACHE_LEN_STEP) * CACHE_LEN_STEP
+        c = self._buffers(len(prompts), cache_len)
+        kept: list[Any] = []
+        logits = self._prefill(c, prompts, pad)
+        c.eos_bias.zero_()
+        ban = sorted(set(suppress))
+        if ban:
+            c.eos_bias[ban] = float("-inf")
+        if c.graph is None and max_new > 1:
+            self._capture(c)
+        sample = temperature > 0
+        chosen: Any = None
+        for k in range(max_new):
+            if k > 0:
+                slot = width + k - 1  # where the token fed now is written
+                c.input_ids.copy_(chosen.view(-1, 1))
+                self._allow(c, slot)
+                c.graph.replay()
+                c.position_ids.add_(1)
+                logits = c.logits
+            if keep_logits:
+                kept.append(logits.to("cpu", copy=True))
+            if sample:
+                chosen = _sample(logits + c.eos_bias, temperature, top_p)
+            elif k == 0:
+                chosen = torch.argmax(logits + c.eos_bias, dim=-1)
+            else:
+                chosen = c.next_ids.clone()  # the next replay overwrites next_ids
+            on_step(chosen.tolist())
+            if done():
+                break
+        return kept
+
+
+def _sample(scores: Any, temperature: float, top_p: float) -> Any:
+    """One token per row from ``scores`` [B, V] as generate's temperature and top-p warpers do."""
+    import torch
+
+    scores = scores / temperature
+    if top_p < 1.0:
+        ordered, idx = torch.sort(scores, descending=False)
+        cum = ordered.softmax(dim=-1).cumsum(dim=-1)
+        remove = cum <= (1 - top_p)
+        remove[..., -1:] = False  # keep at least one
+        scores = scores.masked_fill(remove.scatter(1, idx, remove), float("-inf"))
+    return torch.multinomial(scores.softmax(dim=-1), num_samples=1).squeeze(1)
 
 
 _BATCH_HOOKS: tuple[type, type] | None = None

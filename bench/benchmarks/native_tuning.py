@@ -81,12 +81,19 @@ def _generate_all(engine: Any, prompts: list[list[int]], max_tokens: int) -> lis
 
 def _step_logits(engine: Any, prompts: list[list[int]], steps: int) -> Any:
     """Greedy logits of ``prompts`` decoded together (left-padded), through ``generate`` with the
-    engine's tuning (kernels, cache, compile): a float32 tensor [prompts, steps, vocab]."""
+    engine's tuning (kernels, cache, compile), or through its captured CUDA graphs with
+    ``cuda_graphs``: a float32 tensor [prompts, steps, vocab]."""
     import torch
 
     model, tok = engine.model, engine._tokenizer
     dev = next(model.parameters()).device
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    if getattr(engine, "_graphed", None) is not None:
+        eos = model.generation_config.eos_token_id
+        eos_ids = [e for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+        with torch.inference_mode():  # min_new_tokens = steps, as below: EOS suppressed
+            kept = engine._graphed.decode(prompts, pad, steps, lambda t: None, suppress=eos_ids, keep_logits=True)
+        return torch.stack(kept, 1).float()
     rows, masks = left_pad(prompts, pad)  # as the engine pads a batch
     ids, mask = torch.tensor(rows, device=dev), torch.tensor(masks, device=dev)
     kwargs: dict[str, Any] = {
@@ -189,7 +196,8 @@ def main() -> int:
             row: dict[str, Any] = {"config": name, "batch": batch, "options": changes}
             try:
                 engine.retune(**{**{k: None for k in ("experts_impl", "attn_impl")}, "cache": "dynamic",
-                                 "compile": "off", "inference_mode": True, "cudnn_benchmark": False, **changes,
+                                 "compile": "off", "inference_mode": True, "cudnn_benchmark": False,
+                                 "cuda_graphs": False, **changes,
                                  "batch_size": batch, "batch_wait_ms": 200.0})  # fmt: skip
                 row["tuning"] = engine.tuning()
                 t = time.perf_counter()

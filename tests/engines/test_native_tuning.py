@@ -147,6 +147,7 @@ def test_options_that_apply_on_cpu_give_eagers_outputs(alone: list[Any], opts: d
         ({"cudnn_benchmark": True}, "cudnn_benchmark: cuDNN is NVIDIA's, so it does nothing on cpu; leave it off"),
         ({"compile": "default"}, "compile=default needs cache=static: transformers compiles the decode step only"),
         ({"attn_impl": "flash_attention_2"}, "attn_impl=flash_attention_2: FlashAttention runs on NVIDIA GPUs"),
+        ({"cuda_graphs": True, "cache": "static"}, "cuda_graphs: CUDA graphs need an NVIDIA GPU; this run is on cpu"),
     ],
 )
 def test_options_that_cannot_apply_are_refused_in_one_line(tiny_model: Path, opts: dict[str, Any], reason: str) -> None:
@@ -204,6 +205,7 @@ def test_retune_switches_the_loaded_model_and_back(alone: list[Any]) -> None:
         {"cudnn_benchmark": True},
         {"batch_size": 3, "batch_wait_ms": 200},
         {"cache": "static", "compile": "default", "record_routing": False},
+        {"cache": "static", "cuda_graphs": True, "compile": "default", "record_routing": False},
     ],
     ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
 )
@@ -229,5 +231,159 @@ def test_options_on_cuda_give_eagers_tokens_in_float32(tiny_model: Path, opts: d
             for i in range(3):
                 _generate(engine, i, got)
         assert got[:3] == ref[:3]
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize(
+    ("opts", "reason"),
+    [
+        ({}, "cuda_graphs needs cache=static: a captured step writes into cache buffers fixed at capture"),
+        ({"cache": "static", "compile": "reduce-overhead"}, "cuda_graphs with compile=reduce-overhead: that mode"),
+        ({"cache": "static", "experts_impl": "eager"}, "cuda_graphs with experts_impl=eager: its loop picks"),
+    ],
+)
+def test_cuda_graphs_combinations_that_cannot_work_are_refused_in_one_line(
+    tiny_model: Path, opts: dict[str, Any], reason: str
+) -> None:
+    """On a GPU too (the accelerator is taken for CUDA here): refused before anything loads."""
+    import types
+
+    engine = create_engine({"kind": "native", "model": "tiny-deepseek-v3", "accelerator": "cpu", "cuda_graphs": True,
+                            **opts})  # fmt: skip
+    engine.accelerator = types.SimpleNamespace(name="cuda")
+    with pytest.raises(ConfigError) as err:
+        engine._check_tuning()
+    assert str(err.value).startswith(reason) and "\n" not in str(err.value)
+
+
+def _fake_capture(decoder: Any) -> None:
+    """CUDA graphs do not exist on a CPU: "replay" runs the captured step eagerly, so everything
+    around the graph (static buffers, masks, positions, the cache's counter put back after the
+    warm-up steps) is what the test checks."""
+    import types
+
+    def capture(c: Any) -> None:
+        counters = [layer.cumulative_length for layer in c.cache.layers]
+        saved = [n.clone() for n in counters]
+        for _ in range(3):  # the warm-up steps advance the cache's counter, as on a GPU
+            decoder._step(c)
+        for n, v in zip(counters, saved, strict=True):
+            n.copy_(v)
+        c.graph = types.SimpleNamespace(replay=lambda: decoder._step(c))
+        decoder.captures += 1
+
+    decoder._capture = capture
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_graphed_decoder_gives_generates_tokens_and_logits(tiny_model: Path, attn: str) -> None:
+    """The captured step's inputs (tokens, positions, mask over a rounded-up static cache) give
+    generate's greedy tokens and logits, alone and as a left-padded batch; one graph shape serves
+    prompts of different lengths (a replay follows its new inputs)."""
+    import torch
+
+    from engines.batching import left_pad
+    from engines.native import GraphedDecoder
+
+    engine = _start(dtype="float32", attn_impl=attn, record_routing=False)
+    try:
+        model, pad, steps = engine.model, engine._tokenizer.pad_token_id or 0, 10
+        eos = model.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        decoder = GraphedDecoder(model)
+        _fake_capture(decoder)
+        for prompts in ([PROMPTS[0]], [PROMPTS[1]], [PROMPTS[2]], PROMPTS[:4]):
+            ids, mask = left_pad(prompts, pad)
+            with torch.inference_mode():
+                ref = model.generate(
+                    input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=steps,
+                    min_new_tokens=steps, do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=pad,
+                    output_logits=True, return_dict_in_generate=True,
+                )  # fmt: skip
+                got: list[list[int]] = []
+                logits = decoder.decode(prompts, pad, steps, got.append, suppress=eos, keep_logits=True)
+            assert [list(r) for r in zip(*got, strict=True)] == ref.sequences[:, len(ids[0]) :].tolist()
+            diff = (torch.stack(logits, 1) - torch.stack(ref.logits, 1).float()).abs().max()
+            assert float(diff) < 1e-5
+        assert decoder.captures == 2 and sorted(decoder._shapes) == [(1, 64), (4, 64)]
+    finally:
+        engine.stop()
+
+
+def test_graphed_path_streams_each_request_as_alone(alone: list[Any]) -> None:
+    """The engine's graphed decode loop (the capture faked, see above), unbatched and batched:
+    each request's tokens, text and exact length as the eager engine's."""
+    from engines.native import GraphedDecoder
+
+    for opts in ({"cache": "static"}, {"cache": "static", "batch_size": 3, "batch_wait_ms": 200}):
+        engine = _start(**opts)
+        try:
+            engine._graphed = GraphedDecoder(engine.model)
+            _fake_capture(engine._graphed)
+            if engine._batcher is None:  # what cuda_graphs=True sets up: the batcher, a batch of 1 too
+                from engines.batching import StaticBatcher
+
+                engine._batcher = StaticBatcher(engine._run_batch, 1, 0.0)
+            got = _all_at_once(engine, [0, 1, 2]) if opts.get("batch_size") else [None] * len(PROMPTS)
+            if not opts.get("batch_size"):
+                for i in range(3):
+                    _generate(engine, i, got)
+            assert got[:3] == alone[:3]
+            assert engine._graphed.captures >= 1
+        finally:
+            engine.stop()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_cuda_graphs_give_eagers_tokens_and_logits_in_float32(tiny_model: Path, batch_size: int) -> None:
+    """On a GPU (the H200 via the device tool), float32: the engine with real captured graphs gives
+    the default engine's tokens for three prompts of different lengths (one graph replayed for all
+    when unbatched: a replay follows new inputs), and logits within 1e-4 of generate's."""
+    import torch
+
+    from engines.accelerators import get_accelerator
+    from engines.batching import left_pad
+
+    avail = get_accelerator("cuda").availability()
+    if not avail.ok:
+        pytest.skip(f"no CUDA here: {avail.reason}")
+    base = {"kind": "native", "model": "tiny-deepseek-v3", "accelerator": "cuda", "dtype": "float32"}
+    ref_engine = create_engine(base)
+    ref_engine.start()
+    ref: list[Any] = [None] * len(PROMPTS)
+    for i in range(3):
+        _generate(ref_engine, i, ref)
+    ref_engine.stop()
+    engine = create_engine({**base, "cache": "static", "cuda_graphs": True, "batch_size": batch_size,
+                            "batch_wait_ms": 200})  # fmt: skip
+    engine.start()
+    try:
+        if batch_size > 1:
+            got = _all_at_once(engine, [0, 1, 2])
+        else:
+            got = [None] * len(PROMPTS)
+            for i in range(3):
+                _generate(engine, i, got)
+        assert got[:3] == ref[:3]
+        tuning = engine.describe()["tuning"]
+        assert tuning["cuda_graphs"] is True and tuning["cuda_graphs_captured"] == 1
+        model, pad = engine.model, engine._tokenizer.pad_token_id or 0
+        eos = model.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        prompts = PROMPTS[:batch_size]
+        ids, mask = left_pad(prompts, pad)
+        dev = torch.device("cuda")
+        with torch.inference_mode():
+            out = model.generate(
+                input_ids=torch.tensor(ids, device=dev), attention_mask=torch.tensor(mask, device=dev),
+                max_new_tokens=8, min_new_tokens=8, do_sample=False, temperature=None, top_p=None, top_k=None,
+                pad_token_id=pad, output_logits=True, return_dict_in_generate=True, disable_compile=True,
+            )  # fmt: skip
+            got_ids: list[list[int]] = []
+            logits = engine._graphed.decode(prompts, pad, 8, got_ids.append, suppress=eos, keep_logits=True)
+        assert [list(r) for r in zip(*got_ids, strict=True)] == out.sequences[:, len(ids[0]) :].tolist()
+        assert float((torch.stack(logits, 1) - torch.stack(out.logits, 1).float().cpu()).abs().max()) < 1e-4
     finally:
         engine.stop()

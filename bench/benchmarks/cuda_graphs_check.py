@@ -1,0 +1,298 @@
+"""The native engine's ``cuda_graphs`` option on a GPU: is the captured step right, how fast is it,
+and where does a decode step's time go.
+
+Three parts, each optional, on one loaded model (``random-v2-lite-shape`` by default):
+
+``--check`` (run it in float32): each of four prompts decoded alone, greedy, by the default
+engine (eager ``generate``, dynamic cache) and by the engine with ``cuda_graphs`` (one graph,
+captured on the first prompt and replayed for the others: a replay that did not follow its
+new inputs would repeat the first prompt's tokens), then the four together as one left-padded
+batch of different lengths against ``generate`` on the same batch. Reports per case whether
+the greedy tokens are equal and the largest |logit difference| over the steps where they
+agree, beside the logits' scale; with ``--check-compile``, also the compiled-then-captured step.
+
+``--time`` (bf16): ms per decode step through :class:`engines.native.GraphedDecoder` at each
+batch: the same step eager (the static cache and mask, no graph), replayed from its graph,
+and compiled then captured (``--compile``). A step's time is the gap between two steps'
+tokens reaching the host (each step ends with its tokens copied to the CPU, as the engine
+streams them), median over ``--steps`` steps after a first pass that captures.
+
+``--profile``: torch.profiler over ten decode steps at the given batches, eager and graphed:
+the top operators by CUDA time and by CPU time, kernels per step, and the fraction of the
+wall time the GPU was busy (sum of kernel times / wall time), the profiler's own overhead included.
+
+Writes ``cuda-graphs-<part>.json`` files into ``--out``. Usage (on the GPU)::
+
+    python bench/benchmarks/cuda_graphs_check.py --out DIR --check --dtype float32
+    python bench/benchmarks/cuda_graphs_check.py --out DIR --time --profile --batches 1,8,32,128
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import statistics
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from engines.base import create_engine
+from engines.batching import left_pad
+from engines.native import GraphedDecoder
+
+
+def _prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def _eos_ids(model: Any) -> list[int]:
+    eos = model.generation_config.eos_token_id
+    return [e for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+
+
+def _generate(model: Any, prompts: list[list[int]], pad: int, steps: int) -> tuple[list[list[int]], Any]:
+    """Eager ``generate`` (dynamic cache), greedy, exactly ``steps`` tokens: tokens and logits [B, steps, V]."""
+    import torch
+
+    dev = next(model.parameters()).device
+    rows, masks = left_pad(prompts, pad)
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=torch.tensor(rows, device=dev), attention_mask=torch.tensor(masks, device=dev),
+            max_new_tokens=steps, min_new_tokens=steps, do_sample=False, temperature=None, top_p=None, top_k=None,
+            output_logits=True, return_dict_in_generate=True, pad_token_id=pad, disable_compile=True,
+        )  # fmt: skip
+    return out.sequences[:, len(rows[0]) :].tolist(), torch.stack(out.logits, 1).float().cpu()
+
+
+def _graphed(dec: GraphedDecoder, prompts: list[list[int]], pad: int, steps: int, eos: list[int]) -> tuple[Any, Any]:
+    import torch
+
+    toks: list[list[int]] = []
+    with torch.inference_mode():
+        kept = dec.decode(prompts, pad, steps, toks.append, suppress=eos, keep_logits=True)
+    return [list(r) for r in zip(*toks, strict=True)], torch.stack(kept, 1).float()
+
+
+def _compare(got: tuple[Any, Any], ref: tuple[Any, Any]) -> dict[str, Any]:
+    toks, lg = got
+    rtoks, rlg = ref
+    agree = [
+        next((k for k, (a, b) in enumerate(zip(g, r, strict=True)) if a != b), len(r))
+        for g, r in zip(toks, rtoks, strict=True)
+    ]
+    upto = max(1, min(agree))
+    top2 = rlg[:, 0].topk(2, dim=-1).values
+    return {
+        "tokens_equal": toks == rtoks,
+        "first_difference": None if toks == rtoks else min(agree),
+        "logits_max_abs_diff": float((lg[:, :upto] - rlg[:, :upto]).abs().max()),
+        "logits_max_abs_diff_step0": float((lg[:, 0] - rlg[:, 0]).abs().max()),
+        "ref_logit_abs_max": float(rlg.abs().max()),
+        "ref_top2_gap_min": float((top2[:, 0] - top2[:, 1]).min()),
+    }
+
+
+def check(engine: Any, steps: int, with_compile: bool) -> dict[str, Any]:
+    """Graphed vs eager, alone (one graph for four prompts) and as a padded batch."""
+    model = engine.model
+    pad = engine._tokenizer.pad_token_id or 0
+    eos = _eos_ids(model)
+    vocab = int(model.config.vocab_size)
+    prompts = _prompts(4, 128, vocab)
+    batch = [prompts[0], prompts[1][:100], prompts[2][:77], prompts[3]]
+    refs = [_generate(model, [p], pad, steps) for p in prompts]
+    ref_batch = _generate(model, batch, pad, steps)
+    out: dict[str, Any] = {"steps": steps, "dtype": str(model.dtype), "cases": {}}
+    variants = [("graphs", "off")] + ([("graphs_compile", "default")] if with_compile else [])
+    for name, mode in variants:
+        engine.retune(cache="static", cuda_graphs=True, compile=mode)
+        dec = engine._graphed
+        t = time.perf_counter()
+        for i, p in enumerate(prompts):
+            out["cases"][f"{name}/alone/prompt{i}"] = _compare(_graphed(dec, [p], pad, steps, eos), refs[i])
+            print(name, "prompt", i, out["cases"][f"{name}/alone/prompt{i}"], flush=True)
+        out["cases"][f"{name}/batch4_padded"] = _compare(_graphed(dec, batch, pad, steps, eos), ref_batch)
+        print(name, "batch", out["cases"][f"{name}/batch4_padded"], flush=True)
+        out[f"{name}_captures"] = {"graphs": dec.captures, "shapes": [list(k) for k in dec._shapes]}
+        out[f"{name}_seconds"] = time.perf_counter() - t
+    # eager vs eager (the same generate twice): the noise floor
+    out["cases"]["eager_repeat/prompt0"] = _compare(_generate(model, [prompts[0]], pad, steps), refs[0])
+    engine.retune(cache="dynamic", cuda_graphs=False, compile="off")
+    return out
+
+
+def _eager_decoder(model: Any) -> GraphedDecoder:
+    """The same decoder with no graph: each "replay" runs the step eagerly (the comparison's baseline)."""
+    dec = GraphedDecoder(model)
+
+    def capture(c: Any) -> None:
+        c.graph = types.SimpleNamespace(replay=lambda: dec._step(c))
+
+    dec._capture = capture  # type: ignore[method-assign]
+    return dec
+
+
+def _step_times(dec: GraphedDecoder, prompts: list[list[int]], pad: int, steps: int, eos: list[int]) -> list[float]:
+    import torch
+
+    stamps: list[float] = []
+    with torch.inference_mode():
+        dec.decode(prompts, pad, steps, lambda t: stamps.append(time.perf_counter()), suppress=eos)
+    return [(b - a) * 1000 for a, b in itertools.pairwise(stamps)]
+
+
+def timing(model: Any, pad: int, batches: list[int], steps: int, compile_modes: list[str]) -> dict[str, Any]:
+    eos = _eos_ids(model)
+    prompts = _prompts(max(batches), 128, int(model.config.vocab_size), seed=1)
+    decoders = {"eager_static_step": lambda: _eager_decoder(model), "graphs": lambda: GraphedDecoder(model)}
+    for mode in compile_modes:
+        decoders[f"graphs_compile_{mode}"] = lambda mode=mode: GraphedDecoder(model, mode)
+    rows = []
+    for name, make in decoders.items():
+        dec = make()
+        for b in batches:
+            row: dict[str, Any] = {"config": name, "batch": b}
+            try:
+                t = time.perf_counter()
+                _step_times(dec, prompts[:b], pad, 4, eos)  # capture (and compile) here
+                row["capture_s"] = time.perf_counter() - t
+                gaps = _step_times(dec, prompts[:b], pad, steps, eos)
+                gaps.sort()
+                row.update(
+                    ms_per_step_p50=statistics.median(gaps),
+                    ms_per_step_p90=gaps[int(0.9 * (len(gaps) - 1))],
+                    ms_per_step_min=gaps[0],
+                    tok_s=b * 1000 / statistics.median(gaps),
+                )
+            except Exception as exc:  # noqa: BLE001 - the row's reason
+                row["error"] = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+            print(row, flush=True)
+            rows.append(row)
+        del dec
+    return {"dtype": str(model.dtype), "steps": steps, "rows": rows}
+
+
+def profile(model: Any, pad: int, batches: list[int], configs: list[str]) -> dict[str, Any]:
+    """Where a decode step's time goes, eager and graphed."""
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    eos = _eos_ids(model)
+    prompts = _prompts(max(batches), 128, int(model.config.vocab_size), seed=2)
+    out: dict[str, Any] = {}
+    for name in configs:
+        if name == "eager_static_step":
+            dec = _eager_decoder(model)
+        elif name.startswith("graphs_compile_"):
+            dec = GraphedDecoder(model, name.removeprefix("graphs_compile_"))
+        else:
+            dec = GraphedDecoder(model)
+        steps = 10
+        for b in batches:
+            _step_times(dec, prompts[:b], pad, 4, eos)  # capture outside the profile
+            prof = torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            marks: dict[str, float] = {}
+
+            def on_step(
+                tokens: list[int], prof: Any = prof, marks: dict[str, float] = marks, steps: int = steps
+            ) -> None:
+                n = marks["n"] = marks.get("n", 0) + 1
+                if n == 2:  # after the prefill's token and one decode step: `steps` steps profiled
+                    torch.cuda.synchronize()
+                    prof.start()
+                    marks["t0"] = time.perf_counter()
+                elif n == 2 + steps:
+                    torch.cuda.synchronize()
+                    marks["wall"] = time.perf_counter() - marks["t0"]
+                    prof.stop()
+
+            with torch.inference_mode():
+                dec.decode(prompts[:b], pad, steps + 2, on_step, suppress=eos)
+            wall = marks["wall"]
+            events = prof.events()
+            kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+            busy_us = sum(e.time_range.elapsed_us() for e in kernels)
+            launches = sum(1 for e in events if e.name in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
+            graph_launches = sum(1 for e in events if e.name in ("cudaGraphLaunch", "cuGraphLaunch"))
+            avg = prof.key_averages()
+
+            def top(attr: str, n: int = 12, avg: Any = avg) -> list[dict[str, Any]]:
+                items = sorted(avg, key=lambda a: getattr(a, attr), reverse=True)[:n]
+                return [
+                    {"name": a.key[:90], "ms": round(getattr(a, attr) / 1000, 3), "calls": a.count}
+                    for a in items
+                    if getattr(a, attr) > 0
+                ]
+
+            out[f"{name}/b{b}"] = {
+                "steps": steps,
+                "wall_ms_per_step": round(wall * 1000 / steps, 3),
+                "gpu_kernel_ms_per_step": round(busy_us / 1000 / steps, 3),
+                "gpu_busy_fraction": round(busy_us / 1e6 / wall, 4) if wall else None,
+                "kernels_per_step": round(len(kernels) / steps, 1),
+                "host_kernel_launches_per_step": round(launches / steps, 1),
+                "graph_launches_per_step": round(graph_launches / steps, 2),
+                "top_cuda": top("self_device_time_total"),
+                "top_cpu": top("self_cpu_time_total"),
+            }
+            print(name, b, {k: v for k, v in out[f"{name}/b{b}"].items() if not k.startswith("top")}, flush=True)
+        del dec
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="cuda-graphs")
+    ap.add_argument("--model", default="random-v2-lite-shape")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--check-compile", action="store_true")
+    ap.add_argument("--check-steps", type=int, default=16)
+    ap.add_argument("--time", action="store_true")
+    ap.add_argument("--compile", default="", help="compile modes to time with graphs, comma-separated (default)")
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--profile-batches", default="1,128")
+    ap.add_argument("--profile-configs", default="eager_static_step,graphs")
+    ap.add_argument("--batches", default="1,8,32,128")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    engine = create_engine(
+        {"kind": "native", "model": args.model, "accelerator": "cuda", "dtype": args.dtype, "record_routing": False}
+    )
+    engine.start()
+    info = engine.describe()
+    print(
+        f"loaded {info['model']} ({info['dtype']}) on {info['device']} in {time.perf_counter() - t:.1f} s", flush=True
+    )
+    meta = {"model": info["model"], "device": info["device"], "versions": info["versions"], "tuning": info["tuning"]}
+    tag = args.dtype.replace("bfloat16", "bf16").replace("float32", "fp32")
+    if args.check:
+        res = check(engine, args.check_steps, args.check_compile)
+        (out / f"cuda-graphs-check-{tag}.json").write_text(json.dumps({**meta, **res}, indent=1))
+    batches = [int(b) for b in args.batches.split(",") if b]
+    pad = engine._tokenizer.pad_token_id or 0
+    if args.time:
+        modes = [m for m in args.compile.split(",") if m]
+        res = timing(engine.model, pad, batches, args.steps, modes)
+        (out / f"cuda-graphs-time-{tag}.json").write_text(json.dumps({**meta, **res}, indent=1))
+    if args.profile:
+        pb = [int(b) for b in args.profile_batches.split(",") if b]
+        res = profile(engine.model, pad, pb, [c for c in args.profile_configs.split(",") if c])
+        (out / f"cuda-graphs-profile-{tag}.json").write_text(json.dumps({**meta, **res}, indent=1))
+    engine.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
