@@ -296,6 +296,7 @@ class TelemetryGroup:
 # Series-name suffix -> (chart key, title, axis unit, counts?), checked in this order.
 TELEMETRY_UNITS: tuple[tuple[str, str, str, str, bool], ...] = (
     ("_pct", "pct", "Utilisation and load", "%", False),
+    ("_balancedness", "eplb", "Expert-parallel balance (EPLB: mean / max tokens per rank, 1 = even)", "ratio", False),
     ("_cores", "cores", "CPU cores busy", "cores", False),
     ("_tok_s", "tok_s", "Server token rates", "tokens/s", False),
     ("_rps", "rps", "Server request rates", "requests/s", False),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -27,6 +28,32 @@ def parse_prometheus(text: str) -> dict[str, float]:
         except ValueError:
             continue
         out[name] = out.get(name, 0.0) + value
+    return out
+
+
+def parse_prometheus_by(text: str, label: str, names: Iterable[str]) -> dict[tuple[str, str], float]:
+    """For the metrics in ``names``: ``{(name, value of label): value}``, summed over the other
+    labels (e.g. vLLM's per data-parallel engine series by the ``engine`` label)."""
+    wanted = set(names)
+    key = f'{label}="'
+    out: dict[tuple[str, str], float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#") or "{" not in line:
+            continue
+        name, _, rest = line.partition("{")
+        if name not in wanted:
+            continue
+        labels, _, tail = rest.rpartition("}")
+        at = labels.find(key)
+        if at < 0:
+            continue
+        value_of = labels[at + len(key) :].split('"', 1)[0]
+        fields = tail.split()
+        try:
+            value = float(fields[0])
+        except (IndexError, ValueError):
+            continue
+        out[(name, value_of)] = out.get((name, value_of), 0.0) + value
     return out
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -37,7 +38,7 @@ from engines.errors import ConfigError, EngineUnavailable
 from engines.launch import ManagedProcess, free_port
 from engines.managed import ServerEngine, probe_interpreter
 from engines.openai_http import OpenAIEngine, OpenAIOptions
-from engines.prometheus import CounterRates, parse_prometheus
+from engines.prometheus import CounterRates, parse_prometheus, parse_prometheus_by
 from engines.settings import PROJECT_ROOT, get_settings
 from engines.telemetry import visible_devices
 
@@ -66,6 +67,52 @@ COUNTERS: dict[str, str] = {
     "vllm:prefix_cache_hits_total": SERIES_PREFIX_HITS,  # cumulative prompt tokens served from the cache
 }
 RATE_SERIES = {"server_prompt_tok_s", "server_generation_tok_s"}
+# Per data-parallel engine (the `engine` label vLLM puts on every metric), with 2+ engines:
+# series "server_e<k>_<name>" for engine k (the unit suffix stays last, for the charts).
+PER_ENGINE: dict[str, str] = {
+    "vllm:num_requests_running": "server_requests_running",
+    "vllm:num_requests_waiting": "server_requests_waiting",
+    "vllm:kv_cache_usage_perc": "server_kv_cache_usage_pct",
+    "vllm:generation_tokens_total": "server_generation_tok_s",
+}
+EPLB_PREFIX = "vllm:eplb_"  # any EPLB metric a server exports is kept as server_eplb_*
+# vLLM 0.32's EPLB log line (eplb_state.py, with eplb_config.log_balancedness).
+EPLB_LINE = re.compile(
+    r"EPLB step: (?P<step>\d+) for model (?P<model>\S+): avg_tokens=(?P<avg>[\d.]+), max_tokens=(?P<max>\d+), "
+    r"balancedness=(?P<bal>[\d.]+)"
+)
+SERIES_EPLB_BALANCEDNESS = "server_eplb_balancedness"
+
+
+class EplbLog:
+    """The newest EPLB figures in a vLLM server's log (read from where it stopped last time):
+    balancedness = mean / max tokens per EP rank, summed over the MoE layers (1.0 = even)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = path.stat().st_size if path.exists() else 0  # only what the run logs
+
+    def read(self) -> dict[str, float]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except OSError:
+            return {}
+        end = data.rfind(b"\n")
+        if end < 0:
+            return {}
+        self._offset += end + 1  # a half-written last line waits for the next read
+        matches = list(EPLB_LINE.finditer(data[: end + 1].decode("utf-8", "replace")))
+        if not matches:
+            return {}
+        found = matches[-1]
+        return {
+            SERIES_EPLB_BALANCEDNESS: float(found["bal"]),
+            "server_eplb_avg_tokens": float(found["avg"]),
+            "server_eplb_max_tokens": float(found["max"]),
+            "server_eplb_step": float(found["step"]),
+        }
 
 
 def vllm_python() -> str:
@@ -214,8 +261,11 @@ def server_argv(python: str, model_dir: str, name: str, host: str, port: int, op
         argv.append("--enable-expert-parallel")
     if opts.enable_eplb:
         argv.append("--enable-eplb")
+        # vLLM 0.32 exports no EPLB metric: its balancedness goes to the log, which EplbLog reads.
+        eplb: dict[str, Any] = {"log_balancedness": True}
         if opts.eplb_num_redundant_experts:
-            argv += ["--eplb-config", json.dumps({"num_redundant_experts": opts.eplb_num_redundant_experts})]
+            eplb["num_redundant_experts"] = opts.eplb_num_redundant_experts
+        argv += ["--eplb-config", json.dumps(eplb)]
     if opts.distributed_executor_backend:
         argv += ["--distributed-executor-backend", opts.distributed_executor_backend]
     if opts.max_num_batched_tokens is not None:
@@ -395,6 +445,7 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
         self.model_name: str = options.served_model_name or options.model
         self.cache_info: dict[str, str] = {}
         self.cpu_threads_bind: str | None = None  # VLLM_CPU_OMP_THREADS_BIND a launch set
+        self._eplb_log: EplbLog | None = None  # a launched EPLB server's balancedness, from its log
         self._rates = CounterRates()
 
     # --- naming -----------------------------------------------------------------------
@@ -462,6 +513,8 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
         self._load_tokenizer(report)
         report(f"starting vLLM {self.version} on port {self.port}", 0.15)
         self.launch(argv, f"http://{host}:{self.port}/v1", report, env=env, timeout=self.vopts.start_timeout_s)
+        if self.vopts.enable_eplb and self.server is not None:
+            self._eplb_log = EplbLog(Path(self.server.log_path))
         self._read_cache_info()
         self.started = True
         report("ready", 1.0)
@@ -483,14 +536,29 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
         """The server's gauges and token rates (see :data:`GAUGES`, :data:`COUNTERS`)."""
         if not self.base_url:
             return {}
-        values = parse_prometheus(self._scrape())
+        text = self._scrape()
+        values = parse_prometheus(text)
         out: dict[str, float] = {}
         for prom, name in GAUGES.items():
             if prom in values:
                 out[name] = values[prom] * (100.0 if prom == "vllm:kv_cache_usage_perc" else 1.0)
         counters = {name: values[prom] for prom, name in COUNTERS.items() if prom in values}
-        out.update({name: value for name, value in counters.items() if name not in RATE_SERIES})
-        out.update(self._rates.update({name: value for name, value in counters.items() if name in RATE_SERIES}))
+        by_engine = parse_prometheus_by(text, "engine", PER_ENGINE)
+        if len({k for _, k in by_engine}) > 1:  # several data-parallel engines: one series each
+            for (prom, k), value in by_engine.items():
+                name = PER_ENGINE[prom].replace("server_", f"server_e{k}_", 1)
+                if prom == "vllm:generation_tokens_total":
+                    counters[name] = value
+                else:
+                    out[name] = value * (100.0 if prom == "vllm:kv_cache_usage_perc" else 1.0)
+        rates = {n for n in counters if n in RATE_SERIES or n.endswith("_generation_tok_s")}
+        out.update({name: value for name, value in counters.items() if name not in rates})
+        out.update(self._rates.update({name: value for name, value in counters.items() if name in rates}))
+        for prom, value in values.items():
+            if prom.startswith(EPLB_PREFIX):
+                out["server_eplb_" + prom.removeprefix(EPLB_PREFIX)] = value
+        if self._eplb_log is not None:
+            out.update(self._eplb_log.read())
         return out
 
     def served_dtype(self) -> str:

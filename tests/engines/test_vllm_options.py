@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -133,7 +134,8 @@ def test_parallel_deployment_argv_and_shape() -> None:
     for part in (
         "--tensor-parallel-size 8", "--pipeline-parallel-size 2", "--data-parallel-size 4",
         "--data-parallel-size-local 2", "--data-parallel-address 10.0.0.1", "--data-parallel-rpc-port 13345",
-        "--enable-expert-parallel", "--enable-eplb", '--eplb-config {"num_redundant_experts": 32}',
+        "--enable-expert-parallel", "--enable-eplb",
+        '--eplb-config {"log_balancedness": true, "num_redundant_experts": 32}',
         "--distributed-executor-backend ray",
     ):  # fmt: skip
         assert part in text, part
@@ -237,3 +239,64 @@ def test_a_launch_that_cannot_fit_is_refused_before_anything_starts(tiny_model: 
     with pytest.raises(ConfigError, match="tensor_parallel_size=3 does not divide the model's 4 attention heads"):
         engine.start()
     assert engine.server is None
+
+
+def test_eplb_balancedness_is_read_from_the_servers_log_as_it_grows(tmp_path: Path) -> None:
+    """vLLM 0.32 exports no EPLB metric: with log_balancedness its engine logs each step's
+    balancedness, and the run's series take the newest line written since the last read."""
+    from engines.vllm import SERIES_EPLB_BALANCEDNESS, EplbLog
+
+    log = tmp_path / "vllm.log"
+    line = (
+        "(EngineCore_DP0 pid=4040) INFO 12-04 20:22:47 [eplb_state.py:636] EPLB step: {step} for model main: "
+        "avg_tokens={avg:.2f}, max_tokens={mx}, balancedness={bal:.4f}, steps until the next rearrangement: 2990\n"
+    )
+    log.write_text(line.format(step=1, avg=10.0, mx=40, bal=0.25))  # before the run: not read
+    eplb = EplbLog(log)
+    assert eplb.read() == {}
+    with log.open("a") as f:
+        f.write("(APIServer pid=1) INFO something else\n")
+        f.write(line.format(step=2, avg=90.5, mx=120, bal=0.7542))
+        f.write(line.format(step=3, avg=100.0, mx=125, bal=0.8)[:40])  # half written
+    got = eplb.read()
+    assert got[SERIES_EPLB_BALANCEDNESS] == 0.7542 and got["server_eplb_max_tokens"] == 120.0
+    assert got["server_eplb_step"] == 2.0
+    with log.open("a") as f:
+        f.write(line.format(step=3, avg=100.0, mx=125, bal=0.8)[40:])
+    assert eplb.read()[SERIES_EPLB_BALANCEDNESS] == 0.8
+    assert eplb.read() == {}  # nothing new
+
+
+def test_per_engine_series_of_a_data_parallel_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With two data-parallel engines, vLLM labels each metric with its engine: the run gets one
+    series per engine beside the totals; EPLB metrics a server exports are kept as they are."""
+    from engines.vllm import VLLMEngine
+
+    def scrape(running: tuple[int, int], generated: tuple[int, int]) -> str:
+        lines = []
+        for k in (0, 1):
+            lab = f'{{engine="{k}",model_name="m"}}'
+            lines += [
+                f"vllm:num_requests_running{lab} {running[k]}",
+                f"vllm:num_requests_waiting{lab} 0",
+                f"vllm:kv_cache_usage_perc{lab} 0.{k + 1}",
+                f"vllm:generation_tokens_total{lab} {generated[k]}",
+            ]
+        return "\n".join([*lines, "vllm:eplb_balancedness 0.93", ""])
+
+    engine = VLLMEngine(VLLMOptions(base_url="http://127.0.0.1:1/v1"))
+    texts = iter([scrape((3, 1), (100, 50)), scrape((2, 2), (300, 90))])
+    monkeypatch.setattr(engine, "_scrape", lambda timeout=2.0: next(texts))
+    first = engine.telemetry()
+    assert first["server_requests_running"] == 4 and first["server_e0_requests_running"] == 3
+    assert first["server_e1_requests_running"] == 1
+    assert first["server_e0_kv_cache_usage_pct"] == pytest.approx(10.0)
+    assert first["server_e1_kv_cache_usage_pct"] == pytest.approx(20.0)
+    assert first["server_eplb_balancedness"] == 0.93
+    time.sleep(0.05)
+    second = engine.telemetry()
+    # token rates per engine: engine 0 made 200 tokens, engine 1 made 40, in the same interval
+    assert second["server_e0_generation_tok_s"] == pytest.approx(5 * second["server_e1_generation_tok_s"])
+    assert second["server_generation_tok_s"] == pytest.approx(
+        second["server_e0_generation_tok_s"] + second["server_e1_generation_tok_s"]
+    )
