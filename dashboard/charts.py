@@ -700,6 +700,30 @@ def routing_imbalance(routing: dict | None, title: str = "Load imbalance per lay
     return fig
 
 
+def eplb_balancedness(
+    df: pd.DataFrame, title: str = "Served: EPLB balancedness over the run (mean / max tokens per EP rank)"
+) -> go.Figure:
+    """A served deployment's expert balance over time, as its server reports it; 1.0 is even."""
+    if df is None or df.empty:
+        return empty_figure(title, "this run has no EPLB balancedness (a vLLM server launched with EPLB logs it)")
+    fig = _figure(title, height=320)
+    fig.add_trace(
+        go.Scatter(
+            x=df["t_s"], y=df["value"], mode="lines+markers", line={"color": COLORS[0], "width": 2},
+            name="balancedness", showlegend=False,
+            hovertemplate="t = %{x:.1f} s<br>balancedness %{y:.3f}<extra></extra>",
+        )
+    )  # fmt: skip
+    fig.add_hline(
+        y=1.0, line={"color": P50_COLOR, "dash": "dash", "width": 2},
+        annotation_text="1.0 = every rank equally busy", annotation_position="bottom right",
+        annotation_font={"color": P50_COLOR, "size": 12}, annotation_bgcolor="rgba(255,255,255,0.85)",
+    )  # fmt: skip
+    fig.update_xaxes(title="time since start (s)")
+    fig.update_yaxes(title="mean / max tokens per rank", range=[0, 1.05])
+    return fig
+
+
 def routing_groups(routing: dict | None, title: str = "Expert-group selections per layer") -> go.Figure:
     """Layer x group heat map: how many tokens selected each expert group (group-limited routing).
 

@@ -722,13 +722,27 @@ def profile_runs(store: Store, limit: int = 500) -> list[RunRow]:
     return [r for r in store.list_runs(limit=limit) if r.mode == "profile" and r.status != "running"]
 
 
+EPLB_SERIES = "server_eplb_balancedness"  # a served EPLB deployment's balance (engines.vllm)
+
+
 def routing_runs(store: Store, limit: int = 500) -> list[RunRow]:
-    """Finished runs that stored expert routing counts (native runs of any mode), newest first."""
-    return [
-        r
-        for r in store.list_runs(limit=limit)
-        if r.engine == "native" and r.status != "running" and ARTIFACT_ROUTING in store.artifact_names(r.id)
-    ]
+    """Finished runs with an expert view, newest first: routing counts (native runs of any mode,
+    runs against an SGLang server's recorder) or a served deployment's EPLB balancedness."""
+    out = []
+    for r in store.list_runs(limit=limit):
+        if r.status == "running":
+            continue
+        if ARTIFACT_ROUTING in store.artifact_names(r.id) or (
+            r.engine != "native" and EPLB_SERIES in store.series_names(r.id)
+        ):
+            out.append(r)
+    return out
+
+
+def eplb_balancedness(store: Store, run_id: int) -> pd.DataFrame:
+    """A run's EPLB balancedness over time (t_s, value); empty when it has none."""
+    rows = store.timeseries(run_id, [EPLB_SERIES])
+    return pd.DataFrame([(t, v) for t, _, v in rows if v is not None], columns=["t_s", "value"])
 
 
 def example_files(folder: Path = EXAMPLES_DIR) -> list[Path]:

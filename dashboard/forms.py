@@ -150,6 +150,7 @@ OPTION_META: dict[str, tuple[str, str]] = {
     "cpu_kvcache_space_gib": ("CPU KV cache (GiB)", GROUP_SERVER),
     "enforce_eager": ("Eager mode (no CUDA graphs)", GROUP_SERVER),
     "served_model_name": ("Served model name", GROUP_SERVER),
+    "sglang_expert_distribution_dir": ("SGLang: expert distribution dump folder", GROUP_CONNECT),
     "backend": ("LMDeploy backend", GROUP_SERVER),
     "session_len": ("Session length (tokens)", GROUP_SERVER),
     "max_batch_size": ("Max batch size", GROUP_SERVER),

@@ -28,8 +28,10 @@ the engines that launch their own server (vllm, triton, lmdeploy).
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -65,6 +67,12 @@ class OpenAIOptions(HTTPOptions):
         description="Send a run's requests from one asyncio loop (aiohttp), as vllm bench serve does; "
         "off: one thread per in-flight request (httpx)",
     )
+    sglang_expert_distribution_dir: str | None = Field(
+        None,
+        description="SGLang server: record its expert distribution over each run and read the dump from this "
+        "folder (the server's SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR, reachable from here); the server needs "
+        "--expert-distribution-recorder-mode stat",
+    )
 
 
 def _carries_token(choice: dict[str, Any]) -> bool:
@@ -94,6 +102,8 @@ class OpenAIEngine(HTTPEngine):
         self.served_models: list[str] = []
         self._asession: Any = None  # aiohttp session between aopen() and aclose()
         self._context_len: int | None = None  # from /models, when the server lists it
+        self._reported_shape: dict[str, Any] | None = None  # the deployment the server reports (SGLang)
+        self._experts: Any = None  # engines.sglang.ExpertDistribution, when asked for
 
     def start(self, progress: ProgressFn | None = None) -> None:
         if self.started:
@@ -105,6 +115,7 @@ class OpenAIEngine(HTTPEngine):
         report(f"connecting to {self.base_url}", 0.8)
         self._check_server()
         self.use_server_tokenizer()
+        self._read_server_info()
         self.started = True
         report("ready", 1.0)
 
@@ -119,6 +130,49 @@ class OpenAIEngine(HTTPEngine):
             self.tokenizer_path = f"{root}/tokenize"
         elif self.opts.tokenizer == SERVER_TOKENIZER:
             raise EngineUnavailable(f"{root} has no /tokenize endpoint; give a local tokenizer folder instead")
+
+    def _read_server_info(self) -> None:
+        """The deployment shape the server reports (SGLang's server_info), and its expert
+        distribution recorder when ``sglang_expert_distribution_dir`` asks for it."""
+        from engines.sglang import ExpertDistribution, deployment_from_info, server_info
+
+        root = self.base_url.rstrip("/").removesuffix("/v1")
+        info = server_info(self._client, root)
+        self._reported_shape = deployment_from_info(info) if info is not None else None
+        folder = getattr(self.opts, "sglang_expert_distribution_dir", None)
+        if not folder:
+            return
+        if info is None:
+            raise EngineUnavailable(
+                f"{root} is not an SGLang server (no /get_server_info): sglang_expert_distribution_dir needs one"
+            )
+        if not info.get("expert_distribution_recorder_mode"):
+            raise EngineUnavailable(
+                "the SGLang server records no expert distribution: start it with "
+                "--expert-distribution-recorder-mode stat"
+            )
+        if not Path(folder).is_dir():
+            raise EngineUnavailable(f"sglang_expert_distribution_dir {folder} is not a folder on this machine")
+        self._experts = ExpertDistribution(self._client, root, folder, self._top_k())
+
+    def _top_k(self) -> int | None:
+        """Experts per token, from the local tokenizer folder's config.json where it has one."""
+        folder = self.tokenizer_path if isinstance(self.tokenizer_path, str) else None
+        config = Path(folder) / "config.json" if folder else None
+        if config is None or not config.is_file():
+            return None
+        try:
+            value = json.loads(config.read_text(encoding="utf-8")).get("num_experts_per_tok")
+        except (OSError, ValueError):
+            return None
+        return int(value) if isinstance(value, int) and value > 0 else None
+
+    def reset_expert_routing(self) -> None:
+        if self._experts is not None:
+            self._experts.start()
+
+    def expert_routing(self) -> dict[str, Any] | None:
+        return self._experts.collect() if self._experts is not None else None
 
     def _check_server(self) -> None:
         """GET /models: the server answers, and serves ``model`` (when it lists models)."""
@@ -168,6 +222,8 @@ class OpenAIEngine(HTTPEngine):
     def describe(self) -> dict[str, Any]:
         info = super().describe()
         info.update(endpoint=self.opts.endpoint, served_models=self.served_models)
+        if self._reported_shape is not None:
+            info["deployment"] = self._reported_shape
         if self._context_len is not None:
             info["context_length"] = self._context_len
         return info

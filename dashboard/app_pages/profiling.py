@@ -443,25 +443,32 @@ with breakdown_tab:
 
 with routing_tab:
     if not routing_candidates:
-        st.info("No run recorded expert routing (native engine runs do).", icon=":material/info:")
+        st.info(
+            "No run recorded expert routing: native engine runs do, as do runs against an SGLang server with its "
+            "expert distribution recorder and vLLM servers launched with EPLB.",
+            icon=":material/info:",
+        )
     else:
         routing_by_id = {r.id: r for r in routing_candidates}
         if ss.get("p.routing-run") not in routing_by_id:
             ss["p.routing-run"] = run_id if run_id in routing_by_id else routing_ids[0]
         rid = st.selectbox(
-            "Run (any native run: profile, latency or concurrency)",
+            "Run (native runs, SGLang recorder runs, vLLM EPLB runs)",
             routing_ids,
             key="p.routing-run",
             format_func=lambda i: data.profile_run_label(routing_by_id[i], examples),
         )
         routing = prof.routing if rid == run_id else store.artifact(rid, "expert_routing")
         if routing:
+            source = routing.get("source") or "counted at the model's gates (native engine)"
+            top_k = f"top-{routing['top_k']}" if routing.get("top_k") else "top-k unknown (token counts are selections)"
             st.caption(
                 f"{len(routing['layers'])} MoE layers · {routing['num_experts']} routed experts · "
-                f"top-{routing['top_k']} · {routing['n_group']} expert group(s) · "
+                f"{top_k} · {routing['n_group']} expert group(s) · "
                 f"{max(routing['tokens'] or [0]):,} tokens per layer "
-                "(prompt and generated tokens; each counts once per expert of its top-k)."
+                f"(prompt and generated tokens; each counts once per expert of its top-k) · {source}."
             )
+        balance = data.eplb_balancedness(store, rid)
         ui.chart(charts.routing_heatmap(routing), "p.routing-heatmap")
         r1, r2 = st.columns(2)
         with r1:
@@ -473,6 +480,8 @@ with routing_tab:
                 st.dataframe(data.routing_summary(routing), hide_index=True, key="p.routing-summary")
         if routing and int(routing.get("n_group", 1) or 1) > 1:
             st.dataframe(data.routing_summary(routing), hide_index=True, key="p.routing-summary")
+        if not balance.empty:
+            ui.chart(charts.eplb_balancedness(balance), "p.routing-eplb")
 
 # --- d. memory timeline ----------------------------------------------------------------------
 

@@ -433,3 +433,27 @@ def test_operator_frame_of_nothing_is_empty() -> None:
     assert df.empty and list(df.columns) == list(OPERATOR_CSV_COLUMNS)
     assert not data.has_device_times(df)
     assert data.breakdown_basis(None) == [] and data.breakdown_table(pd.DataFrame()).empty
+
+
+def test_served_expert_views_are_listed_beside_the_native_ones(tmp_path: Path) -> None:
+    """A vLLM run whose server logged EPLB balancedness, and an SGLang run whose recorder gave
+    routing counts, join the routing tab's runs; the balancedness draws against the 1.0 line."""
+    from tests.dashboard.synthetic import add_synthetic_run
+
+    store = Store(tmp_path / "s.sqlite")
+    plain = add_synthetic_run(store, engine="vllm", name="no expert view")
+    served = add_synthetic_run(store, engine="vllm", name="eplb")
+    store.add_points(served, [(float(t), data.EPLB_SERIES, 0.5 + 0.1 * t) for t in range(4)])
+    sglang = add_synthetic_run(store, engine="openai", name="sglang")
+    counts = {"layers": ["layer 0"], "counts": [[3, 1]], "num_experts": 2, "top_k": None, "n_group": 1,
+              "tokens": [4], "imbalance": [1.5]}  # fmt: skip
+    store.put_artifact(sglang, ARTIFACT_ROUTING, counts)
+    assert {r.id for r in data.routing_runs(store)} == {served, sglang}
+    assert plain not in {r.id for r in data.routing_runs(store)}
+    balance = data.eplb_balancedness(store, served)
+    assert balance["value"].round(3).tolist() == [0.5, 0.6, 0.7, 0.8]
+    fig = charts.eplb_balancedness(balance)
+    assert list(fig.data[0].y) == balance["value"].tolist() and fig.layout.shapes[0].y0 == 1.0
+    assert data.eplb_balancedness(store, plain).empty
+    empty = charts.eplb_balancedness(data.eplb_balancedness(store, plain))
+    assert "no EPLB balancedness" in str(empty.layout.annotations[0].text)
