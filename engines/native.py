@@ -310,6 +310,11 @@ class NativeEngine(Engine):
                 )
             if impls[1] not in ("sdpa", "eager"):
                 raise ConfigError(f"cuda_graphs: the captured step needs attn_impl sdpa or eager, not {impls[1]}")
+            if impls[0] == "grouped_mm" and self.model.dtype == torch.float32:
+                raise ConfigError(
+                    "cuda_graphs with float32 grouped_mm experts: torch's float32 grouped GEMM copies through the "
+                    "host, which a capture forbids; use bfloat16 or experts_impl=batched_mm"
+                )
             self._graphed = GraphedDecoder(self.model, o.compile)
         if self._routing is not None:
             self._routing.enabled = not o.cuda_graphs  # gate hooks cannot run inside a replayed graph
@@ -745,8 +750,12 @@ class GraphedDecoder:
                 self._step(c)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            self._step(c)
+        try:
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                self._step(c)
+        except RuntimeError as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(f"cuda_graphs: the decode step could not be captured: {first}") from exc
         for n, v in zip(counters, saved, strict=True):
             n.copy_(v)
         torch.cuda.synchronize()

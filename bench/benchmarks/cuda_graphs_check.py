@@ -3,13 +3,16 @@ and where does a decode step's time go.
 
 Three parts, each optional, on one loaded model (``random-v2-lite-shape`` by default):
 
-``--check`` (run it in float32): each of four prompts decoded alone, greedy, by the default
-engine (eager ``generate``, dynamic cache) and by the engine with ``cuda_graphs`` (one graph,
-captured on the first prompt and replayed for the others: a replay that did not follow its
-new inputs would repeat the first prompt's tokens), then the four together as one left-padded
-batch of different lengths against ``generate`` on the same batch. Reports per case whether
-the greedy tokens are equal and the largest |logit difference| over the steps where they
-agree, beside the logits' scale; with ``--check-compile``, also the compiled-then-captured step.
+``--check``: each of four prompts decoded alone, greedy, by the engine with ``cuda_graphs``
+(one graph, captured on the first prompt and replayed for the others: a replay that did not
+follow its new inputs would repeat the first prompt's tokens), then the four together as one
+left-padded batch of different lengths; against eager ``generate`` (dynamic cache) and against
+the same step run eagerly. Reports per case whether the greedy tokens are equal and the
+largest |logit difference| over the steps where they agree, beside the logits' scale. In
+float32 (``--experts-impl batched_mm``: float32 grouped_mm cannot be captured) all agree within
+float32 rounding; in bf16 only the same-step comparison is meaningful (random weights in bf16
+turn any kernel change into different logits). ``--check-variants graphs,graphs_compile`` adds
+the compiled-then-captured step.
 
 ``--time`` (bf16): ms per decode step through :class:`engines.native.GraphedDecoder` at each
 batch: the same step eager (the static cache and mask, no graph), replayed from its graph,
@@ -100,31 +103,39 @@ def _compare(got: tuple[Any, Any], ref: tuple[Any, Any]) -> dict[str, Any]:
     }
 
 
-def check(engine: Any, steps: int, with_compile: bool) -> dict[str, Any]:
-    """Graphed vs eager, alone (one graph for four prompts) and as a padded batch."""
+def check(engine: Any, steps: int, variants: list[str]) -> dict[str, Any]:
+    """Graphed vs eager, alone (one graph for four prompts) and as a padded batch. Two references:
+    ``generate`` (dynamic cache), and the very step the graph holds run eagerly (same static
+    cache, mask and kernels: a graph that replays it right gives the same numbers, in bf16 too)."""
     model = engine.model
     pad = engine._tokenizer.pad_token_id or 0
     eos = _eos_ids(model)
     vocab = int(model.config.vocab_size)
     prompts = _prompts(4, 128, vocab)
     batch = [prompts[0], prompts[1][:100], prompts[2][:77], prompts[3]]
-    refs = [_generate(model, [p], pad, steps) for p in prompts]
-    ref_batch = _generate(model, batch, pad, steps)
-    out: dict[str, Any] = {"steps": steps, "dtype": str(model.dtype), "cases": {}}
-    variants = [("graphs", "off")] + ([("graphs_compile", "default")] if with_compile else [])
-    for name, mode in variants:
-        engine.retune(cache="static", cuda_graphs=True, compile=mode)
-        dec = engine._graphed
+    cases = {**{f"alone/prompt{i}": [p] for i, p in enumerate(prompts)}, "batch4_padded": batch}
+    gen = {k: _generate(model, ps, pad, steps) for k, ps in cases.items()}
+    eager = _eager_decoder(model)
+    step = {k: _graphed(eager, ps, pad, steps, eos) for k, ps in cases.items()}
+    out: dict[str, Any] = {"steps": steps, "dtype": str(model.dtype), "experts": engine.tuning()["experts_impl"]}
+    out["eager_step_vs_generate"] = {k: _compare(step[k], gen[k]) for k in cases}
+    out["eager_generate_repeat"] = _compare(_generate(model, cases["alone/prompt0"], pad, steps), gen["alone/prompt0"])
+    for name in variants:
+        mode = "default" if name == "graphs_compile" else "off"
         t = time.perf_counter()
-        for i, p in enumerate(prompts):
-            out["cases"][f"{name}/alone/prompt{i}"] = _compare(_graphed(dec, [p], pad, steps, eos), refs[i])
-            print(name, "prompt", i, out["cases"][f"{name}/alone/prompt{i}"], flush=True)
-        out["cases"][f"{name}/batch4_padded"] = _compare(_graphed(dec, batch, pad, steps, eos), ref_batch)
-        print(name, "batch", out["cases"][f"{name}/batch4_padded"], flush=True)
-        out[f"{name}_captures"] = {"graphs": dec.captures, "shapes": [list(k) for k in dec._shapes]}
-        out[f"{name}_seconds"] = time.perf_counter() - t
-    # eager vs eager (the same generate twice): the noise floor
-    out["cases"]["eager_repeat/prompt0"] = _compare(_generate(model, [prompts[0]], pad, steps), refs[0])
+        try:
+            engine.retune(cache="static", cuda_graphs=True, compile=mode)
+            dec = engine._graphed
+            res: dict[str, Any] = {}
+            for k, ps in cases.items():  # the four prompts alone go through one graph, captured on the first
+                got = _graphed(dec, ps, pad, steps, eos)
+                res[k] = {"vs_eager_step": _compare(got, step[k]), "vs_generate": _compare(got, gen[k])}
+                print(name, k, res[k], flush=True)
+            out[name] = {"cases": res, "captures": dec.captures, "shapes": [list(s) for s in dec._shapes]}
+        except Exception as exc:  # noqa: BLE001 - the variant's reason
+            out[name] = {"error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"}
+            print(name, out[name], flush=True)
+        out[name]["seconds"] = time.perf_counter() - t
     engine.retune(cache="dynamic", cuda_graphs=False, compile="off")
     return out
 
@@ -149,15 +160,19 @@ def _step_times(dec: GraphedDecoder, prompts: list[list[int]], pad: int, steps: 
     return [(b - a) * 1000 for a, b in itertools.pairwise(stamps)]
 
 
-def timing(model: Any, pad: int, batches: list[int], steps: int, compile_modes: list[str]) -> dict[str, Any]:
+def timing(
+    model: Any, pad: int, batches: list[int], steps: int, compile_modes: list[str], configs: list[str],
+    keep: dict[str, GraphedDecoder],
+) -> dict[str, Any]:  # fmt: skip
     eos = _eos_ids(model)
     prompts = _prompts(max(batches), 128, int(model.config.vocab_size), seed=1)
     decoders = {"eager_static_step": lambda: _eager_decoder(model), "graphs": lambda: GraphedDecoder(model)}
     for mode in compile_modes:
         decoders[f"graphs_compile_{mode}"] = lambda mode=mode: GraphedDecoder(model, mode)
+    decoders = {k: v for k, v in decoders.items() if k in configs or k.startswith("graphs_compile_")}
     rows = []
     for name, make in decoders.items():
-        dec = make()
+        dec = keep[name] = make()
         for b in batches:
             row: dict[str, Any] = {"config": name, "batch": b}
             try:
@@ -176,12 +191,13 @@ def timing(model: Any, pad: int, batches: list[int], steps: int, compile_modes: 
                 row["error"] = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
             print(row, flush=True)
             rows.append(row)
-        del dec
     return {"dtype": str(model.dtype), "steps": steps, "rows": rows}
 
 
-def profile(model: Any, pad: int, batches: list[int], configs: list[str]) -> dict[str, Any]:
-    """Where a decode step's time goes, eager and graphed."""
+def profile(
+    model: Any, pad: int, batches: list[int], configs: list[str], made: dict[str, GraphedDecoder]
+) -> dict[str, Any]:
+    """Where a decode step's time goes, eager and graphed (the timing's decoders reused: no second compile)."""
     import torch
     from torch.profiler import ProfilerActivity
 
@@ -189,7 +205,9 @@ def profile(model: Any, pad: int, batches: list[int], configs: list[str]) -> dic
     prompts = _prompts(max(batches), 128, int(model.config.vocab_size), seed=2)
     out: dict[str, Any] = {}
     for name in configs:
-        if name == "eager_static_step":
+        if name in made:
+            dec = made[name]
+        elif name == "eager_static_step":
             dec = _eager_decoder(model)
         elif name.startswith("graphs_compile_"):
             dec = GraphedDecoder(model, name.removeprefix("graphs_compile_"))
@@ -244,7 +262,6 @@ def profile(model: Any, pad: int, batches: list[int], configs: list[str]) -> dic
                 "top_cpu": top("self_cpu_time_total"),
             }
             print(name, b, {k: v for k, v in out[f"{name}/b{b}"].items() if not k.startswith("top")}, flush=True)
-        del dec
     return out
 
 
@@ -254,7 +271,9 @@ def main() -> int:
     ap.add_argument("--model", default="random-v2-lite-shape")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--check", action="store_true")
-    ap.add_argument("--check-compile", action="store_true")
+    ap.add_argument("--check-variants", default="graphs", help="graphs and/or graphs_compile, comma-separated")
+    ap.add_argument("--experts-impl", default=None, help="the engine's experts_impl (float32 needs batched_mm)")
+    ap.add_argument("--time-configs", default="eager_static_step,graphs")
     ap.add_argument("--check-steps", type=int, default=16)
     ap.add_argument("--time", action="store_true")
     ap.add_argument("--compile", default="", help="compile modes to time with graphs, comma-separated (default)")
@@ -268,8 +287,9 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
     engine = create_engine(
-        {"kind": "native", "model": args.model, "accelerator": "cuda", "dtype": args.dtype, "record_routing": False}
-    )
+        {"kind": "native", "model": args.model, "accelerator": "cuda", "dtype": args.dtype, "record_routing": False,
+         "experts_impl": args.experts_impl}
+    )  # fmt: skip
     engine.start()
     info = engine.describe()
     print(
@@ -278,17 +298,18 @@ def main() -> int:
     meta = {"model": info["model"], "device": info["device"], "versions": info["versions"], "tuning": info["tuning"]}
     tag = args.dtype.replace("bfloat16", "bf16").replace("float32", "fp32")
     if args.check:
-        res = check(engine, args.check_steps, args.check_compile)
+        res = check(engine, args.check_steps, [v for v in args.check_variants.split(",") if v])
         (out / f"cuda-graphs-check-{tag}.json").write_text(json.dumps({**meta, **res}, indent=1))
     batches = [int(b) for b in args.batches.split(",") if b]
     pad = engine._tokenizer.pad_token_id or 0
+    decoders: dict[str, GraphedDecoder] = {}
     if args.time:
         modes = [m for m in args.compile.split(",") if m]
-        res = timing(engine.model, pad, batches, args.steps, modes)
+        res = timing(engine.model, pad, batches, args.steps, modes, args.time_configs.split(","), decoders)
         (out / f"cuda-graphs-time-{tag}.json").write_text(json.dumps({**meta, **res}, indent=1))
     if args.profile:
         pb = [int(b) for b in args.profile_batches.split(",") if b]
-        res = profile(engine.model, pad, pb, [c for c in args.profile_configs.split(",") if c])
+        res = profile(engine.model, pad, pb, [c for c in args.profile_configs.split(",") if c], decoders)
         (out / f"cuda-graphs-profile-{tag}.json").write_text(json.dumps({**meta, **res}, indent=1))
     engine.stop()
     return 0

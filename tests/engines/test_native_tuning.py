@@ -205,7 +205,8 @@ def test_retune_switches_the_loaded_model_and_back(alone: list[Any]) -> None:
         {"cudnn_benchmark": True},
         {"batch_size": 3, "batch_wait_ms": 200},
         {"cache": "static", "compile": "default", "record_routing": False},
-        {"cache": "static", "cuda_graphs": True, "compile": "default", "record_routing": False},
+        {"cache": "static", "cuda_graphs": True, "experts_impl": "batched_mm", "record_routing": False},
+        {"cache": "static", "cuda_graphs": True, "experts_impl": "batched_mm", "compile": "default"},
     ],
     ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
 )
@@ -340,7 +341,8 @@ def test_graphed_path_streams_each_request_as_alone(alone: list[Any]) -> None:
 def test_cuda_graphs_give_eagers_tokens_and_logits_in_float32(tiny_model: Path, batch_size: int) -> None:
     """On a GPU (the H200 via the device tool), float32: the engine with real captured graphs gives
     the default engine's tokens for three prompts of different lengths (one graph replayed for all
-    when unbatched: a replay follows new inputs), and logits within 1e-4 of generate's."""
+    when unbatched: a replay follows new inputs), and logits within 1e-4 of generate's. batched_mm
+    experts: torch's float32 grouped_mm cannot be captured (refused, see below)."""
     import torch
 
     from engines.accelerators import get_accelerator
@@ -357,7 +359,7 @@ def test_cuda_graphs_give_eagers_tokens_and_logits_in_float32(tiny_model: Path, 
         _generate(ref_engine, i, ref)
     ref_engine.stop()
     engine = create_engine({**base, "cache": "static", "cuda_graphs": True, "batch_size": batch_size,
-                            "batch_wait_ms": 200})  # fmt: skip
+                            "batch_wait_ms": 200, "experts_impl": "batched_mm"})  # fmt: skip
     engine.start()
     try:
         if batch_size > 1:
@@ -387,3 +389,40 @@ def test_cuda_graphs_give_eagers_tokens_and_logits_in_float32(tiny_model: Path, 
         assert float((torch.stack(logits, 1) - torch.stack(out.logits, 1).float().cpu()).abs().max()) < 1e-4
     finally:
         engine.stop()
+
+
+@pytest.mark.cuda
+def test_cuda_graphs_replay_the_eager_step_exactly_in_bf16(tiny_model: Path) -> None:
+    """bf16 with grouped_mm experts (the fast path): the replayed graph gives the same tokens and
+    logits as the same step run eagerly (same static cache, mask and kernels, no graph), for four
+    prompts through one graph and for a padded batch; float32 grouped_mm is refused in one line."""
+    import torch
+
+    from engines.accelerators import get_accelerator
+    from engines.native import GraphedDecoder
+
+    avail = get_accelerator("cuda").availability()
+    if not avail.ok:
+        pytest.skip(f"no CUDA here: {avail.reason}")
+    base = {"kind": "native", "model": "tiny-deepseek-v3", "accelerator": "cuda", "record_routing": False}
+    engine = create_engine({**base, "dtype": "bfloat16", "cache": "static", "cuda_graphs": True})
+    engine.start()
+    try:
+        model, pad = engine.model, engine._tokenizer.pad_token_id or 0
+        eager = GraphedDecoder(model)
+        _fake_capture(eager)  # the same step, run eagerly
+        for prompts in ([PROMPTS[0]], [PROMPTS[1]], [PROMPTS[2]], [PROMPTS[3]], PROMPTS[:4]):
+            runs = []
+            for dec in (engine._graphed, eager):
+                toks: list[list[int]] = []
+                with torch.inference_mode():
+                    logits = dec.decode(prompts, pad, 12, toks.append, keep_logits=True)
+                runs.append((toks, torch.stack(logits, 1)))
+            assert runs[0][0] == runs[1][0]
+            assert float((runs[0][1] - runs[1][1]).abs().max()) <= 1e-3
+        assert engine._graphed.captures == 2  # batch 1 (four prompts) and batch 4
+    finally:
+        engine.stop()
+    fp32 = create_engine({**base, "dtype": "float32", "cache": "static", "cuda_graphs": True})
+    with pytest.raises(ConfigError, match=r"^cuda_graphs with float32 grouped_mm experts"):
+        fp32.start()
