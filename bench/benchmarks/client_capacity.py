@@ -23,8 +23,12 @@ How to read the table (one per concurrency):
   well below 100 % x ``--stub-processes`` means the server was not what limited the rate.
 Figures, not a test: the exit status is 0 whatever they are.
 
+With ``--ray-address ADDR`` (or ``--local-ray``: a one-node cluster started for the
+benchmark and stopped after it) each ``--workers`` value also runs as ``ours W=N ray``: the
+same CLI with ``--ray-address``, its sending loops on Ray actors (see bench.ray_sender).
+
     python -m bench.benchmarks.client_capacity [--concurrency 64 256 1024] [--num-prompts 2000] \\
-        [--rounds 2] [--workers 1 2] [--input-len 32 --output-len 32] [--stub-processes 1]
+        [--rounds 2] [--workers 1 2] [--input-len 32 --output-len 32] [--stub-processes 1] [--local-ray]
 """
 
 from __future__ import annotations
@@ -119,7 +123,7 @@ def has_workers_flag() -> bool:
 
 
 def run_ours(
-    args: argparse.Namespace, url: str, concurrency: int, workers: int, work: Path, tag: str
+    args: argparse.Namespace, url: str, concurrency: int, workers: int, work: Path, tag: str, ray: str | None = None
 ) -> dict[str, Any]:
     """One MoE Bench CLI run; its figures from the run's SQLite file."""
     db = work / f"ours-{tag}.sqlite"
@@ -157,6 +161,8 @@ def run_ours(
     ]
     if workers != 1:
         argv += ["--workers", str(workers)]
+    if ray:
+        argv += ["--ray-address", ray]
     cpu0 = _children_cpu_s()
     error = _run(argv, f"moe-bench-{tag}", work / f"ours-{tag}.log", args.timeout)
     out: dict[str, Any] = {"error": error, "client_cpu_s": _children_cpu_s() - cpu0}
@@ -222,6 +228,25 @@ def run_theirs(args: argparse.Namespace, url: str, concurrency: int, model_dir: 
     return out
 
 
+def start_local_ray(work: Path) -> tuple[str, str]:
+    """A one-node Ray cluster on this machine (as the tests start one): (ray executable, address)."""
+    from engines.launch import free_port
+
+    ray = str(Path(our_python()).with_name("ray"))
+    port = free_port()
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
+    argv = [ray, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=8",
+            "--include-dashboard=false", "--object-store-memory=200000000", "--disable-usage-stats",
+            f"--temp-dir={temp}"]  # fmt: skip
+    out = subprocess.run(
+        argv, capture_output=True, text=True, timeout=120, env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"ray start failed: {out.stderr[-500:]}")
+    print(f"local Ray cluster at 127.0.0.1:{port} (temp {temp}, work {work})", file=sys.stderr)
+    return ray, f"127.0.0.1:{port}"
+
+
 def _geomean(values: list[float]) -> float | None:
     vals = [v for v in values if v and v > 0]
     return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
@@ -256,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--timeout", type=float, default=300.0, help="limit for each client run, s")
     p.add_argument("--json", help="also write every run's figures to this JSON file")
+    p.add_argument("--ray-address", help="also run each --workers value as Ray actors on this cluster")
+    p.add_argument("--local-ray", action="store_true", help="start a one-node Ray cluster for --ray-address")
     args = p.parse_args(argv)
 
     from engines.models import resolve_model
@@ -267,8 +294,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: `python -m bench run` has no --workers yet; skipping workers {dropped}", file=sys.stderr)
         workers = [w for w in workers if w == 1] or [1]
     clients = [f"ours W={w}" for w in workers] + ["vllm bench"]
-
     work = Path(tempfile.mkdtemp(prefix="client-capacity-"))
+    ray_head = None
+    if args.local_ray and not args.ray_address:
+        ray_head, args.ray_address = start_local_ray(work)
+    if args.ray_address:
+        clients = [f"ours W={w} ray" for w in workers] + clients
+
     url, server = start_stub_server(
         model=MODEL, processes=args.stub_processes, itl_ms=args.itl_ms, ttft_ms=args.ttft_ms, log_path=work / "stub.log"
     )
@@ -286,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                     if name == "vllm bench":
                         res = run_theirs(args, url, c, str(model_dir), work, tag)
                     else:
-                        res = run_ours(args, url, c, int(name.split("=")[1]), work, tag)
+                        w = int(name.split("=")[1].split()[0])
+                        res = run_ours(args, url, c, w, work, tag, args.ray_address if "ray" in name else None)
                     res["stub_cpu_s"] = _tree_cpu_s(server.pid) - stub0
                     res["wall_s"] = time.monotonic() - t0
                     if res.get("duration_s"):
@@ -298,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
                     results[c][name].append(res)
     finally:
         server.stop()
+        if ray_head is not None:
+            subprocess.run([ray_head, "stop", "--force"], capture_output=True, timeout=120)
 
     print(
         f"\nworkload: {args.num_prompts} requests, {args.input_len} in / {args.output_len} out, ignore_eos, "
@@ -309,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         theirs = by_client["vllm bench"]
         print(f"\nconcurrency {c}")
         print(
-            f"{'client':<12}{'req/s':>9}{'ratio':>8}{'ratio spread':>14}{'per-round ratios':>20}"
+            f"{'client':<16}{'req/s':>9}{'ratio':>8}{'ratio spread':>14}{'per-round ratios':>20}"
             f"{'send lag p50/p99 ms':>21}{'TTFT p50/p99, ITL p50 ms':>26}"
             f"{'failed':>8}{'client CPU s':>14}{'stub busy':>11}"
         )
@@ -335,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
             failed = sum(int(r.get("failed") or 0) for r in rows) + sum(1 for r in rows if r.get("error"))
             busy = _f(_mean(rows, "stub_busy"), 0) + " %"
             print(
-                f"{name:<12}{_f(_mean(rows, 'rps'), 0):>9}{ratio_s:>8}{spread:>14}{per_round:>20}"
+                f"{name:<16}{_f(_mean(rows, 'rps'), 0):>9}{ratio_s:>8}{spread:>14}{per_round:>20}"
                 f"{lag:>21}{ttft:>26}{failed:>8}{_f(_mean(rows, 'client_cpu_s')):>14}{busy:>11}"
             )
         for name in clients:

@@ -133,6 +133,20 @@ def test_run_form_passes_telemetry_urls_and_refuses_a_bad_one_in_one_line() -> N
     assert at.session_state["submitted"] is None
 
 
+def test_run_form_passes_a_ray_address_and_refuses_a_bad_one_in_one_line() -> None:
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_function(_submit_form, default_timeout=30).run()
+    _no_exception(at)
+    assert at.session_state["submitted"]["ray_address"] is None  # empty: local sender processes
+    at.text_input(key="concurrency.ray_address").set_value(" 10.0.0.1:6379 ").run()
+    _no_exception(at)
+    assert at.session_state["submitted"]["ray_address"] == "10.0.0.1:6379"
+    at.text_input(key="concurrency.ray_address").set_value("10.0.0.1").run()
+    assert len(at.error) == 1 and "ray_address" in at.error[0].value and "\n" not in at.error[0].value
+    assert at.session_state["submitted"] is None
+
+
 def test_watched_devices_names_devices_then_what_was_not_read(store: Store) -> None:
     run_id = store.create_run(mode="latency", engine="native", model="m", accelerator="cuda", config={})
     assert data.watched_devices(store, run_id) is None
