@@ -30,16 +30,22 @@ ray = pytest.importorskip("ray", reason="Ray is installed by make test (requirem
 RAY = Path(sys.executable).with_name("ray")
 
 
+CLIENT_PORT: dict[str, int] = {}
+
+
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[str]:
-    """A one-node Ray cluster started for these tests: its address (host:port)."""
+    """A one-node Ray cluster started for these tests: its address (host:port); its Ray Client
+    server (ray://) listens on CLIENT_PORT["port"]."""
     tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     port = free_port()
+    CLIENT_PORT["port"] = free_port()
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # the driver (this process) too
     argv = [
         str(RAY), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=4",
         "--include-dashboard=false", "--object-store-memory=100000000", "--disable-usage-stats", f"--temp-dir={tmp}",
+        f"--ray-client-server-port={CLIENT_PORT['port']}",
     ]  # fmt: skip
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -181,14 +187,19 @@ def test_what_cannot_run_on_ray_is_refused_in_one_line(ray_cluster: str, stub_ur
 
 
 def test_cli_ray_run_prints_where_its_senders_ran(ray_cluster: str, stub_url: str, tmp_path: Path) -> None:
+    """Through Ray Client (ray://host:port), as from a laptop outside the cluster."""
+    client = f"ray://127.0.0.1:{CLIENT_PORT['port']}"
     argv = [
         sys.executable, "-m", "bench", "run", "--engine", "openai", "--base-url", stub_url, "--requests", "40",
-        "--concurrency", "4", "--workers", "2", "--output-len", "8", "--prompts", "builtin", "--ray-address",
-        ray_cluster, "--no-server-metrics", "--db", str(tmp_path / "db.sqlite"),
+        "--concurrency", "4", "--workers", "2", "--output-len", "8", "--prompts", "builtin", "--no-server-metrics",
+        "--db", str(tmp_path / "db.sqlite"), "--ray-address", client,
     ]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("senders"))
-    assert "2 Ray actors on 1 node" in line and "clock" in line, line
+    assert f"2 Ray actors on 1 node of {client}" in line and "clock" in line, line
+    (run,) = Store(tmp_path / "db.sqlite").list_runs()
+    recs = Store(tmp_path / "db.sqlite").records(run.id)
+    assert run.status == "completed" and len(recs) == 40 and sum(r.output_tokens for r in recs) == 40 * 8
     bad = subprocess.run([*argv[:-2], "--ray-address", "nowhere"], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and bad.stderr.strip().count("\n") == 0 and "ray_address" in bad.stderr, bad.stderr
