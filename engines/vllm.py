@@ -81,6 +81,7 @@ EPLB_LINE = re.compile(
     r"EPLB step: (?P<step>\d+) for model (?P<model>\S+): avg_tokens=(?P<avg>[\d.]+), max_tokens=(?P<max>\d+), "
     r"balancedness=(?P<bal>[\d.]+)"
 )
+EPLB_REARRANGED = re.compile(r"Rearranged experts\s*(?P<profile>\(profile\))?\s*in (?P<s>[\d.]+) s\.")
 SERIES_EPLB_BALANCEDNESS = "server_eplb_balancedness"
 
 
@@ -91,6 +92,7 @@ class EplbLog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._offset = path.stat().st_size if path.exists() else 0  # only what the run logs
+        self.rearrangements = 0  # experts moved between ranks since this reader began
 
     def read(self) -> dict[str, float]:
         try:
@@ -103,16 +105,25 @@ class EplbLog:
         if end < 0:
             return {}
         self._offset += end + 1  # a half-written last line waits for the next read
-        matches = list(EPLB_LINE.finditer(data[: end + 1].decode("utf-8", "replace")))
-        if not matches:
-            return {}
-        found = matches[-1]
-        return {
-            SERIES_EPLB_BALANCEDNESS: float(found["bal"]),
-            "server_eplb_avg_tokens": float(found["avg"]),
-            "server_eplb_max_tokens": float(found["max"]),
-            "server_eplb_step": float(found["step"]),
-        }
+        text = data[: end + 1].decode("utf-8", "replace")
+        out: dict[str, float] = {}
+        moves = [m for m in EPLB_REARRANGED.finditer(text) if not m["profile"]]
+        if moves:
+            self.rearrangements += len(moves)
+            out["server_eplb_rearrangements"] = float(self.rearrangements)
+            out["server_eplb_rearrange_s"] = float(moves[-1]["s"])
+        matches = list(EPLB_LINE.finditer(text))
+        if matches:
+            found = matches[-1]
+            out.update(
+                {
+                    SERIES_EPLB_BALANCEDNESS: float(found["bal"]),
+                    "server_eplb_avg_tokens": float(found["avg"]),
+                    "server_eplb_max_tokens": float(found["max"]),
+                    "server_eplb_step": float(found["step"]),
+                }
+            )
+        return out
 
 
 def vllm_python() -> str:
