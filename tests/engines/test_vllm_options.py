@@ -263,10 +263,9 @@ def test_eplb_balancedness_is_read_from_the_servers_log_as_it_grows(tmp_path: Pa
     assert got["server_eplb_step"] == 2.0
     with log.open("a") as f:
         f.write(line.format(step=3, avg=100.0, mx=125, bal=0.8)[40:])
-        f.write(
-            "(EngineCore_DP0 pid=4040) INFO 12-04 20:22:48 [eplb_state.py:959] Rearranged experts  (profile)  in 0.50 s.\n"
-        )
-        f.write("(EngineCore_DP0 pid=4040) INFO 12-04 20:22:49 [eplb_state.py:959] Rearranged experts   in 0.12 s.\n")
+        head = "(EngineCore_DP0 pid=4040) INFO 12-04 20:22:48 [eplb_state.py:959] "
+        f.write(head + "Rearranged experts  (profile)  in 0.50 s.\n")
+        f.write(head + "Rearranged experts   in 0.12 s.\n")
     got = eplb.read()
     assert got[SERIES_EPLB_BALANCEDNESS] == 0.8
     assert got["server_eplb_rearrangements"] == 1.0 and got["server_eplb_rearrange_s"] == 0.12  # not the profile's
