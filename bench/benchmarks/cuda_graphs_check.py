@@ -103,7 +103,7 @@ def _compare(got: tuple[Any, Any], ref: tuple[Any, Any]) -> dict[str, Any]:
     }
 
 
-def check(engine: Any, steps: int, variants: list[str]) -> dict[str, Any]:
+def check(engine: Any, steps: int, variants: list[str], length: int = 128) -> dict[str, Any]:
     """Graphed vs eager, alone (one graph for four prompts) and as a padded batch. Two references:
     ``generate`` (dynamic cache), and the very step the graph holds run eagerly (same static
     cache, mask and kernels: a graph that replays it right gives the same numbers, in bf16 too)."""
@@ -111,13 +111,14 @@ def check(engine: Any, steps: int, variants: list[str]) -> dict[str, Any]:
     pad = engine._tokenizer.pad_token_id or 0
     eos = _eos_ids(model)
     vocab = int(model.config.vocab_size)
-    prompts = _prompts(4, 128, vocab)
-    batch = [prompts[0], prompts[1][:100], prompts[2][:77], prompts[3]]
+    prompts = _prompts(4, length, vocab)
+    batch = [prompts[0], prompts[1][: length * 3 // 4], prompts[2][: length * 3 // 5], prompts[3]]
     cases = {**{f"alone/prompt{i}": [p] for i, p in enumerate(prompts)}, "batch4_padded": batch}
     gen = {k: _generate(model, ps, pad, steps) for k, ps in cases.items()}
     eager = _eager_decoder(model)
     step = {k: _graphed(eager, ps, pad, steps, eos) for k, ps in cases.items()}
-    out: dict[str, Any] = {"steps": steps, "dtype": str(model.dtype), "experts": engine.tuning()["experts_impl"]}
+    out: dict[str, Any] = {"steps": steps, "prompt_len": length, "dtype": str(model.dtype),
+                           "experts": engine.tuning()["experts_impl"]}  # fmt: skip
     out["eager_step_vs_generate"] = {k: _compare(step[k], gen[k]) for k in cases}
     out["eager_generate_repeat"] = _compare(_generate(model, cases["alone/prompt0"], pad, steps), gen["alone/prompt0"])
     for name in variants:
@@ -275,6 +276,7 @@ def main() -> int:
     ap.add_argument("--experts-impl", default=None, help="the engine's experts_impl (float32 needs batched_mm)")
     ap.add_argument("--time-configs", default="eager_static_step,graphs")
     ap.add_argument("--check-steps", type=int, default=16)
+    ap.add_argument("--check-prompt-len", type=int, default=128, help="shorter in float32 with batched_mm (memory)")
     ap.add_argument("--time", action="store_true")
     ap.add_argument("--compile", default="", help="compile modes to time with graphs, comma-separated (default)")
     ap.add_argument("--steps", type=int, default=32)
@@ -298,7 +300,7 @@ def main() -> int:
     meta = {"model": info["model"], "device": info["device"], "versions": info["versions"], "tuning": info["tuning"]}
     tag = args.dtype.replace("bfloat16", "bf16").replace("float32", "fp32")
     if args.check:
-        res = check(engine, args.check_steps, [v for v in args.check_variants.split(",") if v])
+        res = check(engine, args.check_steps, [v for v in args.check_variants.split(",") if v], args.check_prompt_len)
         (out / f"cuda-graphs-check-{tag}.json").write_text(json.dumps({**meta, **res}, indent=1))
     batches = [int(b) for b in args.batches.split(",") if b]
     pad = engine._tokenizer.pad_token_id or 0
