@@ -46,6 +46,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "compile_reduce_overhead": {"cache": "static", "compile": "reduce-overhead"},
     "cuda_graphs": {"cache": "static", "cuda_graphs": True},
     "cuda_graphs_compile": {"cache": "static", "cuda_graphs": True, "compile": "default"},
+    "mla_absorbed": {"mla": "absorbed"},
+    "cuda_graphs_mla": {"cache": "static", "cuda_graphs": True, "mla": "absorbed"},
+    "cuda_graphs_compile_mla": {"cache": "static", "cuda_graphs": True, "compile": "default", "mla": "absorbed"},
 }
 CHECK_FIELDS = (
     "greedy_match",

@@ -151,6 +151,12 @@ class NativeOptions(EngineOptions):
         "runs eagerly, then every step is one graph launch over static input buffers. NVIDIA GPUs only; needs "
         "cache=static. With compile=default/max-autotune the step is compiled before it is captured.",
     )
+    mla: Literal["expand", "absorbed"] = Field(
+        "expand",
+        description="Multi-head latent attention in the decode step: expand (transformers: the cached latents are "
+        "expanded into every head's keys and values each step) or absorbed (kv_b_proj folded into the query and "
+        "the output, attention over the cached latents themselves, as vLLM and SGLang do). DeepSeek-V3 models.",
+    )
 
 
 def _installed(*modules: str) -> Availability:
@@ -300,6 +306,12 @@ class NativeEngine(Engine):
             cc._compile_all_devices = self.accelerator.name != "cuda"  # generate compiles only on GPUs by default
             gc.compile_config = cc
             gc.disable_compile = False
+        from engines import mla
+
+        reason = mla.unsupported(self.model) if o.mla == "absorbed" else None
+        if reason:
+            raise ConfigError(reason)
+        mla.set_absorbed(self.model, o.mla == "absorbed")
         self._graphed = None
         if o.cuda_graphs:
             impls = (getattr(cfg, "_experts_implementation", None), getattr(cfg, "_attn_implementation", None))
@@ -354,6 +366,7 @@ class NativeEngine(Engine):
             "inference_mode": o.inference_mode,
             "cudnn_benchmark": o.cudnn_benchmark,
             "cuda_graphs": o.cuda_graphs,
+            "mla": o.mla,
         }
         if self._graphed is not None:
             tuning["cuda_graphs_captured"] = self._graphed.captures

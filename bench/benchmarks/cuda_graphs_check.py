@@ -14,6 +14,11 @@ float32 rounding; in bf16 only the same-step comparison is meaningful (random we
 turn any kernel change into different logits). ``--check-variants graphs,graphs_compile`` adds
 the compiled-then-captured step.
 
+``--mla absorbed`` runs all of it with absorbed latent attention (``engines.mla``); ``--check``
+then also compares ``generate`` absorbed against ``generate`` expanded (transformers' MLA), the
+one comparison of the two that float32 makes meaningful. ``--time-mla expand,absorbed`` times
+each decoder with each.
+
 ``--time`` (bf16): ms per decode step through :class:`engines.native.GraphedDecoder` at each
 batch: the same step eager (the static cache and mask, no graph), replayed from its graph,
 and compiled then captured (``--compile``). A step's time is the gap between two steps'
@@ -45,6 +50,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from engines import mla
 from engines.base import create_engine
 from engines.batching import left_pad
 from engines.native import GraphedDecoder
@@ -121,6 +127,13 @@ def check(engine: Any, steps: int, variants: list[str], length: int = 128) -> di
                            "experts": engine.tuning()["experts_impl"]}  # fmt: skip
     out["eager_step_vs_generate"] = {k: _compare(step[k], gen[k]) for k in cases}
     out["eager_generate_repeat"] = _compare(_generate(model, cases["alone/prompt0"], pad, steps), gen["alone/prompt0"])
+    out["mla"] = engine.tuning().get("mla", "expand")
+    if out["mla"] == "absorbed":  # gen above is absorbed: the same generate with transformers' own MLA
+        mla.set_absorbed(model, False)
+        expanded = {k: _generate(model, ps, pad, steps) for k, ps in cases.items()}
+        mla.set_absorbed(model, True)
+        out["absorbed_vs_expand_generate"] = {k: _compare(gen[k], expanded[k]) for k in cases}
+        print("absorbed_vs_expand_generate", out["absorbed_vs_expand_generate"], flush=True)
     for name in variants:
         mode = "default" if name == "graphs_compile" else "off"
         t = time.perf_counter()
@@ -163,8 +176,9 @@ def _step_times(dec: GraphedDecoder, prompts: list[list[int]], pad: int, steps: 
 
 def timing(
     model: Any, pad: int, batches: list[int], steps: int, compile_modes: list[str], configs: list[str],
-    keep: dict[str, GraphedDecoder],
+    keep: dict[str, GraphedDecoder], mla_modes: list[str],
 ) -> dict[str, Any]:  # fmt: skip
+    """ms per step of each decoder at each batch, with each MLA mode (absorbed ones are named ``+mla``)."""
     eos = _eos_ids(model)
     prompts = _prompts(max(batches), 128, int(model.config.vocab_size), seed=1)
     decoders = {"eager_static_step": lambda: _eager_decoder(model), "graphs": lambda: GraphedDecoder(model)}
@@ -172,10 +186,12 @@ def timing(
         decoders[f"graphs_compile_{mode}"] = lambda mode=mode: GraphedDecoder(model, mode)
     decoders = {k: v for k, v in decoders.items() if k in configs or k.startswith("graphs_compile_")}
     rows = []
-    for name, make in decoders.items():
+    for (base, make), mla_mode in itertools.product(decoders.items(), mla_modes):
+        mla.set_absorbed(model, mla_mode == "absorbed")
+        name = base + ("+mla" if mla_mode == "absorbed" else "")
         dec = keep[name] = make()
         for b in batches:
-            row: dict[str, Any] = {"config": name, "batch": b}
+            row: dict[str, Any] = {"config": name, "batch": b, "mla": mla_mode}
             try:
                 t = time.perf_counter()
                 _step_times(dec, prompts[:b], pad, 4, eos)  # capture (and compile) here
@@ -284,13 +300,15 @@ def main() -> int:
     ap.add_argument("--profile-batches", default="1,128")
     ap.add_argument("--profile-configs", default="eager_static_step,graphs")
     ap.add_argument("--batches", default="1,8,32,128")
+    ap.add_argument("--mla", default="expand", choices=["expand", "absorbed"], help="the engine's mla option")
+    ap.add_argument("--time-mla", default="", help="MLA modes to time, comma-separated (default: --mla)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
     engine = create_engine(
         {"kind": "native", "model": args.model, "accelerator": "cuda", "dtype": args.dtype, "record_routing": False,
-         "experts_impl": args.experts_impl}
+         "experts_impl": args.experts_impl, "mla": args.mla}
     )  # fmt: skip
     engine.start()
     info = engine.describe()
@@ -307,9 +325,11 @@ def main() -> int:
     decoders: dict[str, GraphedDecoder] = {}
     if args.time:
         modes = [m for m in args.compile.split(",") if m]
-        res = timing(engine.model, pad, batches, args.steps, modes, args.time_configs.split(","), decoders)
+        mla_modes = [m for m in (args.time_mla or args.mla).split(",") if m]
+        res = timing(engine.model, pad, batches, args.steps, modes, args.time_configs.split(","), decoders, mla_modes)
+        mla.set_absorbed(engine.model, args.mla == "absorbed")
         (out / f"cuda-graphs-time-{tag}.json").write_text(json.dumps({**meta, **res}, indent=1))
-    if args.profile:
+    if args.profile:  # the decoders timed last are reused: their MLA mode is the last of --time-mla
         pb = [int(b) for b in args.profile_batches.split(",") if b]
         res = profile(engine.model, pad, pb, [c for c in args.profile_configs.split(",") if c], decoders)
         (out / f"cuda-graphs-profile-{tag}.json").write_text(json.dumps({**meta, **res}, indent=1))

@@ -197,7 +197,7 @@ def main() -> int:
             try:
                 engine.retune(**{**{k: None for k in ("experts_impl", "attn_impl")}, "cache": "dynamic",
                                  "compile": "off", "inference_mode": True, "cudnn_benchmark": False,
-                                 "cuda_graphs": False, **changes,
+                                 "cuda_graphs": False, "mla": "expand", **changes,
                                  "batch_size": batch, "batch_wait_ms": 200.0})  # fmt: skip
                 row["tuning"] = engine.tuning()
                 t = time.perf_counter()
@@ -215,7 +215,13 @@ def main() -> int:
                     warmup=0,
                     name=f"tuning-{name}-b{batch}",
                 )
+                formed = len(engine._batcher.batches) if engine._batcher is not None else 0
+                captured = engine.tuning().get("cuda_graphs_captured")
                 snap = start_run(cfg, store, engine=engine).wait(600)
+                if engine._batcher is not None:  # how the run's requests were batched (a stall's suspects)
+                    row["run_batches"] = list(engine._batcher.batches[formed:])
+                if captured is not None:  # graphs captured during the measured run (each one a stall)
+                    row["run_captures"] = engine.tuning()["cuda_graphs_captured"] - captured
                 s = snap.summary
                 if snap.status != "completed" or s is None:
                     raise RuntimeError(snap.error or snap.status)

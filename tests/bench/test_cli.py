@@ -239,7 +239,7 @@ def test_ctrl_c_mid_run_of_a_million_requests_keeps_what_was_measured(tmp_path: 
             break
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=150)  # a loaded 2-core machine is slow to wind down
     assert proc.returncode == 130, err
     (run,) = Store(db).list_runs()
     assert run.status == "cancelled", run.error

@@ -207,6 +207,9 @@ def test_retune_switches_the_loaded_model_and_back(alone: list[Any]) -> None:
         {"cache": "static", "compile": "default", "record_routing": False},
         {"cache": "static", "cuda_graphs": True, "experts_impl": "batched_mm", "record_routing": False},
         {"cache": "static", "cuda_graphs": True, "experts_impl": "batched_mm", "compile": "default"},
+        {"mla": "absorbed"},
+        {"cache": "static", "cuda_graphs": True, "experts_impl": "batched_mm", "mla": "absorbed"},
+        {"cache": "static", "cuda_graphs": True, "experts_impl": "batched_mm", "compile": "default", "mla": "absorbed"},
     ],
     ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
 )
@@ -392,7 +395,8 @@ def test_cuda_graphs_give_eagers_tokens_and_logits_in_float32(tiny_model: Path, 
 
 
 @pytest.mark.cuda
-def test_cuda_graphs_replay_the_eager_step_exactly_in_bf16(tiny_model: Path) -> None:
+@pytest.mark.parametrize("mla", ["expand", "absorbed"])
+def test_cuda_graphs_replay_the_eager_step_exactly_in_bf16(tiny_model: Path, mla: str) -> None:
     """bf16 with grouped_mm experts (the fast path): the replayed graph gives the same tokens and
     logits as the same step run eagerly (same static cache, mask and kernels, no graph), for four
     prompts through one graph and for a padded batch; float32 grouped_mm is refused in one line."""
@@ -405,7 +409,7 @@ def test_cuda_graphs_replay_the_eager_step_exactly_in_bf16(tiny_model: Path) -> 
     if not avail.ok:
         pytest.skip(f"no CUDA here: {avail.reason}")
     base = {"kind": "native", "model": "tiny-deepseek-v3", "accelerator": "cuda", "record_routing": False}
-    engine = create_engine({**base, "dtype": "bfloat16", "cache": "static", "cuda_graphs": True})
+    engine = create_engine({**base, "dtype": "bfloat16", "cache": "static", "cuda_graphs": True, "mla": mla})
     engine.start()
     try:
         model, pad = engine.model, engine._tokenizer.pad_token_id or 0

@@ -1,0 +1,121 @@
+"""Absorbed multi-head latent attention for the decode step (the native engine's ``mla=absorbed``).
+
+transformers' DeepSeek-V3 attention caches the compressed latent (``kv_lora_rank`` values after
+``kv_a_layernorm``, plus the rotary key part) and, every step, expands the whole cache back into
+per-head keys and values through ``kv_b_proj`` and concatenates the rotary part onto each head's
+key: B x L tokens through a matmul and a copy per layer per step. On the H200 at batch 128 that
+was ~10 ms of a 23 ms step (``examples/tuning/h200-profile-summary.json``).
+
+Absorbed, the same function is computed without expanding the cache (DeepSeek-V2 paper, 2.1.2;
+what vLLM and SGLang do): ``kv_b_proj``'s weight splits per head into W_UK [d_nope x r] and
+W_UV [d_v x r]; the query's non-rotary part is moved into the latent space once
+(``q_lat = q_nope W_UK``), scores are ``q_lat . c + q_rope . k_rope`` over the cached latents
+``c``, the weighted sum of the latents ``o_lat = softmax(scores) c`` is moved out per head
+(``o = o_lat W_UV^T``) and ``o_proj`` follows. Only the single-token decode step is absorbed; a
+prompt (more than one token) runs transformers' own forward, which writes the same cache.
+
+Numerics: the same sums in another order; in float32 the logits agree with transformers' to
+~1e-5 (tests/engines/test_mla.py). Scores are computed in the model dtype and the softmax in
+float32, as transformers' eager attention does.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+_PATCHED = "_moebench_absorbed_mla"
+
+
+def _attention_modules(model: Any) -> list[Any]:
+    return [m for m in model.modules() if type(m).__name__ == "DeepseekV3Attention"]
+
+
+def unsupported(model: Any) -> str | None:
+    """Why this model's attention cannot be absorbed here (one line), or None."""
+    mods = _attention_modules(model)
+    if not mods:
+        return f"mla=absorbed is written for DeepSeek-V3 attention (MLA); this model is {type(model).__name__}"
+    m = mods[0]
+    for attr in ("kv_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "o_proj", "kv_lora_rank", "qk_nope_head_dim"):
+        if not hasattr(m, attr):
+            return f"mla=absorbed: this transformers' DeepseekV3Attention has no {attr}"
+    if getattr(m.kv_b_proj, "bias", None) is not None:
+        return "mla=absorbed: kv_b_proj has a bias, which absorption does not carry"
+    return None
+
+
+def set_absorbed(model: Any, on: bool) -> int:
+    """Turn the absorbed decode step on or off on every MLA module; how many were changed."""
+    changed = 0
+    for m in _attention_modules(model):
+        if on and not getattr(m, _PATCHED, False):
+            m.forward = types.MethodType(_absorbed_forward, m)
+            setattr(m, _PATCHED, True)
+            changed += 1
+        elif not on and getattr(m, _PATCHED, False):
+            del m.forward  # the class's forward again
+            setattr(m, _PATCHED, False)
+            changed += 1
+    return changed
+
+
+def is_absorbed(model: Any) -> bool:
+    return any(getattr(m, _PATCHED, False) for m in _attention_modules(model))
+
+
+def _absorbed_forward(
+    self: Any,
+    hidden_states: Any,
+    position_embeddings: Any,
+    attention_mask: Any,
+    past_key_values: Any = None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
+    import torch
+
+    batch, seq = hidden_states.shape[:-1]
+    if seq != 1 or past_key_values is None:
+        return type(self).forward(self, hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
+    heads, d_nope, d_rope = self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim
+    rank, d_v = self.kv_lora_rank, self.v_head_dim
+    if self.q_lora_rank is None:
+        q = self.q_proj(hidden_states)
+    else:
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
+    q = q.view(batch, 1, heads, d_nope + d_rope).transpose(1, 2)  # [B, H, 1, d]
+    q_nope, q_rope = torch.split(q, [d_nope, d_rope], dim=-1)
+    kv_nope, k_rope = torch.split(self.kv_a_proj_with_mqa(hidden_states), [rank, d_rope], dim=-1)
+    kv_nope = self.kv_a_layernorm(kv_nope).view(batch, 1, 1, rank)
+    k_rope = k_rope.view(batch, 1, 1, d_rope)
+    cos, sin = position_embeddings
+    rope = sys.modules[type(self).__module__]
+    if getattr(self.config, "rope_interleave", False):
+        q_rope, k_rope = rope.apply_rotary_pos_emb_interleave(q_rope, k_rope, cos, sin)
+    else:
+        q_rope, k_rope = rope.apply_rotary_pos_emb(q_rope, k_rope, cos, sin)
+    latents, rope_keys = past_key_values.update(kv_nope, k_rope, self.layer_idx)  # [B, 1, L, r], [B, 1, L, d_rope]
+    length = latents.shape[2]
+    latents, rope_keys = latents[:, 0], rope_keys[:, 0]  # [B, L, r], [B, L, d_rope]
+    w = self.kv_b_proj.weight.view(heads, d_nope + d_v, rank)
+    w_uk, w_uv = w[:, :d_nope, :], w[:, d_nope:, :]  # [H, d_nope, r], [H, d_v, r]
+    # the query's non-rotary part into the latent space, per head: [H, B, d_nope] @ [H, d_nope, r]
+    q_lat = torch.bmm(q_nope[:, :, 0].transpose(0, 1), w_uk).transpose(0, 1)  # [B, H, r]
+    scores = torch.bmm(q_lat, latents.transpose(1, 2))  # [B, H, L]: the heads share one latent cache (MQA-like)
+    scores = scores + torch.bmm(q_rope[:, :, 0], rope_keys.transpose(1, 2))
+    scores = scores.float() * self.scaling
+    if attention_mask is not None:
+        mask = attention_mask
+        if mask.dim() == 4:  # [B, 1, 1, >=L]: this step's row of the mask over the cache
+            mask = mask[:, 0, -1:, :length]  # [B, 1, L]
+        else:  # [B, L] (1 = attend)
+            mask = mask[:, None, :length].bool()
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min)
+        else:  # an additive mask (eager attention's)
+            scores = scores + mask.float()
+    probs = torch.softmax(scores, dim=-1).to(latents.dtype)
+    out_lat = torch.bmm(probs, latents)  # [B, H, r]
+    out = torch.bmm(out_lat.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)  # [B, H, d_v]
+    return self.o_proj(out.reshape(batch, 1, heads * d_v)), None

@@ -1,0 +1,156 @@
+"""Absorbed MLA (the native engine's ``mla=absorbed``) on the real tiny DeepSeek-V3 on CPU, in
+float32: the same greedy tokens as transformers' expanding attention and logits within 1e-5,
+alone, left-padded, with dynamic and static caches and both attention kernels' masks, through
+the engine and through the graphed decode loop; turned off, the model is transformers' again;
+a model without MLA is refused in one line."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engines import mla
+from engines.base import create_engine
+from tests.engines.test_native_tuning import PROMPTS, _all_at_once, _fake_capture, _generate, _start
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_model: Path) -> Iterator[list[Any]]:
+    """The first three prompts generated each on its own by the default engine: the reference."""
+    engine = _start()
+    out: list[Any] = [None] * len(PROMPTS)
+    for i in range(3):
+        _generate(engine, i, out)
+    engine.stop()
+    yield out
+
+
+def _greedy(model: Any, prompts: list[list[int]], pad: int, steps: int, **kw: Any) -> tuple[list[list[int]], Any]:
+    import torch
+
+    from engines.batching import left_pad
+
+    ids, mask = left_pad(prompts, pad)
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=steps,
+            min_new_tokens=steps, do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=pad,
+            output_logits=True, return_dict_in_generate=True, **kw,
+        )  # fmt: skip
+    return out.sequences[:, len(ids[0]) :].tolist(), torch.stack(out.logits, 1).float()
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_absorbed_decode_matches_transformers_mla(tiny_model: Path, attn: str) -> None:
+    engine = _start(dtype="float32", attn_impl=attn, record_routing=False)
+    try:
+        model, pad = engine.model, engine._tokenizer.pad_token_id or 0
+        calls = {"n": 0}
+        for cache in ("dynamic", "static"):
+            for prompts in ([PROMPTS[0]], PROMPTS[:4]):
+                kw = {"cache_implementation": "static"} if cache == "static" else {}
+                mla.set_absorbed(model, False)
+                ref_ids, ref_logits = _greedy(model, prompts, pad, 12, **kw)
+                assert mla.set_absorbed(model, True) == model.config.num_hidden_layers
+                attn0 = next(m for m in model.modules() if type(m).__name__ == "DeepseekV3Attention")
+                inner = attn0.forward
+
+                def counted(*a: Any, _inner: Any = inner, **k: Any) -> Any:
+                    calls["n"] += 1
+                    return _inner(*a, **k)
+
+                attn0.forward = counted  # count the absorbed layer's calls (it is still the absorbed forward)
+                ids, logits = _greedy(model, prompts, pad, 12, **kw)
+                attn0.forward = inner
+                assert ids == ref_ids, (cache, len(prompts))
+                assert float((logits - ref_logits).abs().max()) < 1e-5
+                assert float(ref_logits.abs().max()) > 0.1  # logits of a real scale, not all zero
+        assert calls["n"] == 4 * 12  # the prompt and 11 decode steps, per generate: it ran
+        assert mla.set_absorbed(model, False) == model.config.num_hidden_layers and not mla.is_absorbed(model)
+    finally:
+        engine.stop()
+
+
+def test_absorbed_really_skips_the_expansion(tiny_model: Path) -> None:
+    """A decode step with mla=absorbed never calls kv_b_proj (the per-step expansion of the cache);
+    the prompt still does (transformers' own forward writes the cache)."""
+    import torch
+
+    engine = _start(dtype="float32", record_routing=False, mla="absorbed")
+    try:
+        model, pad = engine.model, engine._tokenizer.pad_token_id or 0
+        seen: list[int] = []
+        handles = [
+            m.kv_b_proj.register_forward_hook(lambda _m, inp, _o: seen.append(inp[0].shape[-2]))
+            for m in model.modules()
+            if type(m).__name__ == "DeepseekV3Attention"
+        ]
+        try:
+            with torch.inference_mode():
+                _greedy(model, [PROMPTS[0]], pad, 6)
+        finally:
+            for h in handles:
+                h.remove()
+        assert seen == [len(PROMPTS[0])] * model.config.num_hidden_layers  # the prompt only, no decode step
+        assert engine.describe()["tuning"]["mla"] == "absorbed"
+    finally:
+        engine.stop()
+
+
+def test_engine_with_absorbed_mla_streams_eagers_tokens(alone: list[Any]) -> None:
+    """Through the engine (bf16 would flip random-weight tokens; the tiny model loads float32 on
+    CPU): unbatched, statically batched, and through the graphed decode loop (capture faked)."""
+    from engines.batching import StaticBatcher
+    from engines.native import GraphedDecoder
+
+    for opts in ({}, {"cache": "static", "batch_size": 3, "batch_wait_ms": 200}, {"cache": "static", "graph": True}):
+        graph = opts.pop("graph", False)
+        engine = _start(mla="absorbed", **opts)
+        try:
+            if graph:
+                engine._graphed = GraphedDecoder(engine.model)
+                _fake_capture(engine._graphed)
+                engine._batcher = StaticBatcher(engine._run_batch, 1, 0.0)
+            if opts.get("batch_size"):
+                got = _all_at_once(engine, [0, 1, 2])
+            else:
+                got = [None] * len(PROMPTS)
+                for i in range(3):
+                    _generate(engine, i, got)
+            assert got[:3] == alone[:3], opts
+            assert mla.is_absorbed(engine.model)
+            if graph:
+                assert engine._graphed.captures >= 1
+        finally:
+            engine.stop()
+
+
+def test_retune_turns_absorption_on_and_off(tiny_model: Path) -> None:
+    engine = _start(record_routing=False)
+    try:
+        assert not mla.is_absorbed(engine.model) and engine.describe()["tuning"]["mla"] == "expand"
+        engine.retune(mla="absorbed")
+        assert mla.is_absorbed(engine.model)
+        engine.retune(mla="expand")
+        assert not mla.is_absorbed(engine.model)
+    finally:
+        engine.stop()
+
+
+def test_a_model_without_mla_is_refused_in_one_line() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2))  # fmt: skip
+    assert mla.unsupported(llama) == (
+        "mla=absorbed is written for DeepSeek-V3 attention (MLA); this model is LlamaForCausalLM"
+    )
+    assert mla.set_absorbed(llama, True) == 0 and not mla.is_absorbed(llama)
+
+
+def test_the_option_is_validated(tiny_model: Path) -> None:
+    with pytest.raises(Exception, match="mla"):
+        create_engine({"kind": "native", "model": "tiny-deepseek-v3", "accelerator": "cpu", "mla": "folded"})
