@@ -231,15 +231,23 @@ def test_ctrl_c_mid_run_of_a_million_requests_keeps_what_was_measured(tmp_path: 
     db = tmp_path / "db.sqlite"
     argv = [sys.executable, "-m", "bench", "run", "--requests", "1000000", "--input-len", "64", "--quiet",
             "--db", str(db)]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 180
-    while time.time() < deadline:  # wait for the first stored requests
-        runs = Store(db).list_runs() if db.exists() else []
-        if runs and Store(db).sample_count(runs[0].id) >= 3:
-            break
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=150)  # a loaded 2-core machine is slow to wind down
+    # SIGINT's default disposition for the child, as in a terminal: a suite started in the
+    # background by a non-interactive shell inherits SIGINT ignored, and so would the CLI
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline:  # wait for the first stored requests
+            runs = Store(db).list_runs() if db.exists() else []
+            if runs and Store(db).sample_count(runs[0].id) >= 3:
+                break
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # never leave a million-request run behind
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 130, err
     (run,) = Store(db).list_runs()
     assert run.status == "cancelled", run.error
