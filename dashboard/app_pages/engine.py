@@ -123,6 +123,8 @@ with form_col, st.container(border=True):
                         key=key,
                         help=spec.help or None,
                         format_func=lambda v: "engine default" if v is None else str(v),
+                        # a None value shows the placeholder, not the None option's label
+                        placeholder="engine default",
                     )
                 elif spec.widget in ("int", "float"):
                     is_int = spec.widget == "int"

@@ -105,8 +105,8 @@ if rows:
         fig.update_yaxes(title=axis, type="log", dtick=1)  # powers of ten only: readable at any spread
         fig.update_xaxes(tickangle=-25)
         fig.update_layout(
-            barmode="group", margin={"b": 120},
-            legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "right", "x": 1.0},
+            barmode="group", margin={"b": 120, "t": 90},  # the legend in its own row under the title
+            legend={"orientation": "h", "yanchor": "bottom", "y": 1.01, "xanchor": "left", "x": 0.0},
         )  # fmt: skip
         with col:
             ui.chart(fig, f"t.chart-{value}")
