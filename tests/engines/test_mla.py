@@ -154,3 +154,24 @@ def test_a_model_without_mla_is_refused_in_one_line() -> None:
 def test_the_option_is_validated(tiny_model: Path) -> None:
     with pytest.raises(Exception, match="mla"):
         create_engine({"kind": "native", "model": "tiny-deepseek-v3", "accelerator": "cpu", "mla": "folded"})
+
+
+@pytest.mark.slow
+def test_absorbed_decode_compiles_once_and_matches_eager(alone: list[Any]) -> None:
+    """torch.compile (inductor on CPU) over the absorbed step, static cache: eager's tokens, and
+    another prompt of the same shapes compiles nothing new (what cuda_graphs_compile_mla relies on)."""
+    from torch._dynamo.utils import counters
+
+    engine = _start(cache="static", compile="default", mla="absorbed", record_routing=False)
+    try:
+        got: list[Any] = [None] * len(PROMPTS)
+        _generate(engine, 0, got)
+        graphs = counters["stats"]["unique_graphs"]
+        assert graphs >= 1
+        _generate(engine, 0, got)
+        assert counters["stats"]["unique_graphs"] == graphs
+        for i in (1, 2):
+            _generate(engine, i, got)
+        assert got[:3] == alone[:3]
+    finally:
+        engine.stop()
