@@ -15,8 +15,12 @@ W_UV [d_v x r]; the query's non-rotary part is moved into the latent space once
 prompt (more than one token) runs transformers' own forward, which writes the same cache.
 
 Numerics: the same sums in another order; in float32 the logits agree with transformers' to
-~1e-5 (tests/engines/test_mla.py). Scores are computed in the model dtype and the softmax in
-float32, as transformers' eager attention does.
+~1e-5 (tests/engines/test_mla.py). The two parts of the scores are matmuls in the model dtype,
+summed, scaled and soft-maxed in float32.
+
+Refused (one line, :func:`unsupported`) for attention that is not transformers' DeepSeek-V3 class
+(``trust_remote_code``'s caches expanded keys), a ``kv_b_proj`` that is not a plain float
+``Linear`` (quantised weights), and a forward already wrapped on the module (offloading hooks).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import types
 from typing import Any
 
 _PATCHED = "_moebench_absorbed_mla"
+_BEFORE = "_moebench_forward_before_mla"  # a forward set on the module itself before ours (hooks), kept
 
 
 def _attention_modules(model: Any) -> list[Any]:
@@ -34,15 +39,31 @@ def _attention_modules(model: Any) -> list[Any]:
 
 def unsupported(model: Any) -> str | None:
     """Why this model's attention cannot be absorbed here (one line), or None."""
+    import torch
+
     mods = _attention_modules(model)
     if not mods:
         return f"mla=absorbed is written for DeepSeek-V3 attention (MLA); this model is {type(model).__name__}"
     m = mods[0]
+    if not type(m).__module__.startswith("transformers.models.deepseek_v3."):
+        # e.g. trust_remote_code's own class: another forward signature, and it caches expanded keys
+        return f"mla=absorbed needs transformers' DeepseekV3Attention, not {type(m).__module__}'s"
     for attr in ("kv_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "o_proj", "kv_lora_rank", "qk_nope_head_dim"):
         if not hasattr(m, attr):
             return f"mla=absorbed: this transformers' DeepseekV3Attention has no {attr}"
-    if getattr(m.kv_b_proj, "bias", None) is not None:
+    if type(m.kv_b_proj) is not torch.nn.Linear or m.kv_b_proj.weight.dtype not in (
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+    ):
+        return (
+            f"mla=absorbed needs kv_b_proj as a plain float Linear (it reads the weight per head), not "
+            f"{type(m.kv_b_proj).__name__} of {m.kv_b_proj.weight.dtype}"
+        )
+    if m.kv_b_proj.bias is not None:
         return "mla=absorbed: kv_b_proj has a bias, which absorption does not carry"
+    if "forward" in m.__dict__ and not getattr(m, _PATCHED, False):
+        return "mla=absorbed: the attention's forward is wrapped (e.g. accelerate's offloading hooks); it would skip it"
     return None
 
 
@@ -51,11 +72,16 @@ def set_absorbed(model: Any, on: bool) -> int:
     changed = 0
     for m in _attention_modules(model):
         if on and not getattr(m, _PATCHED, False):
+            setattr(m, _BEFORE, m.__dict__.get("forward"))
             m.forward = types.MethodType(_absorbed_forward, m)
             setattr(m, _PATCHED, True)
             changed += 1
         elif not on and getattr(m, _PATCHED, False):
-            del m.forward  # the class's forward again
+            before = getattr(m, _BEFORE, None)
+            if before is None:
+                del m.forward  # the class's forward again
+            else:
+                m.forward = before
             setattr(m, _PATCHED, False)
             changed += 1
     return changed
@@ -77,7 +103,9 @@ def _absorbed_forward(
 
     batch, seq = hidden_states.shape[:-1]
     if seq != 1 or past_key_values is None:
-        return type(self).forward(self, hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
+        before = getattr(self, _BEFORE, None)
+        forward = before if before is not None else types.MethodType(type(self).forward, self)
+        return forward(hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
     heads, d_nope, d_rope = self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim
     rank, d_v = self.kv_lora_rank, self.v_head_dim
     if self.q_lora_rank is None:
@@ -102,15 +130,18 @@ def _absorbed_forward(
     w_uk, w_uv = w[:, :d_nope, :], w[:, d_nope:, :]  # [H, d_nope, r], [H, d_v, r]
     # the query's non-rotary part into the latent space, per head: [H, B, d_nope] @ [H, d_nope, r]
     q_lat = torch.bmm(q_nope[:, :, 0].transpose(0, 1), w_uk).transpose(0, 1)  # [B, H, r]
-    scores = torch.bmm(q_lat, latents.transpose(1, 2))  # [B, H, L]: the heads share one latent cache (MQA-like)
-    scores = scores + torch.bmm(q_rope[:, :, 0], rope_keys.transpose(1, 2))
-    scores = scores.float() * self.scaling
+    # [B, H, L]: the heads share one latent cache (MQA-like); the two parts summed in float32
+    scores = torch.bmm(q_lat, latents.transpose(1, 2)).float()
+    scores = (scores + torch.bmm(q_rope[:, :, 0], rope_keys.transpose(1, 2)).float()) * self.scaling
     if attention_mask is not None:
         mask = attention_mask
         if mask.dim() == 4:  # [B, 1, 1, >=L]: this step's row of the mask over the cache
             mask = mask[:, 0, -1:, :length]  # [B, 1, L]
-        else:  # [B, L] (1 = attend)
-            mask = mask[:, None, :length].bool()
+        else:  # [B, width] (1 = attend; FlashAttention's, as wide as the tokens so far, not the static cache)
+            mask = mask[:, :length].bool()
+            if mask.shape[-1] < length:  # the cache's unwritten slots: never attended
+                mask = torch.nn.functional.pad(mask, (0, length - mask.shape[-1]), value=False)
+            mask = mask[:, None, :]
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min)
         else:  # an additive mask (eager attention's)

@@ -6,6 +6,7 @@ a model without MLA is refused in one line."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,23 @@ def alone(tiny_model: Path) -> Iterator[list[Any]]:
         _generate(engine, i, out)
     engine.stop()
     yield out
+
+
+@contextlib.contextmanager
+def _expansions(model: Any) -> Iterator[list[int]]:
+    """The token counts kv_b_proj (transformers' expansion of the cached latents) is called with,
+    one call per layer per forward: the cache so far (with a static cache, its whole length)."""
+    seen: list[int] = []
+    handles = [
+        m.kv_b_proj.register_forward_hook(lambda _m, inp, _o: seen.append(inp[0].shape[-2]))
+        for m in model.modules()
+        if type(m).__name__ == "DeepseekV3Attention"
+    ]
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def _greedy(model: Any, prompts: list[list[int]], pad: int, steps: int, **kw: Any) -> tuple[list[list[int]], Any]:
@@ -55,47 +73,56 @@ def test_absorbed_decode_matches_transformers_mla(tiny_model: Path, attn: str) -
                 mla.set_absorbed(model, False)
                 ref_ids, ref_logits = _greedy(model, prompts, pad, 12, **kw)
                 assert mla.set_absorbed(model, True) == model.config.num_hidden_layers
-                attn0 = next(m for m in model.modules() if type(m).__name__ == "DeepseekV3Attention")
-                inner = attn0.forward
-
-                def counted(*a: Any, _inner: Any = inner, **k: Any) -> Any:
-                    calls["n"] += 1
-                    return _inner(*a, **k)
-
-                attn0.forward = counted  # count the absorbed layer's calls (it is still the absorbed forward)
-                ids, logits = _greedy(model, prompts, pad, 12, **kw)
-                attn0.forward = inner
+                with _expansions(model) as seen:
+                    ids, logits = _greedy(model, prompts, pad, 12, **kw)
+                # the prompt expanded once per layer (over the whole static cache, or the prompt); no
+                # decode step did: the absorbed path ran
+                assert len(seen) == model.config.num_hidden_layers and min(seen) >= max(map(len, prompts))
+                calls["n"] += 1
                 assert ids == ref_ids, (cache, len(prompts))
                 assert float((logits - ref_logits).abs().max()) < 1e-5
                 assert float(ref_logits.abs().max()) > 0.1  # logits of a real scale, not all zero
-        assert calls["n"] == 4 * 12  # the prompt and 11 decode steps, per generate: it ran
+        assert calls["n"] == 4
         assert mla.set_absorbed(model, False) == model.config.num_hidden_layers and not mla.is_absorbed(model)
     finally:
         engine.stop()
 
 
-def test_absorbed_really_skips_the_expansion(tiny_model: Path) -> None:
-    """A decode step with mla=absorbed never calls kv_b_proj (the per-step expansion of the cache);
-    the prompt still does (transformers' own forward writes the cache)."""
+def test_the_other_mla_variants_match_too() -> None:
+    """The tiny model has rope_interleave and a query LoRA; DeepSeek-V2-Lite's shape has neither
+    (q_proj, plain rope): a small random model of that kind, float32, absorbed against expanded."""
     import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-    engine = _start(dtype="float32", record_routing=False, mla="absorbed")
+    torch.manual_seed(0)
+    cfg = DeepseekV3Config(
+        vocab_size=512, hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=2,
+        first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
+        num_experts_per_tok=2, n_group=1, topk_group=1, q_lora_rank=None, kv_lora_rank=64, qk_nope_head_dim=32,
+        qk_rope_head_dim=16, v_head_dim=32, rope_interleave=False, max_position_embeddings=256,
+    )  # fmt: skip
+    model = DeepseekV3ForCausalLM(cfg).float().eval()
+    model.generation_config.eos_token_id = None
+    assert mla.unsupported(model) is None and model.model.layers[0].self_attn.q_proj is not None
+    prompts = [[int(t) % 512 for t in p] for p in PROMPTS[:3]]
+    ref_ids, ref_logits = _greedy(model, prompts, 0, 10)
+    mla.set_absorbed(model, True)
+    with _expansions(model) as seen:
+        ids, logits = _greedy(model, prompts, 0, 10)
+    assert seen == [max(len(p) for p in prompts)] * 2
+    assert ids == ref_ids and float((logits - ref_logits).abs().max()) < 1e-5
+
+
+def test_a_wrapped_or_foreign_attention_is_refused(tiny_model: Path) -> None:
+    engine = _start(record_routing=False)
     try:
-        model, pad = engine.model, engine._tokenizer.pad_token_id or 0
-        seen: list[int] = []
-        handles = [
-            m.kv_b_proj.register_forward_hook(lambda _m, inp, _o: seen.append(inp[0].shape[-2]))
-            for m in model.modules()
-            if type(m).__name__ == "DeepseekV3Attention"
-        ]
-        try:
-            with torch.inference_mode():
-                _greedy(model, [PROMPTS[0]], pad, 6)
-        finally:
-            for h in handles:
-                h.remove()
-        assert seen == [len(PROMPTS[0])] * model.config.num_hidden_layers  # the prompt only, no decode step
-        assert engine.describe()["tuning"]["mla"] == "absorbed"
+        attn = next(m for m in engine.model.modules() if type(m).__name__ == "DeepseekV3Attention")
+        attn.forward = attn.forward  # an instance-level forward, as accelerate's hooks set
+        assert mla.unsupported(engine.model) == (
+            "mla=absorbed: the attention's forward is wrapped (e.g. accelerate's offloading hooks); it would skip it"
+        )
+        del attn.forward
+        assert mla.unsupported(engine.model) is None
     finally:
         engine.stop()
 
@@ -114,13 +141,17 @@ def test_engine_with_absorbed_mla_streams_eagers_tokens(alone: list[Any]) -> Non
                 engine._graphed = GraphedDecoder(engine.model)
                 _fake_capture(engine._graphed)
                 engine._batcher = StaticBatcher(engine._run_batch, 1, 0.0)
-            if opts.get("batch_size"):
-                got = _all_at_once(engine, [0, 1, 2])
-            else:
-                got = [None] * len(PROMPTS)
-                for i in range(3):
-                    _generate(engine, i, got)
+            with _expansions(engine.model) as seen:
+                if opts.get("batch_size"):
+                    got = _all_at_once(engine, [0, 1, 2])
+                else:
+                    got = [None] * len(PROMPTS)
+                    for i in range(3):
+                        _generate(engine, i, got)
             assert got[:3] == alone[:3], opts
+            # each request's (or batch's) prompt expanded once per layer; no decode step did
+            assert seen and len(seen) % engine.model.config.num_hidden_layers == 0
+            assert len(seen) <= 3 * engine.model.config.num_hidden_layers
             assert mla.is_absorbed(engine.model)
             if graph:
                 assert engine._graphed.captures >= 1
@@ -170,8 +201,10 @@ def test_absorbed_decode_compiles_once_and_matches_eager(alone: list[Any]) -> No
         assert graphs >= 1
         _generate(engine, 0, got)
         assert counters["stats"]["unique_graphs"] == graphs
-        for i in (1, 2):
-            _generate(engine, i, got)
+        with _expansions(engine.model) as seen:
+            for i in (1, 2):
+                _generate(engine, i, got)
         assert got[:3] == alone[:3]
+        assert len(seen) == 2 * engine.model.config.num_hidden_layers  # two prompts; compiled steps do not expand
     finally:
         engine.stop()
