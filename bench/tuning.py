@@ -240,3 +240,52 @@ def config_texts(rows: Sequence[TuningRow]) -> dict[str, str]:
             changed = {k: v for k, v in tun.items() if base.get(k) != v}
             out[config] = ", ".join(f"{k}={v}" for k, v in changed.items()) or "no change recorded"
     return out
+
+
+# The decode step alone (``bench/benchmarks/cuda_graphs_check.py --time --profile``), saved.
+STEP_STUDY_GLOB = "*-profile-summary.json"
+STEP_NAMES = {
+    "eager_static_step": "eager (static cache, no graph)",
+    "graphs": "CUDA graph",
+    "graphs_compile_default": "compile=default, then CUDA graph",
+}
+
+
+@dataclass(frozen=True)
+class StepStudy:
+    """One saved study of the decode step: its timing rows and profile rows, with provenance."""
+
+    source: str  # the file it came from
+    title: str  # device, model, dtype, versions
+    how: str
+    timing: list[dict[str, Any]]  # config (readable), batch, ms_per_step_p50, ms_per_step_p90, tok_s, capture_s
+    profile: list[dict[str, Any]]  # config, batch, kernels/step, host launches/step, GPU kernel ms/step, busy
+
+
+def step_studies(folder: Path = SAVED) -> list[StepStudy]:
+    """The saved decode-step studies in ``folder`` (files this repository ships, checked by the tests)."""
+    out: list[StepStudy] = []
+    for path in sorted(folder.glob(STEP_STUDY_GLOB)):
+        d = json.loads(path.read_text())
+        versions = ", ".join(f"{k} {v}" for k, v in (d.get("versions") or {}).items())
+        title = f"{d.get('device', '?')} · {d.get('model', '?')} · {d.get('dtype', '?')}" + (
+            f" ({versions})" if versions else ""
+        )
+        timing = [
+            {**r, "config": STEP_NAMES.get(r["config"], r["config"])}
+            for r in d.get("step_timing_ms") or []
+            if not r.get("error")
+        ]
+        profile = []
+        for key, p in (d.get("profile") or {}).items():
+            config, _, batch = key.rpartition("/b")
+            profile.append({
+                "config": STEP_NAMES.get(config, config), "batch": int(batch),
+                "kernels_per_step": p.get("kernels_per_step"),
+                "host_launches_per_step": p.get("host_kernel_launches_per_step"),
+                "gpu_kernel_ms_per_step": p.get("gpu_kernel_ms_per_step"),
+                "wall_ms_per_step": p.get("wall_ms_per_step"),
+                "gpu_busy_pct": None if p.get("gpu_busy_fraction") is None else 100 * p["gpu_busy_fraction"],
+            })  # fmt: skip
+        out.append(StepStudy(path.name, title, str(d.get("how", "")), timing, profile))
+    return out

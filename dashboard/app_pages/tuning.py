@@ -131,6 +131,47 @@ if rows:
             "the logits (near ties flip tokens), so judge correctness in float32 (README: Native engine tuning)."
         )
 
+# --- the decode step alone (saved studies) ----------------------------------------------------
+for study in tuning.step_studies():
+    st.subheader("The decode step alone")
+    st.caption(
+        f"{study.title}. {study.how}. Where the engine's time goes once `generate` is out of the way: the same "
+        f"step eager, replayed from a CUDA graph, and compiled then replayed (README: CUDA graphs). From "
+        f"examples/tuning/{study.source}."
+    )
+    t_batches = sorted({r["batch"] for r in study.timing})
+    t_configs = list(dict.fromkeys(r["config"] for r in study.timing))
+    cells = {(r["config"], r["batch"]): r for r in study.timing}
+    st.dataframe(
+        pd.DataFrame(
+            [
+                [c] + [
+                    f"{cells[(c, b)]['ms_per_step_p50']:.2f} ms · {cells[(c, b)]['tok_s']:,.0f} tok/s"
+                    if (c, b) in cells else "-"
+                    for b in t_batches
+                ]
+                for c in t_configs
+            ],
+            columns=["step"] + [f"batch {b}" for b in t_batches],
+        ),
+        hide_index=True, key=f"t.steps-{study.source}",
+    )  # fmt: skip
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "step": p["config"], "batch": p["batch"], "kernels/step": p["kernels_per_step"],
+                    "host launches/step": p["host_launches_per_step"],
+                    "GPU kernel ms/step": p["gpu_kernel_ms_per_step"],
+                    "wall ms/step (profiler on)": p["wall_ms_per_step"],
+                    "GPU busy %": None if p["gpu_busy_pct"] is None else round(p["gpu_busy_pct"], 1),
+                }
+                for p in study.profile
+            ]
+        ),
+        hide_index=True, key=f"t.profile-{study.source}",
+    )  # fmt: skip
+
 # --- a new ablation ---------------------------------------------------------------------------
 st.subheader("Run the ablation")
 accs = {name: avail for name, _label, avail in list_accelerators()}

@@ -62,6 +62,29 @@ def test_tuning_page_shows_the_imported_ablation(app_test: Callable[..., Any], f
     assert len(at.get("plotly_chart")) == 2
 
 
+def test_the_saved_decode_step_study_is_shown_as_measured(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+    """The H200's decode step alone (eager / graph / compile+graph) and its profile, on a page with
+    no stored runs: each cell is the saved file's figure, nothing else."""
+    raw = json.loads((SAVED / "h200-profile-summary.json").read_text())
+    (study,) = tuning.step_studies()
+    assert study.title.startswith("NVIDIA H200 · random-v2-lite-shape · bfloat16 (torch 2.11")
+    at = app_test("app_pages/tuning.py")
+    _no_exception(at)
+    steps = _grid(at, "step", "eager (static cache, no graph)")
+    assert list(steps.columns) == ["step", "batch 1", "batch 8", "batch 32", "batch 128"]
+    fast = next(r for r in raw["step_timing_ms"] if r["config"] == "graphs_compile_default" and r["batch"] == 128)
+    row = steps[steps["step"] == "compile=default, then CUDA graph"].iloc[0]
+    assert (
+        row["batch 128"] == f"{fast['ms_per_step_p50']:.2f} ms · {fast['tok_s']:,.0f} tok/s" == "23.13 ms · 5,533 tok/s"
+    )
+    assert row["batch 8"] == "-"  # not measured: no made-up figure
+    prof = next(d.value for d in at.dataframe if "kernels/step" in d.value.columns)
+    eager1 = prof[(prof["step"] == "eager (static cache, no graph)") & (prof["batch"] == 1)].iloc[0]
+    saved = raw["profile"]["eager_static_step/b1"]
+    assert eager1["kernels/step"] == saved["kernels_per_step"] and eager1["GPU busy %"] == 10.0
+    assert len(prof) == len(raw["profile"])
+
+
 @pytest.mark.slow
 def test_an_ablation_runs_from_the_page_on_this_cpu(
     app_test: Callable[..., Any], fresh_data_dir: Path, tiny_model: Path
