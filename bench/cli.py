@@ -21,9 +21,17 @@ from typing import Any
 from pydantic import BaseModel
 
 from bench.config import MODES, RunConfig
+from bench.gc_watch import note as gc_note
 from bench.metrics import RunSummary, Spread
 from bench.run_limits import RunLimits
-from bench.runner import ARTIFACT_DEVICE_TELEMETRY, ARTIFACT_LIMITS, ARTIFACT_LOAD_GENERATORS, Job, start_run
+from bench.runner import (
+    ARTIFACT_DEVICE_TELEMETRY,
+    ARTIFACT_GC,
+    ARTIFACT_LIMITS,
+    ARTIFACT_LOAD_GENERATORS,
+    Job,
+    start_run,
+)
 from bench.store import Store
 from bench.workload_args import add_workload_arguments, workload_overrides
 from bench.workloads import WORKLOAD_SOURCES, WorkloadSpec
@@ -539,6 +547,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if isinstance(telemetry, dict):
         for reason in telemetry.get("missing") or []:
             print(f"note          device telemetry: {reason}")
+    gc_found = store.artifact(run_id, ARTIFACT_GC)
+    if isinstance(gc_found, dict) and (line := gc_note(gc_found)):
+        print(f"note          {line}")
     senders = store.artifact(run_id, ARTIFACT_LOAD_GENERATORS)
     if isinstance(senders, dict):
         from bench.ray_sender import placement_line

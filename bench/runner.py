@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bench.config import MODES, Mode, RunConfig
+from bench.gc_watch import GcWatch
 from bench.host import disturbance
 from bench.job import Job, JobManager, JobSnapshot, error_reason
 from bench.metrics import RunSummary, summarize
@@ -59,6 +60,7 @@ from engines.base import SERIES_PREFIX_HITS, SERIES_PREFIX_QUERIES, Engine, crea
 __all__ = [
     "ARTIFACT_BREAKDOWN",
     "ARTIFACT_DEVICE_TELEMETRY",
+    "ARTIFACT_GC",
     "ARTIFACT_LOAD_GENERATORS",
     "ARTIFACT_OPERATORS",
     "ARTIFACT_ROUTING",
@@ -88,6 +90,7 @@ ARTIFACT_ROUTING = "expert_routing"
 ARTIFACT_DEVICE_TELEMETRY = "device_telemetry"
 ARTIFACT_LOAD_GENERATORS = "load_generators"  # Ray runs: each sender actor's node, pid, clock offset
 ARTIFACT_LIMITS = "limits"  # bench.run_limits.RunLimits.as_dict(), or {"reason": why there is none}
+ARTIFACT_GC = "gc_pauses"  # bench.gc_watch.GcWatch.as_dict(): this process's GC pauses during the run
 
 
 class _Cancelled(Exception):
@@ -231,6 +234,7 @@ def _measure(
     job._records = recorder.records
     job._progress = lambda: (recorder.done, recorder.failed, sender.live()[1])
     started = False
+    gc_watch = GcWatch()
 
     def prepare() -> None:
         # The warm-up's memory peak and expert routing are not the run's.
@@ -243,11 +247,13 @@ def _measure(
         # Threads start before the clock does, so the first wave is not held up by them.
         recorder.start()
         sampler.start()
+        gc_watch.start()  # the heap so far collected and frozen: no full collection walks the model mid-run
 
     def on_start(t0: float) -> None:
         nonlocal started
         started = True
         recorder.t0 = t0
+        gc_watch.t0 = t0
         sampler.begin(t0)
         job.transition("running", t0=t0)
 
@@ -256,8 +262,11 @@ def _measure(
         sender.run(strategy, requests, warmup, job.cancel_event, recorder.put, prepare, on_start)
     finally:
         t_end = time.perf_counter()
+        gc_watch.stop()
         sampler.stop(t_end if started else None)
         recorder.close()
+        if started:
+            store.put_artifact(run_id, ARTIFACT_GC, gc_watch.as_dict())
         if getattr(sender, "placement", None):
             store.put_artifact(
                 run_id, ARTIFACT_LOAD_GENERATORS, {"ray_address": cfg.ray_address, "actors": sender.placement}

@@ -28,6 +28,7 @@ from bench.run_limits import RunLimits, for_run_or_reason
 from bench.runner import (
     ARTIFACT_BREAKDOWN,
     ARTIFACT_DEVICE_TELEMETRY,
+    ARTIFACT_GC,
     ARTIFACT_LIMITS,
     ARTIFACT_LOAD_GENERATORS,
     ARTIFACT_OPERATORS,
@@ -207,6 +208,14 @@ def senders_line(store: Store, run_id: int) -> str | None:
     from bench.ray_sender import placement_line
 
     return "Sent from " + placement_line(found)
+
+
+def gc_line(store: Store, run_id: int) -> str | None:
+    """The run's long garbage-collector pauses in one line (None when it had none)."""
+    from bench.gc_watch import note
+
+    found = store.artifact(run_id, ARTIFACT_GC)
+    return note(found) if isinstance(found, dict) else None
 
 
 def limits_line(limits: RunLimits | str | None) -> str | None:

@@ -207,6 +207,8 @@ with detail_tab:
             ui.show_summary(run.summary, f"r.detail-{run_id}", limits)
         if senders := data.senders_line(store, run_id):
             st.caption(senders)
+        if gc_pauses := data.gc_line(store, run_id):
+            st.caption(gc_pauses)
         live = data.load_live(store, run_id, window=data.DETAIL_WINDOW)
         figs = data.live_figures(live, run.summary, limits=limits)
         left, right = st.columns(2)

@@ -81,6 +81,38 @@ def test_results_page_shows_the_limit_under_an_imported_h200_run(
     assert "NVIDIA H200 (SXM), bfloat16, batch 1" in caption and "reached: TPOT p50" in caption
 
 
+def test_results_page_notes_a_runs_long_gc_pauses(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+    """A run's garbage-collector pauses of 10 ms or more (artifact gc_pauses) are one caption."""
+    import gc
+    import time
+
+    from bench.gc_watch import GcWatch
+    from bench.runner import ARTIFACT_GC
+
+    def slow(phase: str, info: dict[str, Any]) -> None:  # a collection that takes 20 ms more
+        if phase == "stop":
+            time.sleep(0.02)
+
+    watch = GcWatch()
+    gc.callbacks.insert(0, slow)
+    try:
+        watch.start(freeze=False)
+        watch.t0 = time.perf_counter()
+        gc.collect(2)
+    finally:
+        watch.stop()
+        gc.callbacks.remove(slow)
+    store = Store(get_settings().db_path)
+    run_id = import_bundle_file(store, EXAMPLES / "h200-latency-bs1.json")
+    store.put_artifact(run_id, ARTIFACT_GC, watch.as_dict())
+    assert data.gc_line(store, run_id) is not None
+    at = app_test("app_pages/results.py")
+    at.multiselect(key="r.selected").set_value([run_id]).run()
+    _no_exception(at)
+    caption = next(c.value for c in at.caption if "Python GC paused" in c.value)
+    assert caption == data.gc_line(store, run_id) and "generation 2 at 0.00 s" in caption
+
+
 def test_engine_page_shows_the_model_limits_on_the_chosen_accelerator(
     app_test: Callable[..., Any], fresh_data_dir: Path
 ) -> None:
