@@ -56,6 +56,7 @@ from bench.store import Store
 from bench.workloads import RequestSource, build_requests, request_source
 from engines.accelerators import GIB
 from engines.base import SERIES_PREFIX_HITS, SERIES_PREFIX_QUERIES, Engine, create_engine
+from engines.settings import get_settings
 
 __all__ = [
     "ARTIFACT_BREAKDOWN",
@@ -247,7 +248,8 @@ def _measure(
         # Threads start before the clock does, so the first wave is not held up by them.
         recorder.start()
         sampler.start()
-        gc_watch.start()  # the heap so far collected and frozen: no full collection walks the model mid-run
+        # the heap so far collected and frozen: no full collection walks the model mid-run
+        gc_watch.start(freeze=get_settings().gc_freeze != "off")
 
     def on_start(t0: float) -> None:
         nonlocal started

@@ -50,6 +50,10 @@ class Settings:
     # (default: an engine host child process, bench/engine_host.py, so chart drawing never
     # shares the model's GIL) or "inline" (in the dashboard process). Env: MOEBENCH_MODEL_HOST.
     model_host: str = "process"
+    # "on" (default): a run collects and freezes the measuring process's heap when its clock
+    # starts (bench/gc_watch.py); "off": it does not (GC pauses are timed either way), to see
+    # what the freeze changes. Env: MOEBENCH_GC_FREEZE.
+    gc_freeze: str = "on"
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:

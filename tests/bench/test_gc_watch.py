@@ -82,3 +82,17 @@ def test_a_run_keeps_its_gc_pauses(store: Store, native_engine: object, slow_col
     assert run is not None and run.summary is not None
     assert all(0 <= p["t_s"] <= run.summary.duration_s + 1 for p in found["long"])
     assert gc.get_freeze_count() == 0  # unfrozen after the run
+
+
+def test_the_freeze_can_be_turned_off(store: Store, native_engine: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MOEBENCH_GC_FREEZE=off: nothing frozen, the pauses still timed (to see what the freeze changes)."""
+    monkeypatch.setenv("MOEBENCH_GC_FREEZE", "off")
+    cfg = RunConfig.build(
+        engine={"kind": "native"}, mode="concurrency", requests=4, concurrency=2,
+        workload={"source": "random", "input_len": 16, "output_len": 8},
+    )  # fmt: skip
+    snap = start_run(cfg, store, engine=native_engine).wait(120)  # type: ignore[arg-type]
+    assert snap.status == "completed", snap.error
+    found = store.artifact(snap.run_id, ARTIFACT_GC)
+    assert isinstance(found, dict) and found["frozen_objects"] == 0
+    assert set(found["collections"]) == {"gen0", "gen1", "gen2"}
