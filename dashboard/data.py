@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
+from bench import gc_watch
 from bench.config import RunConfig
 from bench.job import BackgroundTask, error_reason
 from bench.metrics import METRIC_DEFINITIONS, RunSummary, Spread
@@ -212,10 +213,8 @@ def senders_line(store: Store, run_id: int) -> str | None:
 
 def gc_line(store: Store, run_id: int) -> str | None:
     """The run's long garbage-collector pauses in one line (None when it had none)."""
-    from bench.gc_watch import note
-
     found = store.artifact(run_id, ARTIFACT_GC)
-    return note(found) if isinstance(found, dict) else None
+    return gc_watch.note(found) if isinstance(found, dict) else None
 
 
 def limits_line(limits: RunLimits | str | None) -> str | None:

@@ -30,7 +30,6 @@ import types
 from typing import Any
 
 _PATCHED = "_moebench_absorbed_mla"
-_BEFORE = "_moebench_forward_before_mla"  # a forward set on the module itself before ours (hooks), kept
 
 
 def _attention_modules(model: Any) -> list[Any]:
@@ -71,17 +70,12 @@ def set_absorbed(model: Any, on: bool) -> int:
     """Turn the absorbed decode step on or off on every MLA module; how many were changed."""
     changed = 0
     for m in _attention_modules(model):
-        if on and not getattr(m, _PATCHED, False):
-            setattr(m, _BEFORE, m.__dict__.get("forward"))
+        if on and not getattr(m, _PATCHED, False):  # unsupported() refuses a forward already set here
             m.forward = types.MethodType(_absorbed_forward, m)
             setattr(m, _PATCHED, True)
             changed += 1
         elif not on and getattr(m, _PATCHED, False):
-            before = getattr(m, _BEFORE, None)
-            if before is None:
-                del m.forward  # the class's forward again
-            else:
-                m.forward = before
+            del m.forward  # the class's forward again
             setattr(m, _PATCHED, False)
             changed += 1
     return changed
@@ -103,9 +97,7 @@ def _absorbed_forward(
 
     batch, seq = hidden_states.shape[:-1]
     if seq != 1 or past_key_values is None:
-        before = getattr(self, _BEFORE, None)
-        forward = before if before is not None else types.MethodType(type(self).forward, self)
-        return forward(hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
+        return type(self).forward(self, hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
     heads, d_nope, d_rope = self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim
     rank, d_v = self.kv_lora_rank, self.v_head_dim
     if self.q_lora_rank is None:

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from engines import mla
 from engines.accelerators import Accelerator, Availability, MemoryStats, get_accelerator
 from engines.base import (
     Engine,
@@ -306,8 +307,6 @@ class NativeEngine(Engine):
             cc._compile_all_devices = self.accelerator.name != "cuda"  # generate compiles only on GPUs by default
             gc.compile_config = cc
             gc.disable_compile = False
-        from engines import mla
-
         reason = mla.unsupported(self.model) if o.mla == "absorbed" else None
         if reason:
             raise ConfigError(reason)

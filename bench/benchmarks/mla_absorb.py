@@ -29,6 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.benchmarks.cuda_graphs_check import _eager_decoder, _eos_ids, _prompts, _step_times
+from bench.metrics import percentile
 from engines import mla
 from engines.models import V2_LITE_SHAPE
 
@@ -47,11 +48,6 @@ def _model(layers: int, experts: int, dtype: str, device: str) -> Any:
     model = model.to(getattr(torch, dtype)).eval()
     model.generation_config.eos_token_id = None
     return model
-
-
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 def main() -> int:
@@ -99,7 +95,12 @@ def main() -> int:
             row: dict[str, Any] = {"batch": batch, "context": length, "logits_max_abs_diff": diff,
                                    "logit_abs_max": float(logits["expand"].abs().max())}  # fmt: skip
             for mode, xs in gaps.items():
-                row[mode] = {"p50": statistics.median(xs), "p90": _pct(xs, 0.9), "p99": _pct(xs, 0.99), "n": len(xs)}
+                row[mode] = {
+                    "p50": statistics.median(xs),
+                    "p90": percentile(xs, 90),
+                    "p99": percentile(xs, 99),
+                    "n": len(xs),
+                }
             row["speedup_p50"] = row["expand"]["p50"] / row["absorbed"]["p50"]
             row["speedup_rounds"] = [min(ratios), max(ratios)]
             rows.append(row)

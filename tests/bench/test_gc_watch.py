@@ -68,15 +68,22 @@ def test_long_pauses_are_kept_with_their_time(slow_collections: list[int]) -> No
     assert note(GcWatch().as_dict()) is None  # no long pause: no note
 
 
-def test_a_run_keeps_its_gc_pauses(store: Store, native_engine: object, slow_collections: list[int]) -> None:
+def _run(store: Store, engine: object, requests: int, concurrency: int, input_len: int, output_len: int) -> Any:
+    """A completed native concurrency run: its snapshot and its gc_pauses artifact."""
     cfg = RunConfig.build(
-        engine={"kind": "native"}, mode="concurrency", requests=8, concurrency=4,
-        workload={"source": "random", "input_len": 32, "output_len": 16},
+        engine={"kind": "native"}, mode="concurrency", requests=requests, concurrency=concurrency,
+        workload={"source": "random", "input_len": input_len, "output_len": output_len},
     )  # fmt: skip
-    snap = start_run(cfg, store, engine=native_engine).wait(120)  # type: ignore[arg-type]
+    snap = start_run(cfg, store, engine=engine).wait(120)  # type: ignore[arg-type]
     assert snap.status == "completed", snap.error
     found = store.artifact(snap.run_id, ARTIFACT_GC)
-    assert isinstance(found, dict) and found["frozen_objects"] > 1000
+    assert isinstance(found, dict)
+    return snap, found
+
+
+def test_a_run_keeps_its_gc_pauses(store: Store, native_engine: object, slow_collections: list[int]) -> None:
+    snap, found = _run(store, native_engine, 8, 4, 32, 16)
+    assert found["frozen_objects"] > 1000
     assert sum(found["collections"].values()) == len(found["long"]) >= 1  # each one 15 ms: all kept
     run = store.get_run(snap.run_id)
     assert run is not None and run.summary is not None
@@ -87,12 +94,6 @@ def test_a_run_keeps_its_gc_pauses(store: Store, native_engine: object, slow_col
 def test_the_freeze_can_be_turned_off(store: Store, native_engine: object, monkeypatch: pytest.MonkeyPatch) -> None:
     """MOEBENCH_GC_FREEZE=off: nothing frozen, the pauses still timed (to see what the freeze changes)."""
     monkeypatch.setenv("MOEBENCH_GC_FREEZE", "off")
-    cfg = RunConfig.build(
-        engine={"kind": "native"}, mode="concurrency", requests=4, concurrency=2,
-        workload={"source": "random", "input_len": 16, "output_len": 8},
-    )  # fmt: skip
-    snap = start_run(cfg, store, engine=native_engine).wait(120)  # type: ignore[arg-type]
-    assert snap.status == "completed", snap.error
-    found = store.artifact(snap.run_id, ARTIFACT_GC)
-    assert isinstance(found, dict) and found["frozen_objects"] == 0
+    _, found = _run(store, native_engine, 4, 2, 16, 8)
+    assert found["frozen_objects"] == 0
     assert set(found["collections"]) == {"gen0", "gen1", "gen2"}
