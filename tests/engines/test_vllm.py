@@ -109,7 +109,9 @@ def test_a_tensor_parallel_cpu_deployment_completes_a_run(tiny_model: Path, stor
         snap = start_run(cfg, store, engine=engine).wait(300)
         assert snap.status == "completed", snap.error
         s = snap.summary
-        assert s is not None and s.completed == 16 and s.failed == 0 and s.output_tokens == 16 * 16
+        errors = [r.error for r in store.records(snap.run_id) if r.error]
+        assert s is not None and s.completed == 16 and s.failed == 0, errors
+        assert s.output_tokens == 16 * 16
         shape = engine.describe()["deployment"]
         assert shape["tensor_parallel_size"] == 2 and shape["devices_on_this_node"] == 2
         assert shape["cpu_threads_bind"] is not None and shape["cpu_threads_bind"].count("|") == 1
