@@ -110,7 +110,8 @@ def test_a_tensor_parallel_cpu_deployment_completes_a_run(tiny_model: Path, stor
         assert snap.status == "completed", snap.error
         s = snap.summary
         errors = [r.error for r in store.records(snap.run_id) if r.error]
-        assert s is not None and s.completed == 16 and s.failed == 0, errors
+        log_tail = Path(engine.describe()["log_path"]).read_text(errors="replace")[-3000:] if errors else ""
+        assert s is not None and s.completed == 16 and s.failed == 0, (errors, log_tail)
         assert s.output_tokens == 16 * 16
         shape = engine.describe()["deployment"]
         assert shape["tensor_parallel_size"] == 2 and shape["devices_on_this_node"] == 2
