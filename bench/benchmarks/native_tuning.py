@@ -26,6 +26,7 @@ reason; ``--budget-s`` stops before a row that would start past the budget.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import sys
@@ -140,6 +141,30 @@ def _match(got: list[list[int]], ref: list[list[int]]) -> str:
     return text + (f" (first difference at token {min(firsts)})" if firsts else "")
 
 
+def _stalls(records: list[Any], step_p50: float | None, floor_ms: float = 100.0) -> list[dict[str, Any]]:
+    """The run's stalls: token gaps over ``floor_ms`` and 4x the median step, overlapping gaps
+    merged into one stall, with when it began, how long the longest gap was and how many
+    sequences waited in it: a stall every sequence shares is the engine's or the measuring
+    process's (a capture, a GC pause), not one request's."""
+    limit = max(floor_ms, 4 * (step_p50 or 0.0))
+    gaps = sorted(
+        (a, b, i + 1, r.request_id)
+        for r in records
+        for i, (a, b) in enumerate(itertools.pairwise(r.chunk_times_s))
+        if (b - a) * 1000.0 > limit
+    )
+    found: list[dict[str, Any]] = []
+    end = float("-inf")
+    for a, b, step, rid in gaps:
+        if a > end:  # a new stall: this gap began after every gap so far had ended
+            found.append({"t_s": round(a, 3), "step": step, "ms_max": 0.0, "sequences": set()})
+        hit = found[-1]
+        hit["sequences"].add(rid)
+        hit["ms_max"] = round(max(hit["ms_max"], (b - a) * 1000.0), 1)
+        end = max(end, b)
+    return [{**h, "sequences": len(h["sequences"])} for h in found[:20]]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="native-tuning")
@@ -242,6 +267,9 @@ def main() -> int:
                     hbm_limit_ms=None if isinstance(lim, str) else lim.tpot_limit_ms,
                     limit_pct=None if isinstance(lim, str) else lim.tpot_pct,
                 )
+                row["stalls"] = _stalls(store.records(snap.run_id), s.itl_ms.p50)
+                gc_found = store.artifact(snap.run_id, "gc_pauses") or {}
+                row["gc"] = {k: gc_found.get(k) for k in ("collections", "max_ms", "max_generation", "frozen_objects")}
                 store.put_artifact(snap.run_id, ARTIFACT_TUNING_CHECK, {k: row.get(k) for k in CHECK_FIELDS})
             except BaseException as exc:  # one row's reason; the ablation goes on
                 if isinstance(exc, KeyboardInterrupt):
@@ -282,7 +310,26 @@ def _line(row: dict[str, Any]) -> str:
         f"peak {_fmt(row['peak_memory_gib'])} GiB, warm-up {_fmt(row['warmup_s'])} s, greedy {row['greedy_match']}, "
         f"logits |d| {_fmt(row.get('logits_max_abs_diff_step0'), '.3g')} (top-2 gap "
         f"{_fmt(row.get('ref_top2_gap_median'), '.3g')}), {row.get('steps_all_tokens_agree')} steps agree"
+        + _stall_text(row)
     )
+
+
+def _stall_text(row: dict[str, Any]) -> str:
+    """The row's stalls, GC and mid-run captures in a few words (what a p99 far above p50 was)."""
+    parts = []
+    stalls = row.get("stalls") or []
+    if stalls:
+        worst = max(stalls, key=lambda h: h["ms_max"])
+        parts.append(
+            f"{len(stalls)} stall(s), worst {worst['ms_max']:.0f} ms at {worst['t_s']:.2f} s "
+            f"(step {worst['step']}, {worst['sequences']} sequences)"
+        )
+    gc_max = (row.get("gc") or {}).get("max_ms")
+    if gc_max is not None:
+        parts.append(f"GC max {gc_max:.0f} ms")
+    if row.get("run_captures") is not None:
+        parts.append(f"{row['run_captures']} capture(s) during the run")
+    return "; " + ", ".join(parts) if parts else ""
 
 
 def table(rows: list[dict[str, Any]]) -> str:

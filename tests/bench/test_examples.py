@@ -73,3 +73,28 @@ def test_h200_tuning_runs_import_with_their_tuning(store: Store, tmp_path: Path,
         assert run is not None and run.status == "completed" and run.engine_info["device"] == "NVIDIA H200"
         assert run.engine_info["tuning"]["batch_size"] == r["batch"]
         assert run.summary is not None and run.summary.itl_ms.p50 == pytest.approx(r["step_ms_p50"])
+
+
+def test_the_ablations_stall_finder_names_the_h200_batch_128_stall(store: Store, tmp_path: Path) -> None:
+    """native_tuning.py's stall summary over the saved H200 cuda_graphs batch-128 run: the one
+    stall every one of the 128 sequences took at the same step (gaps of 290-308 ms, one of 389,
+    beginning 2.70-2.75 s into the run), and nothing else."""
+    import tarfile
+
+    from bench.benchmarks.native_tuning import _stall_text, _stalls
+
+    with tarfile.open(EXAMPLES / "tuning" / "h200-bf16-cuda-graphs.bundles.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    run_id = import_bundle_file(store, tmp_path / "tuning-cuda_graphs-b128.json")
+    run = store.get_run(run_id)
+    assert run is not None and run.summary is not None
+    stalls = _stalls(store.records(run_id), run.summary.itl_ms.p50)
+    assert len(stalls) == 1, stalls
+    (stall,) = stalls
+    assert stall["sequences"] == 128 and 380 <= stall["ms_max"] <= 400 and 2.69 <= stall["t_s"] <= 2.71
+    assert "1 stall(s), worst" in _stall_text({"stalls": stalls}) and "128 sequences" in _stall_text({"stalls": stalls})
+    # the batch-1 run of the same file has none
+    one = import_bundle_file(store, tmp_path / "tuning-cuda_graphs-b1.json")
+    one_run = store.get_run(one)
+    assert one_run is not None and one_run.summary is not None
+    assert _stalls(store.records(one), one_run.summary.itl_ms.p50) == []
