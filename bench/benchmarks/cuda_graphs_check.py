@@ -177,10 +177,11 @@ def _step_times(dec: GraphedDecoder, prompts: list[list[int]], pad: int, steps: 
 def timing(
     model: Any, pad: int, batches: list[int], steps: int, compile_modes: list[str], configs: list[str],
     keep: dict[str, GraphedDecoder], mla_modes: list[str], compile_mla: list[str] | None = None,
+    compile_batches: list[int] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """ms per step of each decoder at each batch, with each MLA mode (absorbed ones are named ``+mla``);
     the compiled decoders only with the MLA modes of ``compile_mla`` (all when None: each compile
-    takes about a minute per batch on the H200)."""
+    takes about a minute per batch on the H200), at the batches of ``compile_batches`` (all when None)."""
     eos = _eos_ids(model)
     prompts = _prompts(max(batches), 128, int(model.config.vocab_size), seed=1)
     decoders = {"eager_static_step": lambda: _eager_decoder(model), "graphs": lambda: GraphedDecoder(model)}
@@ -195,6 +196,8 @@ def timing(
         name = base + ("+mla" if mla_mode == "absorbed" else "")
         dec = keep[name] = make()
         for b in batches:
+            if base.startswith("graphs_compile_") and compile_batches is not None and b not in compile_batches:
+                continue
             row: dict[str, Any] = {"config": name, "batch": b, "mla": mla_mode}
             try:
                 t = time.perf_counter()
@@ -307,6 +310,7 @@ def main() -> int:
     ap.add_argument("--mla", default="expand", choices=["expand", "absorbed"], help="the engine's mla option")
     ap.add_argument("--time-mla", default="", help="MLA modes to time, comma-separated (default: --mla)")
     ap.add_argument("--compile-mla", default="", help="MLA modes to time compiled (default: those of --time-mla)")
+    ap.add_argument("--compile-batches", default="", help="batches to time compiled (default: those of --batches)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -333,7 +337,10 @@ def main() -> int:
         mla_modes = [m for m in (args.time_mla or args.mla).split(",") if m]
         compile_mla = [m for m in args.compile_mla.split(",") if m] or None
         configs = args.time_configs.split(",")
-        res = timing(engine.model, pad, batches, args.steps, modes, configs, decoders, mla_modes, compile_mla)
+        compile_batches = [int(b) for b in args.compile_batches.split(",") if b] or None
+        res = timing(
+            engine.model, pad, batches, args.steps, modes, configs, decoders, mla_modes, compile_mla, compile_batches
+        )
         mla.set_absorbed(engine.model, args.mla == "absorbed")
         (out / f"cuda-graphs-time-{tag}.json").write_text(json.dumps({**meta, **res}, indent=1))
     if args.profile:  # the decoders timed last are reused: their MLA mode is the last of --time-mla
