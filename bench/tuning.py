@@ -248,6 +248,9 @@ STEP_NAMES = {
     "eager_static_step": "eager (static cache, no graph)",
     "graphs": "CUDA graph",
     "graphs_compile_default": "compile=default, then CUDA graph",
+    "eager_static_step+mla": "eager, absorbed MLA",
+    "graphs+mla": "CUDA graph, absorbed MLA",
+    "graphs_compile_default+mla": "compile=default, then CUDA graph, absorbed MLA",
 }
 
 
