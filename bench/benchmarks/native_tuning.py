@@ -284,6 +284,8 @@ def main() -> int:
                     pass
             rows.append(row)
             print(_line(row), flush=True)
+            # after every row: a run killed by its time limit keeps what it measured (the runs are in tuning.sqlite)
+            (out / "results.json").write_text(json.dumps({"engine": info, "rows": rows}, indent=1, default=str))
     engine.stop()
     (out / "results.json").write_text(json.dumps({"engine": info, "rows": rows}, indent=1, default=str))
     with tarfile.open(out / "bundles.tar.gz", "w:gz") as tar:
