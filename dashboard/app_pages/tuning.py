@@ -132,13 +132,17 @@ if rows:
         )
 
 # --- the decode step alone (saved studies) ----------------------------------------------------
-for study in tuning.step_studies():
+studies = tuning.step_studies()
+if studies:
     st.subheader("The decode step alone")
     st.caption(
-        f"{study.title}. {study.how}. Where the engine's time goes once `generate` is out of the way: the same "
-        f"step eager, replayed from a CUDA graph, and compiled then replayed (README: CUDA graphs). From "
-        f"examples/tuning/{study.source}."
+        "Where the engine's time goes once `generate` is out of the way: the same step eager, replayed from a "
+        "CUDA graph, and compiled then replayed, with transformers' latent attention or absorbed (README: CUDA "
+        "graphs, Absorbed latent attention)."
     )
+for study in studies:
+    st.markdown(f"**{study.title}**")
+    st.caption(f"{study.how}. From examples/tuning/{study.source}.")
     t_batches = sorted({r["batch"] for r in study.timing})
     t_configs = list(dict.fromkeys(r["config"] for r in study.timing))
     cells = {(r["config"], r["batch"]): r for r in study.timing}

@@ -66,7 +66,7 @@ def test_the_saved_decode_step_study_is_shown_as_measured(app_test: Callable[...
     """The H200's decode step alone (eager / graph / compile+graph) and its profile, on a page with
     no stored runs: each cell is the saved file's figure, nothing else."""
     raw = json.loads((SAVED / "h200-profile-summary.json").read_text())
-    (study,) = tuning.step_studies()
+    study = next(s for s in tuning.step_studies() if s.source == "h200-profile-summary.json")
     assert study.title.startswith("NVIDIA H200 · random-v2-lite-shape · bfloat16 (torch 2.11")
     at = app_test("app_pages/tuning.py")
     _no_exception(at)
