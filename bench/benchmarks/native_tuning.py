@@ -174,7 +174,11 @@ def main() -> int:
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--batches", default="1,8,32,128")
-    ap.add_argument("--configs", default="baseline,experts_eager,experts_batched_mm,attn_eager,static_cache")
+    ap.add_argument(
+        "--configs",
+        default="baseline,experts_eager,experts_batched_mm,attn_eager,static_cache",
+        help="comma-separated; NAME@1+128 runs that one at those batches only",
+    )
     ap.add_argument("--best", default="", help="one more row: options KEY=VALUE,KEY=VALUE (the best combination)")
     ap.add_argument("--budget-s", type=float, default=540.0)
     ap.add_argument(
@@ -194,7 +198,12 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     store = Store(out / "tuning.sqlite")
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
-    configs = {name: CONFIGS[name] for name in args.configs.split(",") if name.strip()}
+    only: dict[str, list[int]] = {}  # NAME@1+128: that configuration at those batches only
+    for item in (c.strip() for c in args.configs.split(",") if c.strip()):
+        name, _, at = item.partition("@")
+        if at:
+            only[name] = [int(b) for b in at.split("+")]
+    configs = {name: CONFIGS[name] for name in (c.strip().partition("@")[0] for c in args.configs.split(",")) if name}
     if args.best:
         configs["best"] = {k: json.loads(v) if v[:1] in "0123456789tf" else v
                            for k, _, v in (kv.partition("=") for kv in args.best.split(","))}  # fmt: skip
@@ -206,7 +215,7 @@ def main() -> int:
     took = time.perf_counter() - t
     print(f"loaded {info['model']} on {info['device']} in {took:.1f} s; {info['tuning']}", flush=True)
     vocab = int(info["model_config"]["vocab_size"])
-    prompts = _prompts(max([*batches, CHECK_PROMPTS]), args.input_len, vocab)
+    prompts = _prompts(max([*batches, *(b for bs in only.values() for b in bs), CHECK_PROMPTS]), args.input_len, vocab)
     ref = [_generate_all(engine, [p], args.output_len)[0] for p in prompts[:CHECK_PROMPTS]]
     import torch
 
@@ -214,7 +223,7 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     run_ids: list[int] = []
     for name, changes in configs.items():
-        for batch in batches:
+        for batch in only.get(name, batches):
             if time.monotonic() - started > args.budget_s:
                 rows.append({"config": name, "batch": batch, "error": "not run: past the time budget"})
                 continue
