@@ -190,13 +190,14 @@ def timing(
     decoders = {k: v for k, v in decoders.items() if k in configs or k.startswith("graphs_compile_")}
     rows = []
     for (base, make), mla_mode in itertools.product(decoders.items(), mla_modes):
-        if base.startswith("graphs_compile_") and compile_mla is not None and mla_mode not in compile_mla:
+        compiled = base.startswith("graphs_compile_")
+        if compiled and compile_mla is not None and mla_mode not in compile_mla:
             continue
         mla.set_absorbed(model, mla_mode == "absorbed")
         name = base + ("+mla" if mla_mode == "absorbed" else "")
         dec = keep[name] = make()
         for b in batches:
-            if base.startswith("graphs_compile_") and compile_batches is not None and b not in compile_batches:
+            if compiled and compile_batches is not None and b not in compile_batches:
                 continue
             row: dict[str, Any] = {"config": name, "batch": b, "mla": mla_mode}
             try:

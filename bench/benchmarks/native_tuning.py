@@ -39,8 +39,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.config import RunConfig
+from bench.metrics import RequestRecord
 from bench.run_limits import for_run_or_reason
-from bench.runner import start_run
+from bench.runner import ARTIFACT_GC, start_run
 from bench.store import Store
 from bench.tuning import ARTIFACT_TUNING_CHECK, CHECK_FIELDS, CONFIGS
 from engines.base import GenerationRequest, SamplingParams, create_engine
@@ -141,7 +142,7 @@ def _match(got: list[list[int]], ref: list[list[int]]) -> str:
     return text + (f" (first difference at token {min(firsts)})" if firsts else "")
 
 
-def _stalls(records: list[Any], step_p50: float | None, floor_ms: float = 100.0) -> list[dict[str, Any]]:
+def _stalls(records: list[RequestRecord], step_p50: float | None, floor_ms: float = 100.0) -> list[dict[str, Any]]:
     """The run's stalls: token gaps over ``floor_ms`` and 4x the median step, overlapping gaps
     merged into one stall, with when it began, how long the longest gap was and how many
     sequences waited in it: a stall every sequence shares is the engine's or the measuring
@@ -198,12 +199,13 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     store = Store(out / "tuning.sqlite")
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
+    configs: dict[str, dict[str, Any]] = {}
     only: dict[str, list[int]] = {}  # NAME@1+128: that configuration at those batches only
     for item in (c.strip() for c in args.configs.split(",") if c.strip()):
         name, _, at = item.partition("@")
+        configs[name] = CONFIGS[name]
         if at:
             only[name] = [int(b) for b in at.split("+")]
-    configs = {name: CONFIGS[name] for name in (c.strip().partition("@")[0] for c in args.configs.split(",")) if name}
     if args.best:
         configs["best"] = {k: json.loads(v) if v[:1] in "0123456789tf" else v
                            for k, _, v in (kv.partition("=") for kv in args.best.split(","))}  # fmt: skip
@@ -277,7 +279,7 @@ def main() -> int:
                     limit_pct=None if isinstance(lim, str) else lim.tpot_pct,
                 )
                 row["stalls"] = _stalls(store.records(snap.run_id), s.itl_ms.p50)
-                gc_found = store.artifact(snap.run_id, "gc_pauses") or {}
+                gc_found = store.artifact(snap.run_id, ARTIFACT_GC) or {}
                 row["gc"] = {k: gc_found.get(k) for k in ("collections", "max_ms", "max_generation", "frozen_objects")}
                 store.put_artifact(snap.run_id, ARTIFACT_TUNING_CHECK, {k: row.get(k) for k in CHECK_FIELDS})
             except BaseException as exc:  # one row's reason; the ablation goes on
@@ -293,10 +295,9 @@ def main() -> int:
                     pass
             rows.append(row)
             print(_line(row), flush=True)
-            # after every row: a run killed by its time limit keeps what it measured (the runs are in tuning.sqlite)
+            # written after every row: a run killed by its time limit keeps what it measured (runs: tuning.sqlite)
             (out / "results.json").write_text(json.dumps({"engine": info, "rows": rows}, indent=1, default=str))
     engine.stop()
-    (out / "results.json").write_text(json.dumps({"engine": info, "rows": rows}, indent=1, default=str))
     with tarfile.open(out / "bundles.tar.gz", "w:gz") as tar:
         for run_id in run_ids:
             run = store.get_run(run_id)
