@@ -137,8 +137,8 @@ if studies:
     st.subheader("The decode step alone")
     st.caption(
         "Where the engine's time goes once `generate` is out of the way: the same step eager, replayed from a "
-        "CUDA graph, and compiled then replayed, with transformers' latent attention or absorbed (README: CUDA "
-        "graphs, Absorbed latent attention)."
+        "CUDA graph, and compiled then replayed (README: CUDA graphs; a study with absorbed latent attention "
+        "names its steps so)."
     )
 for study in studies:
     st.markdown(f"**{study.title}**")
