@@ -12,6 +12,7 @@ linear in the output length on the thread that stamps the chunks.
 from __future__ import annotations
 
 import collections
+import os
 import queue
 import threading
 import time
@@ -639,12 +640,25 @@ class GraphedDecoder:
     back after them. Greedy choice happens inside the graph; sampling draws from the replayed
     logits outside it. ``compile`` (default / max-autotune) compiles the step before capture.
 
+    Pipelined (the default): step k+1 is launched before step k's tokens are read on the host,
+    so the host's work per step (streaming the tokens to each row's consumer) overlaps the
+    GPU's instead of following it. Each step's tokens are copied into pinned memory behind
+    its replay and an event marks them ready; waiting on that event waits for that step only,
+    not for the one queued behind it. A stop decided after step k (EOS, length, cancel) wastes
+    the one step already queued. ``pipeline=False`` (or ``MOEBENCH_GRAPH_PIPELINE=off``, for
+    side-by-side timings) reads each step's tokens before launching the next.
+
     Numerics are eager's: the same kernels run, over a cache rounded up to a multiple of
     :data:`CACHE_LEN_STEP` whose extra slots are masked out.
     """
 
-    def __init__(self, model: Any, compile_mode: str = "off", max_graphs: int = 4) -> None:
+    def __init__(
+        self, model: Any, compile_mode: str = "off", max_graphs: int = 4, pipeline: bool | None = None
+    ) -> None:
         self.model = model
+        if pipeline is None:
+            pipeline = os.environ.get("MOEBENCH_GRAPH_PIPELINE", "on").strip().lower() not in ("off", "0", "false")
+        self.pipeline = pipeline
         self.max_graphs = max_graphs
         self._shapes: collections.OrderedDict[tuple[int, int], _Captured] = collections.OrderedDict()
         self.captures = 0
@@ -806,27 +820,64 @@ class GraphedDecoder:
         if c.graph is None and max_new > 1:
             self._capture(c)
         sample = temperature > 0
-        chosen: Any = None
+
+        def pick(logits: Any, k: int) -> Any:
+            """Step k's tokens, on the device (queued behind its replay; nothing waits here)."""
+            if sample:
+                return _sample(logits + c.eos_bias, temperature, top_p)
+            if k == 0:
+                return torch.argmax(logits + c.eos_bias, dim=-1)
+            return c.next_ids.clone()  # the next replay overwrites next_ids
+
+        def launch(chosen: Any, k: int) -> Any:
+            """Feed ``chosen`` as step k's input and replay: step k's tokens, on the device."""
+            c.input_ids.copy_(chosen.view(-1, 1))
+            self._allow(c, width + k - 1)  # the cache slot the token fed now is written to
+            c.graph.replay()
+            c.position_ids.add_(1)
+            return pick(c.logits, k)
+
+        fetch = _HostFetch(c.batch, c.input_ids.device)
+        chosen = pick(logits, 0)
         for k in range(max_new):
-            if k > 0:
-                slot = width + k - 1  # where the token fed now is written
-                c.input_ids.copy_(chosen.view(-1, 1))
-                self._allow(c, slot)
-                c.graph.replay()
-                c.position_ids.add_(1)
-                logits = c.logits
             if keep_logits:
                 kept.append(logits.to("cpu", copy=True))
-            if sample:
-                chosen = _sample(logits + c.eos_bias, temperature, top_p)
-            elif k == 0:
-                chosen = torch.argmax(logits + c.eos_bias, dim=-1)
-            else:
-                chosen = c.next_ids.clone()  # the next replay overwrites next_ids
-            on_step(chosen.tolist())
-            if done():
+            if not self.pipeline:
+                on_step(chosen.tolist())
+                if done() or k + 1 == max_new:
+                    break
+                chosen = launch(chosen, k + 1)
+                logits = c.logits
+                continue
+            fetch.start(chosen)  # step k's tokens, on their way to the host
+            ahead = launch(chosen, k + 1) if k + 1 < max_new else None  # step k+1 runs meanwhile
+            on_step(fetch.result())
+            if done() or ahead is None:
                 break
+            chosen, logits = ahead, c.logits
         return kept
+
+
+class _HostFetch:
+    """A step's tokens [B] copied to the host without waiting for the steps queued after it: on
+    CUDA into pinned memory behind the copy's own event; elsewhere (CPU tests) a plain copy."""
+
+    def __init__(self, batch: int, device: Any) -> None:
+        import torch
+
+        self._cuda = device.type == "cuda"
+        self._host = torch.empty(batch, dtype=torch.long, pin_memory=self._cuda)
+        self._ready = torch.cuda.Event() if self._cuda else None
+
+    def start(self, tokens: Any) -> None:
+        self._host.copy_(tokens, non_blocking=self._cuda)
+        if self._ready is not None:
+            self._ready.record()
+
+    def result(self) -> list[int]:
+        if self._ready is not None:
+            self._ready.synchronize()
+        return self._host.tolist()
 
 
 def _sample(scores: Any, temperature: float, top_p: float) -> Any:

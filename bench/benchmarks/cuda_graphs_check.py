@@ -22,8 +22,11 @@ each decoder with each.
 ``--time`` (bf16): ms per decode step through :class:`engines.native.GraphedDecoder` at each
 batch: the same step eager (the static cache and mask, no graph), replayed from its graph,
 and compiled then captured (``--compile``). A step's time is the gap between two steps'
-tokens reaching the host (each step ends with its tokens copied to the CPU, as the engine
-streams them), median over ``--steps`` steps after a first pass that captures.
+tokens reaching the host (each step's tokens are copied to the CPU, as the engine streams
+them), median over ``--steps`` steps after a first pass that captures. The decoders are
+pipelined (step k+1 launched before step k's tokens are read, as the engine does);
+``graphs_sync`` (in ``--time-configs``) is the graph read step by step, the loop before
+pipelining.
 
 ``--profile``: torch.profiler over ten decode steps at the given batches, eager and graphed:
 the top operators by CUDA time and by CPU time, kernels per step, and the fraction of the
@@ -184,7 +187,11 @@ def timing(
     takes about a minute per batch on the H200), at the batches of ``compile_batches`` (all when None)."""
     eos = _eos_ids(model)
     prompts = _prompts(max(batches), 128, int(model.config.vocab_size), seed=1)
-    decoders = {"eager_static_step": lambda: _eager_decoder(model), "graphs": lambda: GraphedDecoder(model)}
+    decoders = {
+        "eager_static_step": lambda: _eager_decoder(model),
+        "graphs": lambda: GraphedDecoder(model),
+        "graphs_sync": lambda: GraphedDecoder(model, pipeline=False),
+    }
     for mode in compile_modes:
         decoders[f"graphs_compile_{mode}"] = lambda mode=mode: GraphedDecoder(model, mode)
     decoders = {k: v for k, v in decoders.items() if k in configs or k.startswith("graphs_compile_")}

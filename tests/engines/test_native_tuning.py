@@ -280,11 +280,12 @@ def _fake_capture(decoder: Any) -> None:
     decoder._capture = capture
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_graphed_decoder_gives_generates_tokens_and_logits(tiny_model: Path, attn: str) -> None:
+@pytest.mark.parametrize(("attn", "pipeline"), [("sdpa", True), ("eager", True), ("sdpa", False)])
+def test_graphed_decoder_gives_generates_tokens_and_logits(tiny_model: Path, attn: str, pipeline: bool) -> None:
     """The captured step's inputs (tokens, positions, mask over a rounded-up static cache) give
     generate's greedy tokens and logits, alone and as a left-padded batch; one graph shape serves
-    prompts of different lengths (a replay follows its new inputs)."""
+    prompts of different lengths (a replay follows its new inputs). Pipelined (step k+1 launched
+    before step k's tokens are read) and not."""
     import torch
 
     from engines.batching import left_pad
@@ -295,7 +296,7 @@ def test_graphed_decoder_gives_generates_tokens_and_logits(tiny_model: Path, att
         model, pad, steps = engine.model, engine._tokenizer.pad_token_id or 0, 10
         eos = model.generation_config.eos_token_id
         eos = [eos] if isinstance(eos, int) else list(eos or [])
-        decoder = GraphedDecoder(model)
+        decoder = GraphedDecoder(model, pipeline=pipeline)
         _fake_capture(decoder)
         for prompts in ([PROMPTS[0]], [PROMPTS[1]], [PROMPTS[2]], PROMPTS[:4]):
             ids, mask = left_pad(prompts, pad)
@@ -311,6 +312,42 @@ def test_graphed_decoder_gives_generates_tokens_and_logits(tiny_model: Path, att
             diff = (torch.stack(logits, 1) - torch.stack(ref.logits, 1).float()).abs().max()
             assert float(diff) < 1e-5
         assert decoder.captures == 2 and sorted(decoder._shapes) == [(1, 64), (4, 64)]
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_graphed_decoder_stops_when_done_and_the_next_decode_is_unharmed(tiny_model: Path, pipeline: bool) -> None:
+    """``done()`` after the third step's tokens ends the decode there: three steps delivered. The
+    pipelined loop has launched one step more (queued before the third step's tokens were read),
+    the other none; that wasted step leaves nothing behind: the next decode through the same
+    graph gives the tokens of a decode that ran to the end."""
+    from engines.native import GraphedDecoder
+
+    engine = _start(dtype="float32", record_routing=False)
+    try:
+        pad = engine._tokenizer.pad_token_id or 0
+        decoder = GraphedDecoder(engine.model, pipeline=pipeline)
+        _fake_capture(decoder)
+        full: list[list[int]] = []
+        decoder.decode([PROMPTS[1]], pad, 10, full.append)
+        replays = 0
+        c = decoder._shapes[(1, 64)]
+        step = c.graph.replay
+
+        def counted() -> None:
+            nonlocal replays
+            replays += 1
+            step()
+
+        c.graph.replay = counted
+        got: list[list[int]] = []
+        decoder.decode([PROMPTS[2]], pad, 10, got.append, done=lambda: len(got) == 3)
+        assert len(got) == 3
+        assert replays == (3 if pipeline else 2)  # the prompt's forward gives step 0's tokens
+        again: list[list[int]] = []
+        decoder.decode([PROMPTS[1]], pad, 10, again.append)
+        assert again == full and len(full) == 10
     finally:
         engine.stop()
 
