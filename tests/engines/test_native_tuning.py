@@ -372,6 +372,7 @@ def test_graphed_path_streams_each_request_as_alone(alone: list[Any]) -> None:
                     _generate(engine, i, got)
             assert got[:3] == alone[:3]
             assert engine._graphed.captures >= 1
+            assert engine.tuning()["cuda_graphs_pipelined"] is True  # runs record which loop streamed them
         finally:
             engine.stop()
 
