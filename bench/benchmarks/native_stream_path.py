@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
          "batch_wait_ms": 200, "record_routing": False}
     )  # fmt: skip
     engine.start()
-    store = Store(Path(tempfile.mkdtemp(prefix="stream-path-")) / "runs.sqlite")
+    tmp = tempfile.TemporaryDirectory(prefix="stream-path-")  # the runs are not kept
+    store = Store(Path(tmp.name) / "runs.sqlite")
     got: dict[tuple[int, float, bool], list[dict[str, Any]]] = {}
     try:
         for r in range(args.rounds):
@@ -145,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                               f"host {m['host_ms']:.2f} ms/step", flush=True)  # fmt: skip
     finally:
         engine.stop()
+        tmp.cleanup()
     print(f"\n{args.rounds} rounds, ABBA; figures: median over rounds [min-max]\n")
     print("| batch | GPU step ms | loop | ITL p50 ms | ITL p90 | ITL p99 | output tok/s | of ideal | host ms/step |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
