@@ -20,7 +20,9 @@ Prints a markdown table, writes ``results.json`` and the runs as bundles in one
     python bench/benchmarks/native_tuning.py --out DIR [--configs baseline,static_cache] [--batches 1,8,32,128]
 
 A configuration that cannot apply or fails (out of memory, say) is a row with its one-line
-reason; ``--budget-s`` stops before a row that would start past the budget.
+reason; ``--budget-s`` stops before a row that would start past the budget. Under
+``MOEBENCH_GRAPH_PIPELINE=off`` the CUDA-graph rows are named ``NAME_sync`` (the step-by-step
+graph loop), so they stand beside the pipelined rows rather than replace them.
 """
 
 from __future__ import annotations
@@ -236,6 +238,8 @@ def main() -> int:
                                  "cuda_graphs": False, "mla": "expand", **changes,
                                  "batch_size": batch, "batch_wait_ms": 200.0})  # fmt: skip
                 row["tuning"] = engine.tuning()
+                if row["tuning"].get("cuda_graphs_pipelined") is False:  # MOEBENCH_GRAPH_PIPELINE=off
+                    row["config"] = f"{name}_sync"  # the step-by-step graph loop: rows of its own
                 t = time.perf_counter()
                 warm = _generate_all(engine, prompts[:batch], args.output_len)  # compile/capture happen here
                 row["warmup_s"] = time.perf_counter() - t
@@ -249,7 +253,7 @@ def main() -> int:
                     requests=batch if batch > 1 else 3,  # batch 1: three requests one after another
                     concurrency=batch,
                     warmup=0,
-                    name=f"tuning-{name}-b{batch}",
+                    name=f"tuning-{row['config']}-b{batch}",
                 )
                 formed = len(engine._batcher.batches) if engine._batcher is not None else 0
                 captured = engine.tuning().get("cuda_graphs_captured")
