@@ -80,11 +80,13 @@ class TuningRow:
     warmup_s: float | None
     created_at: str
     tuning: dict[str, Any]  # what transformers resolved for the run (engine_info["tuning"])
+    transformers: str | None = None  # its version (engine_info["versions"]), when recorded
 
     @property
     def group(self) -> str:
-        """Rows comparable with each other: one device, one dtype."""
-        return f"{self.device} · {self.dtype}"
+        """Rows comparable with each other: one device, one dtype, one transformers (its kernels and
+        bookkeeping change between versions: a newer run must not stand in for an older one's row)."""
+        return f"{self.device} · {self.dtype}" + (f" · transformers {self.transformers}" if self.transformers else "")
 
 
 def _row(store: Store, run: RunRow) -> TuningRow | None:
@@ -111,6 +113,7 @@ def _row(store: Store, run: RunRow) -> TuningRow | None:
         warmup_s=check.get("warmup_s"),
         created_at=run.created_at,
         tuning={k: v for k, v in (run.engine_info.get("tuning") or {}).items() if k != "batch_size"},
+        transformers=(run.engine_info.get("versions") or {}).get("transformers"),
     )
 
 
@@ -247,6 +250,8 @@ STEP_STUDY_GLOB = "*-profile-summary.json"
 STEP_NAMES = {
     "eager_static_step": "eager (static cache, no graph)",
     "graphs": "CUDA graph",
+    "graphs_sync": "CUDA graph, step-by-step loop",
+    "graphs_sync+mla": "CUDA graph, step-by-step loop, absorbed MLA",
     "graphs_compile_default": "compile=default, then CUDA graph",
     "eager_static_step+mla": "eager, absorbed MLA",
     "graphs+mla": "CUDA graph, absorbed MLA",

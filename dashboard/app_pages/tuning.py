@@ -39,15 +39,17 @@ running = task is not None and task.state().active
 rows = tuning.tuning_rows(store)
 if not rows:
     st.info(
-        "No tuning runs stored yet. Import the ablation measured on an NVIDIA H200 (examples/tuning), or run one "
-        "below.",
+        "No tuning runs stored yet. Import the ablations measured on an NVIDIA H200 and H100 (examples/tuning), "
+        "or run one below.",
         icon=":material/info:",
     )
-if st.button("Import the H200 tuning runs", icon=":material/download:", key="t.btn.import", disabled=services.viewer()):
+if st.button(
+    "Import the saved GPU tuning runs", icon=":material/download:", key="t.btn.import", disabled=services.viewer()
+):
     try:
         names = tuning.import_saved(store)
         ss["t.imported"] = (
-            f"Imported {len(names)} tuning run(s)." if names else "The H200 tuning runs are already here."
+            f"Imported {len(names)} tuning run(s)." if names else "The saved GPU tuning runs are already here."
         )
     except MoEBenchError as exc:
         ss["t.imported"] = f"Import failed: {exc}"
@@ -57,7 +59,8 @@ if msg := ss.pop("t.imported", None):
 
 if rows:
     groups = sorted({r.group for r in rows})
-    group = st.selectbox("Device and dtype", groups, key="t.group")
+    fullest = max(groups, key=lambda g: sum(r.group == g for r in rows))  # shown first: the widest ablation
+    group = st.selectbox("Device, dtype and transformers", groups, index=groups.index(fullest), key="t.group")
     mine = [r for r in rows if r.group == group]
     batches = sorted({r.batch for r in mine})
     order = list(tuning.CONFIGS)  # the baseline first, as the benchmark runs them; others ("best") after

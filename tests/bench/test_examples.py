@@ -56,10 +56,20 @@ def test_h200_examples_carry_nvml_telemetry(store: Store, name: str) -> None:
     assert s.device_mem_used_gib is not None and s.device_mem_used_gib >= run.engine_info["weights_gib"]
 
 
-@pytest.mark.parametrize("name", ["h200-bf16-kernels", "h200-bf16-cache-compile", "h200-fp32-check"])
-def test_h200_tuning_runs_import_with_their_tuning(store: Store, tmp_path: Path, name: str) -> None:
-    """The tuning ablation's runs (bench/benchmarks/native_tuning.py on the H200): every row of
-    results.json that ran is a bundle that imports, with the tuning it ran under."""
+@pytest.mark.parametrize(
+    "name",
+    [
+        "h200-bf16-kernels",
+        "h200-bf16-cache-compile",
+        "h200-fp32-check",
+        "h100-bf16-graph-loop",
+        "h100-bf16-graph-loop-sync",
+        "h100-bf16-transformers-5.19",
+    ],
+)
+def test_gpu_tuning_runs_import_with_their_tuning(store: Store, tmp_path: Path, name: str) -> None:
+    """The tuning ablation's runs (bench/benchmarks/native_tuning.py on the H200 and an H100): every
+    row of results.json that ran is a bundle that imports, with the tuning it ran under."""
     import tarfile
 
     rows = [r for r in json.loads((EXAMPLES / "tuning" / f"{name}.results.json").read_text())["rows"] if "run_id" in r]
@@ -70,8 +80,11 @@ def test_h200_tuning_runs_import_with_their_tuning(store: Store, tmp_path: Path,
     )
     for r in rows:
         run = store.get_run(import_bundle_file(store, tmp_path / f"tuning-{r['config']}-b{r['batch']}.json"))
-        assert run is not None and run.status == "completed" and run.engine_info["device"] == "NVIDIA H200"
+        device = {"h200": "NVIDIA H200", "h100": "NVIDIA H100 80GB HBM3"}[name[:4]]
+        assert run is not None and run.status == "completed" and run.engine_info["device"] == device
         assert run.engine_info["tuning"]["batch_size"] == r["batch"]
+        if r["config"].startswith("cuda_graphs"):  # which graph loop streamed it, recorded with the run
+            assert run.engine_info["tuning"]["cuda_graphs_pipelined"] is not r["config"].endswith("_sync")
         assert run.summary is not None and run.summary.itl_ms.p50 == pytest.approx(r["step_ms_p50"])
 
 

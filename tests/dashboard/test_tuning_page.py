@@ -28,14 +28,25 @@ def _grid(at: Any, key_column: str, first: str) -> Any:
 def test_the_saved_h200_ablation_imports_with_its_checks(store: Store) -> None:
     names = tuning.import_saved(store)
     ran = [r for f in sorted(SAVED.glob("*.results.json")) for r in json.loads(f.read_text())["rows"] if "run_id" in r]
-    assert len(names) == len(ran) == 43
+    assert len(names) == len(ran) == 57
     assert tuning.import_saved(store) == []  # a second import adds nothing
     rows = tuning.tuning_rows(store)
-    assert {r.group for r in rows} == {"NVIDIA H200 · bfloat16", "NVIDIA H200 · float32"}
+    assert {r.group for r in rows} == {
+        "NVIDIA H200 · bfloat16 · transformers 5.17.0",
+        "NVIDIA H200 · float32 · transformers 5.17.0",
+        "NVIDIA H100 80GB HBM3 · bfloat16 · transformers 5.17.0",
+        "NVIDIA H100 80GB HBM3 · bfloat16 · transformers 5.19.0",  # the same configs, another version: its own rows
+    }
+    newer = [r for r in rows if r.group.endswith("5.19.0")]
+    assert {(r.config, r.batch) for r in newer} == {("cuda_graphs_compile_mla", 1), ("cuda_graphs_compile_mla", 128)}
     # baseline at batch 1 was measured twice in bf16: the newer measurement wins
     newer = json.loads((SAVED / "h200-bf16-cache-compile.results.json").read_text())["rows"]
     base = next(r for r in newer if r["config"] == "baseline" and r["batch"] == 1)
-    got = next(r for r in rows if r.group == "NVIDIA H200 · bfloat16" and r.config == "baseline" and r.batch == 1)
+    got = next(
+        r
+        for r in rows
+        if r.group == "NVIDIA H200 · bfloat16 · transformers 5.17.0" and r.config == "baseline" and r.batch == 1
+    )
     assert got.step_ms_p50 == pytest.approx(base["step_ms_p50"])
     assert got.greedy_match == base["greedy_match"] and got.warmup_s == pytest.approx(base["warmup_s"])
     compiled = next(r for r in rows if r.config == "compile_default" and r.batch == 1 and "bfloat16" in r.group)
@@ -50,8 +61,10 @@ def test_tuning_page_shows_the_imported_ablation(app_test: Callable[..., Any], f
     at.button(key="t.btn.import").click().run()
     _no_exception(at)
     assert any("Imported" in s.value for s in at.success)
-    at.selectbox(key="t.group").set_value("NVIDIA H200 · bfloat16").run()
-    rows = {(r.config, r.batch): r for r in tuning.tuning_rows(Store(get_settings().db_path)) if "bf" in r.group}
+    h200 = "NVIDIA H200 · bfloat16 · transformers 5.17.0"
+    assert at.selectbox(key="t.group").value == h200  # the widest ablation is shown first
+    at.selectbox(key="t.group").set_value(h200).run()
+    rows = {(r.config, r.batch): r for r in tuning.tuning_rows(Store(get_settings().db_path)) if r.group == h200}
     step = _grid(at, "config", "baseline")
     assert list(step.columns) == ["config", "batch 1", "batch 8", "batch 32", "batch 128"]
     row = step[step["config"] == "static_cache"].iloc[0]
@@ -70,7 +83,8 @@ def test_the_saved_decode_step_study_is_shown_as_measured(app_test: Callable[...
     assert study.title.startswith("NVIDIA H200 · random-v2-lite-shape · bfloat16 (torch 2.11")
     at = app_test("app_pages/tuning.py")
     _no_exception(at)
-    steps = _grid(at, "step", "eager (static cache, no graph)")
+    at_ = [s.source for s in tuning.step_studies()].index("h200-profile-summary.json")  # studies show in this order
+    steps = [d.value for d in at.dataframe if "batch 128" in d.value.columns and "step" in d.value.columns][at_]
     assert list(steps.columns) == ["step", "batch 1", "batch 8", "batch 32", "batch 128"]
     fast = next(r for r in raw["step_timing_ms"] if r["config"] == "graphs_compile_default" and r["batch"] == 128)
     row = steps[steps["step"] == "compile=default, then CUDA graph"].iloc[0]
@@ -78,11 +92,19 @@ def test_the_saved_decode_step_study_is_shown_as_measured(app_test: Callable[...
         row["batch 128"] == f"{fast['ms_per_step_p50']:.2f} ms · {fast['tok_s']:,.0f} tok/s" == "23.13 ms · 5,533 tok/s"
     )
     assert row["batch 8"] == "-"  # not measured: no made-up figure
-    prof = next(d.value for d in at.dataframe if "kernels/step" in d.value.columns)
+    prof = [d.value for d in at.dataframe if "kernels/step" in d.value.columns][at_]
     eager1 = prof[(prof["step"] == "eager (static cache, no graph)") & (prof["batch"] == 1)].iloc[0]
     saved = raw["profile"]["eager_static_step/b1"]
     assert eager1["kernels/step"] == saved["kernels_per_step"] and eager1["GPU busy %"] == 10.0
     assert len(prof) == len(raw["profile"])
+    # the H100 study of the absorbed-MLA step, pipelined and step-by-step loops, beside it
+    h100 = json.loads((SAVED / "h100-step-mla-profile-summary.json").read_text())
+    i = [s.source for s in tuning.step_studies()].index("h100-step-mla-profile-summary.json")
+    grid = [d.value for d in at.dataframe if "batch 128" in d.value.columns and "step" in d.value.columns][i]
+    best = next(r for r in h100["step_timing_ms"] if r["config"] == "graphs_compile_default+mla" and r["batch"] == 128)
+    cell = grid[grid["step"] == "compile=default, then CUDA graph, absorbed MLA"].iloc[0]["batch 128"]
+    assert cell == f"{best['ms_per_step_p50']:.2f} ms · {best['tok_s']:,.0f} tok/s" == "16.71 ms · 7,659 tok/s"
+    assert {"CUDA graph, step-by-step loop", "CUDA graph, step-by-step loop, absorbed MLA"} <= set(grid["step"])
 
 
 @pytest.mark.slow
@@ -118,7 +140,7 @@ def test_an_ablation_runs_from_the_page_on_this_cpu(
 
 def test_each_configuration_says_what_it_changed(store: Store) -> None:
     tuning.import_saved(store)
-    texts = tuning.config_texts([r for r in tuning.tuning_rows(store) if "bfloat16" in r.group])
+    texts = tuning.config_texts([r for r in tuning.tuning_rows(store) if r.group.startswith("NVIDIA H200 · bfloat16")])
     assert texts["best"] == "cache=static, attn_impl=eager"
     assert texts["compile_default"] == "cache=static, compile=default"
     assert "experts_impl=grouped_mm" in texts["baseline"] and "attn_impl=sdpa" in texts["baseline"]
