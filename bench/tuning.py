@@ -228,12 +228,15 @@ def out_dir(data_dir: Path) -> Path:
     return data_dir / "tuning" / time.strftime("%Y%m%d-%H%M%S")
 
 
+_RUN_COUNTERS = ("cuda_graphs_captured", "cuda_graphs_capture_s")
+
+
 def config_texts(rows: Sequence[TuningRow]) -> dict[str, str]:
     """What each configuration changed from the baseline's tuning (``cache=static, attn_impl=eager``),
     from the tuning its runs recorded; the baseline reads as its own settings."""
     by_config: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        by_config.setdefault(r.config, r.tuning)
+    for r in rows:  # what was set, not what happened during the run (graphs captured, capture time)
+        by_config.setdefault(r.config, {k: v for k, v in r.tuning.items() if k not in _RUN_COUNTERS})
     base = by_config.get("baseline", {})
     out: dict[str, str] = {}
     for config, tun in by_config.items():

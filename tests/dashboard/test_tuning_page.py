@@ -143,4 +143,5 @@ def test_each_configuration_says_what_it_changed(store: Store) -> None:
     texts = tuning.config_texts([r for r in tuning.tuning_rows(store) if r.group.startswith("NVIDIA H200 · bfloat16")])
     assert texts["best"] == "cache=static, attn_impl=eager"
     assert texts["compile_default"] == "cache=static, compile=default"
+    assert texts["cuda_graphs"] == "cache=static, cuda_graphs=True"  # not the graphs it captured
     assert "experts_impl=grouped_mm" in texts["baseline"] and "attn_impl=sdpa" in texts["baseline"]
