@@ -28,7 +28,8 @@ pipelined (step k+1 launched before step k's tokens are read, as the engine does
 ``graphs_sync`` (in ``--time-configs``) is the graph read step by step, the loop before
 pipelining.
 
-``--profile``: torch.profiler over ten decode steps at the given batches, eager and graphed:
+``--profile``: torch.profiler over ten decode steps at the given batches, eager and graphed,
+read step by step (``pipeline=False``, so that the window holds exactly ten steps):
 the top operators by CUDA time and by CPU time, kernels per step, and the fraction of the
 wall time the GPU was busy (sum of kernel times / wall time), the profiler's own overhead included.
 
@@ -264,8 +265,14 @@ def profile(
                     marks["wall"] = time.perf_counter() - marks["t0"]
                     prof.stop()
 
-            with torch.inference_mode():
-                dec.decode(prompts[:b], pad, steps + 2, on_step, suppress=eos)
+            # Step by step while profiled: pipelined, the step after the window's first one is
+            # already queued when the profiler starts, and the window would hold steps - 1 steps.
+            pipelined, dec.pipeline = dec.pipeline, False
+            try:
+                with torch.inference_mode():
+                    dec.decode(prompts[:b], pad, steps + 2, on_step, suppress=eos)
+            finally:
+                dec.pipeline = pipelined
             wall = marks["wall"]
             events = prof.events()
             kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
