@@ -838,7 +838,7 @@ class GraphedDecoder:
             c.position_ids.add_(1)
             return pick(c.logits, k)
 
-        fetch = _HostFetch(c.batch, c.input_ids.device)
+        fetch = _HostFetch(c.batch, c.input_ids.device) if self.pipeline else None
         chosen = pick(logits, 0)
         for k in range(max_new):
             if keep_logits:
@@ -850,6 +850,7 @@ class GraphedDecoder:
                 chosen = launch(chosen, k + 1)
                 logits = c.logits
                 continue
+            assert fetch is not None
             fetch.start(chosen)  # step k's tokens, on their way to the host
             ahead = launch(chosen, k + 1) if k + 1 < max_new else None  # step k+1 runs meanwhile
             on_step(fetch.result())
