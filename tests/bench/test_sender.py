@@ -392,3 +392,38 @@ def test_a_quiet_host_leaves_no_disturbance(store: Store, fake_engine_kind: str)
         assert s.disturbance is None
     else:  # this shared machine was busy: then the reason must say so
         assert s.disturbance is not None
+
+
+def test_an_in_process_engines_send_threads_are_up_before_the_clock(tiny_model: object) -> None:
+    """The native engine's ``stream`` runs in the sender's threads: all of them start before t0,
+    so the first wave of a closed loop leaves together (started on demand, 128 of them took
+    30-50 ms of the clock, and the runs were flagged client-bound)."""
+    import threading
+
+    from bench.schedule import ClosedLoop
+    from bench.sender import InProcessSender
+    from engines.base import GenerationRequest, SamplingParams, create_engine
+
+    engine = create_engine({"kind": "native", "model": "tiny-deepseek-v3", "accelerator": "cpu"})
+    engine.start()
+    try:
+        at_start: list[int] = []
+        sent: list[Completion] = []
+        requests = [
+            GenerationRequest(f"r{i}", "", SamplingParams(max_tokens=2), prompt_token_ids=(100 + i, 101, 102))
+            for i in range(6)
+        ]
+        strategy = ClosedLoop(concurrency=6)
+        InProcessSender(engine).run(
+            strategy,
+            requests,
+            [],
+            threading.Event(),
+            sent.append,
+            lambda: None,
+            lambda t0: at_start.append(sum(t.name.startswith("send") for t in threading.enumerate())),
+        )
+        assert at_start == [6]  # one thread per slot, all up when the clock starts
+        assert len(sent) == 6 and all(c.error is None for c in sent)
+    finally:
+        engine.stop()
