@@ -282,6 +282,8 @@ def step_studies(folder: Path = SAVED) -> list[StepStudy]:
         title = f"{d.get('device', '?')} · {d.get('model', '?')} · {d.get('dtype', '?')}" + (
             f" ({versions})" if versions else ""
         )
+        if d.get("loop"):  # which decode loop its timings ran, when not today's pipelined one
+            title += f" · {d['loop']}"
         timing = [
             {**r, "config": STEP_NAMES.get(r["config"], r["config"])}
             for r in d.get("step_timing_ms") or []

@@ -81,6 +81,7 @@ def test_the_saved_decode_step_study_is_shown_as_measured(app_test: Callable[...
     raw = json.loads((SAVED / "h200-profile-summary.json").read_text())
     study = next(s for s in tuning.step_studies() if s.source == "h200-profile-summary.json")
     assert study.title.startswith("NVIDIA H200 · random-v2-lite-shape · bfloat16 (torch 2.11")
+    assert study.title.endswith("the graph loop read step by step (these ran before it was pipelined)")
     at = app_test("app_pages/tuning.py")
     _no_exception(at)
     at_ = [s.source for s in tuning.step_studies()].index("h200-profile-summary.json")  # studies show in this order
