@@ -146,21 +146,34 @@ def test_load_run_watch_download(browser_page: Any, server: str, moebench_data: 
         if not shot_live and seen_points[-1] > 2:
             _shot(page, "concurrency-live")
             shot_live = True
-        elif shot_live and not detoured:
+        elif shot_live and not detoured and len(seen_done) >= 2:
             # Leaving the page mid-run and coming back keeps the run form (the live fragment's
-            # reruns while the page was away once put every field back to its default).
+            # reruns while the page was away once put every field back to its default). Only
+            # once the progress was seen moving: a run that ended during the detour left the
+            # check below with nothing but the warm-up seen (CI, once).
             detoured = True
             goto_page(page, "Results")
             page.wait_for_timeout(1500)
             goto_page(page, "Concurrency")
             form = {"Requests": REQUESTS, "Concurrency": CONCURRENCY, "Output length (tokens)": OUTPUT_LEN}
             for label, value in form.items():
-                assert main.get_by_role("spinbutton", name=label, exact=True).input_value() == str(value), label
+                box = main.get_by_role("spinbutton", name=label, exact=True)
+                shown = [box.input_value()]
+                # The first read showed the page's default (Requests 32) in 2 of 11 local runs on
+                # 2026-12-05; not yet known whether the kept value came a moment later. Read again
+                # for up to 5 s: a form that really lost its values keeps the default and fails.
+                for _ in range(20):
+                    if shown[-1] == str(value):
+                        break
+                    page.wait_for_timeout(250)
+                    shown.append(box.input_value())
+                assert shown[-1] == str(value), f"{label}: shown {shown}"
             progress = main.get_by_text(f"/{REQUESTS} requests").first
         page.wait_for_timeout(700)
     else:
         raise AssertionError("the run did not complete within 180 s")
     assert len(seen_done) >= 2, f"the progress never moved while running: {seen_done}"
+    assert detoured, "the run ended before the page was left and opened again mid-run"
     grew = [b for a, b in itertools.pairwise(seen_points) if b > a]
     assert grew, f"the live latency chart never gained points while running: {seen_points}"
     wait_idle(page)
