@@ -371,7 +371,7 @@ class NativeEngine(Engine):
         if self._graphed is not None:
             tuning["cuda_graphs_captured"] = self._graphed.captures
             tuning["cuda_graphs_capture_s"] = round(self._graphed.capture_s, 3)
-            tuning["cuda_graphs_pipelined"] = bool(getattr(self._graphed, "pipeline", True))
+            tuning["cuda_graphs_pipelined"] = self._graphed.pipeline
         return tuning
 
     def stop(self) -> None:

@@ -8,7 +8,9 @@ Three parts, each optional, on one loaded model (``random-v2-lite-shape`` by def
 follow its new inputs would repeat the first prompt's tokens), then the four together as one
 left-padded batch of different lengths; against eager ``generate`` (dynamic cache) and against
 the same step run eagerly. Reports per case whether the greedy tokens are equal and the
-largest |logit difference| over the steps where they agree, beside the logits' scale. In
+largest |logit difference| over the steps where they agree and over those with the same
+inputs (those and the first step that differs), beside the logits' scale, and the noise floor:
+the same prompt decoded eagerly alone and beside three others (``eager_batch_variance``). In
 float32 (``--experts-impl batched_mm``: float32 grouped_mm cannot be captured) all agree within
 float32 rounding; in bf16 only the same-step comparison is meaningful (random weights in bf16
 turn any kernel change into different logits). ``--check-variants graphs,graphs_compile`` adds
@@ -94,6 +96,12 @@ def _graphed(dec: GraphedDecoder, prompts: list[list[int]], pad: int, steps: int
     return [list(r) for r in zip(*toks, strict=True)], torch.stack(kept, 1).float()
 
 
+def _rows(got: tuple[Any, Any], rows: list[int]) -> tuple[Any, Any]:
+    """Those rows of a batch's (tokens, logits)."""
+    toks, lg = got
+    return [toks[i] for i in rows], lg[rows]
+
+
 def _compare(got: tuple[Any, Any], ref: tuple[Any, Any]) -> dict[str, Any]:
     toks, lg = got
     rtoks, rlg = ref
@@ -102,12 +110,16 @@ def _compare(got: tuple[Any, Any], ref: tuple[Any, Any]) -> dict[str, Any]:
         for g, r in zip(toks, rtoks, strict=True)
     ]
     upto = max(1, min(agree))
+    same = min(min(agree) + 1, rlg.shape[1])  # the first differing step still had the same inputs
     top2 = rlg[:, 0].topk(2, dim=-1).values
     return {
         "tokens_equal": toks == rtoks,
         "first_difference": None if toks == rtoks else min(agree),
         "logits_max_abs_diff": float((lg[:, :upto] - rlg[:, :upto]).abs().max()),
         "logits_max_abs_diff_step0": float((lg[:, 0] - rlg[:, 0]).abs().max()),
+        # over every step whose inputs were the same on both sides: the agreeing steps and the
+        # first one that differs (its logits are the ones that flipped the token)
+        "logits_max_abs_diff_same_inputs": float((lg[:, :same] - rlg[:, :same]).abs().max()),
         "ref_logit_abs_max": float(rlg.abs().max()),
         "ref_top2_gap_min": float((top2[:, 0] - top2[:, 1]).min()),
     }
@@ -131,6 +143,15 @@ def check(engine: Any, steps: int, variants: list[str], length: int = 128) -> di
                            "experts": engine.tuning()["experts_impl"]}  # fmt: skip
     out["eager_step_vs_generate"] = {k: _compare(step[k], gen[k]) for k in cases}
     out["eager_generate_repeat"] = _compare(_generate(model, cases["alone/prompt0"], pad, steps), gen["alone/prompt0"])
+    # The noise floor of a bf16 check on this model: the same prompt, eager, decoded alone and as
+    # row 0 / row 3 of the batch of 4 (both unpadded: only their batch-mates differ). Any kernel
+    # that changes with the batch moves the logits; a flipped expert choice moves them a lot.
+    out["eager_batch_variance"] = {
+        f"{how}/prompt{i}": _compare(_rows(ref["batch4_padded"], [i]), ref[f"alone/prompt{i}"])
+        for how, ref in (("generate", gen), ("step", step))
+        for i in (0, 3)
+    }
+    print("eager_batch_variance", out["eager_batch_variance"], flush=True)
     out["mla"] = engine.tuning().get("mla", "expand")
     if out["mla"] == "absorbed":  # gen above is absorbed: the same generate with transformers' own MLA
         mla.set_absorbed(model, False)
