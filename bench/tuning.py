@@ -37,6 +37,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "experts_eager": {"experts_impl": "eager"},
     "experts_grouped_mm": {"experts_impl": "grouped_mm"},
     "experts_batched_mm": {"experts_impl": "batched_mm"},
+    "experts_lean": {"experts_impl": "lean_grouped_mm"},
     "attn_eager": {"attn_impl": "eager"},
     "static_cache": {"cache": "static"},
     "no_inference_mode": {"inference_mode": False},
@@ -49,6 +50,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "mla_absorbed": {"mla": "absorbed"},
     "cuda_graphs_mla": {"cache": "static", "cuda_graphs": True, "mla": "absorbed"},
     "cuda_graphs_compile_mla": {"cache": "static", "cuda_graphs": True, "compile": "default", "mla": "absorbed"},
+    "cuda_graphs_compile_mla_lean": {
+        "cache": "static",
+        "cuda_graphs": True,
+        "compile": "default",
+        "mla": "absorbed",
+        "experts_impl": "lean_grouped_mm",  # MoE Bench's grouped GEMM (engines/experts.py)
+    },
 }
 CHECK_FIELDS = (
     "greedy_match",

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from engines import mla
+from engines import experts, mla
 from engines.accelerators import Accelerator, Availability, MemoryStats, get_accelerator
 from engines.base import (
     Engine,
@@ -135,10 +135,12 @@ class NativeOptions(EngineOptions):
         description="torch.compile the decode step (transformers' generate compiles the forward once with a static "
         "cache): off, or the compile mode. Needs cache=static.",
     )
-    experts_impl: Literal["eager", "grouped_mm", "batched_mm"] | None = Field(
+    experts_impl: Literal["eager", "grouped_mm", "batched_mm", "lean_grouped_mm"] | None = Field(
         None,
-        description="How transformers computes the routed experts: eager (a loop over experts), grouped_mm (one "
-        "grouped GEMM), batched_mm (gathers each token's experts' weights). Empty: transformers' default.",
+        description="How the routed experts are computed: eager (transformers' loop over experts), grouped_mm (its "
+        "grouped GEMM), batched_mm (gathers each token's experts' weights), lean_grouped_mm (MoE Bench's grouped "
+        "GEMM without transformers' masking, the routing weight on the narrow side: engines/experts.py). Empty: "
+        "transformers' default.",
     )
     attn_impl: Literal["eager", "sdpa", "flash_attention_2"] | None = Field(
         None, description="Attention kernels: eager, sdpa (PyTorch's), flash_attention_2 (where installed)."
@@ -292,6 +294,8 @@ class NativeEngine(Engine):
                 continue
             if not hasattr(self.model, setter):
                 raise ConfigError(f"{option}={value}: this transformers model cannot switch its {option}")
+            if value == experts.NAME and (reason := experts.register()):
+                raise ConfigError(reason)
             try:
                 getattr(self.model, setter)(value)
             except (ValueError, ImportError, RuntimeError) as exc:
@@ -322,9 +326,9 @@ class NativeEngine(Engine):
                 )
             if impls[1] not in ("sdpa", "eager"):
                 raise ConfigError(f"cuda_graphs: the captured step needs attn_impl sdpa or eager, not {impls[1]}")
-            if impls[0] == "grouped_mm" and self.model.dtype == torch.float32:
+            if impls[0] in ("grouped_mm", experts.NAME) and self.model.dtype == torch.float32:
                 raise ConfigError(
-                    "cuda_graphs with float32 grouped_mm experts: torch's float32 grouped GEMM copies through the "
+                    f"cuda_graphs with float32 {impls[0]} experts: torch's float32 grouped GEMM copies through the "
                     "host, which a capture forbids; use bfloat16 or experts_impl=batched_mm"
                 )
             self._graphed = GraphedDecoder(self.model, o.compile)

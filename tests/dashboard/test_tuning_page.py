@@ -28,7 +28,7 @@ def _grid(at: Any, key_column: str, first: str) -> Any:
 def test_the_saved_h200_ablation_imports_with_its_checks(store: Store) -> None:
     names = tuning.import_saved(store)
     ran = [r for f in sorted(SAVED.glob("*.results.json")) for r in json.loads(f.read_text())["rows"] if "run_id" in r]
-    assert len(names) == len(ran) == 57
+    assert len(names) == len(ran) == 60
     assert tuning.import_saved(store) == []  # a second import adds nothing
     rows = tuning.tuning_rows(store)
     assert {r.group for r in rows} == {
