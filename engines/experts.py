@@ -2,10 +2,11 @@
 
 transformers' ``grouped_mm`` experts sort the (token, expert) pairs by expert, gather the hidden
 states, run two grouped GEMMs and scatter back. Around them, transformers 5.17 masks every pair's
-rows for expert parallelism (two ``masked_fill`` over [pairs x width] per layer, even on one GPU)
-and weights the down projection's output [pairs x hidden] in float32 before summing. Profiled on
-the H100 (``examples/tuning/h100-prefill-profile.json``), a batch of 128 128-token prompts spent
-66 ms of its 336 ms prefill in the grouped GEMMs and most of the rest in that bookkeeping.
+rows for expert parallelism (three ``masked_fill`` over [pairs x width] per layer, even on one
+GPU; 5.19 masks only under expert parallelism) and weights the down projection's output
+[pairs x hidden] in float32 before summing. Profiled on the H100
+(``examples/tuning/h100-prefill-profile.json``), a batch of 128 128-token prompts spent 66 ms
+of its 336 ms prefill in the grouped GEMMs and about 120 ms in that bookkeeping.
 
 This forward computes the same function with less memory traffic:
 
@@ -22,7 +23,7 @@ in float32 the output agrees with transformers' ``grouped_mm`` to rounding
 step can be captured in a CUDA graph as transformers' ``grouped_mm`` can.
 
 Layouts other than transformers' default (a bias, no gate, interleaved or expert-parallel
-weights) fall back to transformers' own ``grouped_mm`` forward.
+weights, or any run under torch.distributed) fall back to transformers' own ``grouped_mm`` forward.
 """
 
 from __future__ import annotations
@@ -38,15 +39,24 @@ def _grouped_mm(x: Any, w: Any, offs: Any) -> Any:
 
     try:  # transformers' dispatcher: torch's kernel, or its fallback where torch has none for this case
         from transformers.integrations.moe import _grouped_mm as dispatch
-
-        return dispatch(x, w, offs=offs)
     except ImportError:
-        fn = getattr(torch.nn.functional, "grouped_mm", None) or torch._grouped_mm
-        return fn(x, w, offs=offs)
+        dispatch = getattr(torch.nn.functional, "grouped_mm", None) or torch._grouped_mm
+    return dispatch(x, w, offs=offs)
+
+
+def _distributed() -> bool:
+    """Under torch.distributed the experts may be split across ranks (expert parallelism marks a
+    rank's foreign experts with sentinel ids; transformers 5.17 has no flag for it): not ours."""
+    try:
+        import torch.distributed as dist
+
+        return bool(dist.is_available() and dist.is_initialized())
+    except ImportError:
+        return False
 
 
 def _simple(module: Any) -> bool:
-    """transformers' default experts layout: concatenated [gate; up], no bias, not expert-parallel."""
+    """transformers' default experts layout: concatenated [gate; up], no bias, one process."""
     return (
         getattr(module, "has_gate", True)
         and not getattr(module, "has_bias", False)
@@ -54,6 +64,7 @@ def _simple(module: Any) -> bool:
         and not getattr(module, "_is_expert_parallel", False)
         and hasattr(module, "gate_up_proj")
         and hasattr(module, "down_proj")
+        and not _distributed()
     )
 
 

@@ -22,12 +22,16 @@ def test_compare_reports_the_first_differing_step_whose_inputs_were_the_same() -
     assert out["logits_max_abs_diff_step0"] == 0.0
 
 
-def test_compare_equal_runs_and_rows() -> None:
+def test_compare_equal_tokens_cover_every_step_and_rows() -> None:
     lg = torch.randn(3, 6, 7)
     toks = lg.argmax(-1).tolist()
-    out = _compare((toks, lg.clone()), (toks, lg))
+    moved = lg.clone()
+    moved[2, 5] += 1e-3  # the last step of the last row: tokens still equal
+    out = _compare((toks, moved), (toks, lg))
     assert out["tokens_equal"] is True and out["first_difference"] is None
-    assert out["logits_max_abs_diff_same_inputs"] == 0.0
+    assert abs(out["logits_max_abs_diff_same_inputs"] - 1e-3) < 1e-6  # every step compared
+    assert abs(out["logits_max_abs_diff"] - 1e-3) < 1e-6
+    assert out["logits_max_abs_diff_step0"] == 0.0
     picked = _rows((toks, lg), [0, 2])
     assert picked[0] == [toks[0], toks[2]]
     assert torch.equal(picked[1], lg[[0, 2]])

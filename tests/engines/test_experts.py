@@ -62,6 +62,35 @@ def test_each_layer_matches_transformers_grouped_mm_in_float32(model: Any, token
             assert float((got - ref).abs().max()) <= 1e-5 * scale, (layer, tokens, skew)
 
 
+def test_transposed_weights_and_a_module_without_apply_gate(model: Any) -> None:
+    """The same experts stored transposed ([E, in, out], ``is_transposed``) give the same output,
+    and a module without transformers' ``_apply_gate`` gets act(gate) * up from the forward."""
+    import copy
+
+    import torch
+
+    mod = _experts_modules(model)[1]
+    h = torch.randn(23, mod.gate_up_proj.shape[-1], generator=torch.Generator().manual_seed(5))
+    idx, w = _routing(23, 2, int(mod.num_experts), 5, True)
+    with torch.inference_mode():
+        ref = experts.lean_forward(mod, h, idx, w)
+        flipped = copy.deepcopy(mod)
+        flipped.gate_up_proj = torch.nn.Parameter(mod.gate_up_proj.transpose(-2, -1).contiguous())
+        flipped.down_proj = torch.nn.Parameter(mod.down_proj.transpose(-2, -1).contiguous())
+        flipped.is_transposed = True
+        got = experts.lean_forward(flipped, h, idx, w)
+        assert float((got - ref).abs().max()) <= 1e-6 * float(ref.abs().max())
+
+        class NoGate:  # the attributes the forward reads, and no _apply_gate
+            def __init__(self, m: Any) -> None:
+                for name in ("gate_up_proj", "down_proj", "num_experts", "act_fn"):
+                    setattr(self, name, getattr(m, name))
+
+        bare = NoGate(mod)
+        assert not hasattr(bare, "_apply_gate") and experts._simple(bare)
+        assert torch.equal(experts.lean_forward(bare, h, idx, w), ref)
+
+
 def test_other_layouts_fall_back_to_transformers(model: Any) -> None:
     """Expert-parallel weights (sentinel experts) are transformers' case: its own forward runs."""
     import torch
