@@ -106,9 +106,9 @@ if rows:
                 )
             )  # fmt: skip
         fig.update_yaxes(title=axis, type="log", dtick=1)  # powers of ten only: readable at any spread
-        fig.update_xaxes(tickangle=-25)
+        fig.update_xaxes(tickangle=-25, automargin=True)  # a long first name slants left of the plot
         fig.update_layout(
-            barmode="group", margin={"b": 120, "t": 90},  # the legend in its own row under the title
+            barmode="group", margin={"b": 120, "t": 90, "l": 110},  # the legend in its own row under the title
             legend={"orientation": "h", "yanchor": "bottom", "y": 1.01, "xanchor": "left", "x": 0.0},
         )  # fmt: skip
         with col:
