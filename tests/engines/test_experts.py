@@ -6,14 +6,13 @@ decode loop; on a GPU, bf16, the same within bf16 rounding and a real captured s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engines import experts
-from tests.engines.test_native_tuning import PROMPTS, _all_at_once, _fake_capture, _generate, _start
+from tests.engines.test_native_tuning import PROMPTS, _fake_capture, _first_three, _generate, _start
 
 
 def _experts_modules(model: Any) -> list[Any]:
@@ -109,18 +108,7 @@ def test_other_layouts_fall_back_to_transformers(model: Any) -> None:
     assert experts._simple(mod)
 
 
-@pytest.fixture(scope="module")
-def alone(tiny_model: Path) -> Iterator[list[Any]]:
-    """The first three prompts, each alone through the default engine (transformers' experts)."""
-    engine = _start()
-    out: list[Any] = [None] * len(PROMPTS)
-    for i in range(3):
-        _generate(engine, i, out)
-    engine.stop()
-    yield out
-
-
-def test_engine_with_lean_experts_streams_the_default_tokens(alone: list[Any]) -> None:
+def test_engine_with_lean_experts_streams_the_default_tokens(alone3: list[Any]) -> None:
     from engines.batching import StaticBatcher
     from engines.native import GraphedDecoder
 
@@ -145,16 +133,11 @@ def test_engine_with_lean_experts_streams_the_default_tokens(alone: list[Any]) -
 
             ALL_EXPERTS_FUNCTIONS._global_mapping[experts.NAME] = counting
             try:
-                if opts.get("batch_size"):
-                    got = _all_at_once(engine, [0, 1, 2])
-                else:
-                    got = [None] * len(PROMPTS)
-                    for i in range(3):
-                        _generate(engine, i, got)
+                got = _first_three(engine, bool(opts.get("batch_size")))
             finally:
                 ALL_EXPERTS_FUNCTIONS._global_mapping[experts.NAME] = real
             assert calls > 0, "the lean forward ran"
-            assert got[:3] == alone[:3], opts
+            assert got[:3] == alone3[:3], opts
             engine.retune(experts_impl=None)  # back to what transformers chose at load
             assert engine.describe()["tuning"]["experts_impl"] == "grouped_mm"
         finally:

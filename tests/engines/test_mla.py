@@ -15,18 +15,7 @@ import pytest
 
 from engines import mla
 from engines.base import create_engine
-from tests.engines.test_native_tuning import PROMPTS, _all_at_once, _fake_capture, _generate, _start
-
-
-@pytest.fixture(scope="module")
-def alone(tiny_model: Path) -> Iterator[list[Any]]:
-    """The first three prompts generated each on its own by the default engine: the reference."""
-    engine = _start()
-    out: list[Any] = [None] * len(PROMPTS)
-    for i in range(3):
-        _generate(engine, i, out)
-    engine.stop()
-    yield out
+from tests.engines.test_native_tuning import PROMPTS, _fake_capture, _first_three, _generate, _start
 
 
 @contextlib.contextmanager
@@ -127,7 +116,7 @@ def test_a_wrapped_or_foreign_attention_is_refused(tiny_model: Path) -> None:
         engine.stop()
 
 
-def test_engine_with_absorbed_mla_streams_eagers_tokens(alone: list[Any]) -> None:
+def test_engine_with_absorbed_mla_streams_eagers_tokens(alone3: list[Any]) -> None:
     """Through the engine (bf16 would flip random-weight tokens; the tiny model loads float32 on
     CPU): unbatched, statically batched, and through the graphed decode loop (capture faked)."""
     from engines.batching import StaticBatcher
@@ -142,13 +131,8 @@ def test_engine_with_absorbed_mla_streams_eagers_tokens(alone: list[Any]) -> Non
                 _fake_capture(engine._graphed)
                 engine._batcher = StaticBatcher(engine._run_batch, 1, 0.0)
             with _expansions(engine.model) as seen:
-                if opts.get("batch_size"):
-                    got = _all_at_once(engine, [0, 1, 2])
-                else:
-                    got = [None] * len(PROMPTS)
-                    for i in range(3):
-                        _generate(engine, i, got)
-            assert got[:3] == alone[:3], opts
+                got = _first_three(engine, bool(opts.get("batch_size")))
+            assert got[:3] == alone3[:3], opts
             # each request's (or batch's) prompt expanded once per layer; no decode step did
             assert seen and len(seen) % engine.model.config.num_hidden_layers == 0
             assert len(seen) <= 3 * engine.model.config.num_hidden_layers
@@ -188,7 +172,7 @@ def test_the_option_is_validated(tiny_model: Path) -> None:
 
 
 @pytest.mark.slow
-def test_absorbed_decode_compiles_once_and_matches_eager(alone: list[Any]) -> None:
+def test_absorbed_decode_compiles_once_and_matches_eager(alone3: list[Any]) -> None:
     """torch.compile (inductor on CPU) over the absorbed step, static cache: eager's tokens, and
     another prompt of the same shapes compiles nothing new (what cuda_graphs_compile_mla relies on)."""
     from torch._dynamo.utils import counters
@@ -204,7 +188,7 @@ def test_absorbed_decode_compiles_once_and_matches_eager(alone: list[Any]) -> No
         with _expansions(engine.model) as seen:
             for i in (1, 2):
                 _generate(engine, i, got)
-        assert got[:3] == alone[:3]
+        assert got[:3] == alone3[:3]
         assert len(seen) == 2 * engine.model.config.num_hidden_layers  # two prompts; compiled steps do not expand
     finally:
         engine.stop()

@@ -50,6 +50,16 @@ def _all_at_once(engine: Any, indices: list[int], **sampling: Any) -> list[Any]:
     return out
 
 
+def _first_three(engine: Any, batched: bool) -> list[Any]:
+    """The first three prompts through ``engine``: sent all at once (to batch) or one after another."""
+    if batched:
+        return _all_at_once(engine, [0, 1, 2])
+    out: list[Any] = [None] * len(PROMPTS)
+    for i in range(3):
+        _generate(engine, i, out)
+    return out
+
+
 @pytest.fixture(scope="module")
 def alone(tiny_model: Path) -> Iterator[list[Any]]:
     """Each prompt generated on its own by the default (eager, unbatched) engine: the reference."""
