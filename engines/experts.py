@@ -28,20 +28,28 @@ weights, or any run under torch.distributed) fall back to transformers' own ``gr
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 NAME = "lean_grouped_mm"
 
 
-def _grouped_mm(x: Any, w: Any, offs: Any) -> Any:
-    """x [S, k] @ per-group w [E, k, n] -> [S, n], rows split by the cumulative ``offs``."""
+@functools.cache
+def _dispatch() -> Any:
+    """The grouped GEMM to call, resolved once (the forward runs it twice per layer per step):
+    transformers' dispatcher (torch's kernel, or its fallback where torch has none), else torch's."""
     import torch
 
-    try:  # transformers' dispatcher: torch's kernel, or its fallback where torch has none for this case
+    try:
         from transformers.integrations.moe import _grouped_mm as dispatch
     except ImportError:
         dispatch = getattr(torch.nn.functional, "grouped_mm", None) or torch._grouped_mm
-    return dispatch(x, w, offs=offs)
+    return dispatch
+
+
+def _grouped_mm(x: Any, w: Any, offs: Any) -> Any:
+    """x [S, k] @ per-group w [E, k, n] -> [S, n], rows split by the cumulative ``offs``."""
+    return _dispatch()(x, w, offs=offs)
 
 
 def _distributed() -> bool:

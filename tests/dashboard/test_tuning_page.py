@@ -25,6 +25,13 @@ def _grid(at: Any, key_column: str, first: str) -> Any:
     return next(d.value for d in at.dataframe if key_column in d.value.columns and d.value.iloc[0][key_column] == first)
 
 
+def _study_grid(at: Any, source: str, column: str) -> Any:
+    """The step study ``source``'s table with ``column`` (its timings: "batch 128"; its profile:
+    "kernels/step"): the studies show in :func:`tuning.step_studies` order, one table of each."""
+    i = [s.source for s in tuning.step_studies()].index(source)
+    return [d.value for d in at.dataframe if column in d.value.columns and "step" in d.value.columns][i]
+
+
 def test_the_saved_h200_ablation_imports_with_its_checks(store: Store) -> None:
     names = tuning.import_saved(store)
     ran = [r for f in sorted(SAVED.glob("*.results.json")) for r in json.loads(f.read_text())["rows"] if "run_id" in r]
@@ -84,8 +91,7 @@ def test_the_saved_decode_step_study_is_shown_as_measured(app_test: Callable[...
     assert study.title.endswith("the graph loop read step by step (these ran before it was pipelined)")
     at = app_test("app_pages/tuning.py")
     _no_exception(at)
-    at_ = [s.source for s in tuning.step_studies()].index("h200-profile-summary.json")  # studies show in this order
-    steps = [d.value for d in at.dataframe if "batch 128" in d.value.columns and "step" in d.value.columns][at_]
+    steps = _study_grid(at, "h200-profile-summary.json", "batch 128")
     assert list(steps.columns) == ["step", "batch 1", "batch 8", "batch 32", "batch 128"]
     fast = next(r for r in raw["step_timing_ms"] if r["config"] == "graphs_compile_default" and r["batch"] == 128)
     row = steps[steps["step"] == "compile=default, then CUDA graph"].iloc[0]
@@ -93,15 +99,14 @@ def test_the_saved_decode_step_study_is_shown_as_measured(app_test: Callable[...
         row["batch 128"] == f"{fast['ms_per_step_p50']:.2f} ms · {fast['tok_s']:,.0f} tok/s" == "23.13 ms · 5,533 tok/s"
     )
     assert row["batch 8"] == "-"  # not measured: no made-up figure
-    prof = [d.value for d in at.dataframe if "kernels/step" in d.value.columns][at_]
+    prof = _study_grid(at, "h200-profile-summary.json", "kernels/step")
     eager1 = prof[(prof["step"] == "eager (static cache, no graph)") & (prof["batch"] == 1)].iloc[0]
     saved = raw["profile"]["eager_static_step/b1"]
     assert eager1["kernels/step"] == saved["kernels_per_step"] and eager1["GPU busy %"] == 10.0
     assert len(prof) == len(raw["profile"])
     # the H100 study of the absorbed-MLA step, pipelined and step-by-step loops, beside it
     h100 = json.loads((SAVED / "h100-step-mla-profile-summary.json").read_text())
-    i = [s.source for s in tuning.step_studies()].index("h100-step-mla-profile-summary.json")
-    grid = [d.value for d in at.dataframe if "batch 128" in d.value.columns and "step" in d.value.columns][i]
+    grid = _study_grid(at, "h100-step-mla-profile-summary.json", "batch 128")
     best = next(r for r in h100["step_timing_ms"] if r["config"] == "graphs_compile_default+mla" and r["batch"] == 128)
     cell = grid[grid["step"] == "compile=default, then CUDA graph, absorbed MLA"].iloc[0]["batch 128"]
     assert cell == f"{best['ms_per_step_p50']:.2f} ms · {best['tok_s']:,.0f} tok/s" == "16.71 ms · 7,659 tok/s"

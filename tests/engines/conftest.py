@@ -13,11 +13,9 @@ import pytest
 def alone3(tiny_model: Path) -> Iterator[list[Any]]:
     """The first three prompts of ``test_native_tuning.PROMPTS``, each generated on its own by the
     default engine (eager, transformers' MLA and experts): the reference the options must give."""
-    from tests.engines.test_native_tuning import PROMPTS, _generate, _start
+    from tests.engines.test_native_tuning import _first_three, _start
 
     engine = _start()
-    out: list[Any] = [None] * len(PROMPTS)
-    for i in range(3):
-        _generate(engine, i, out)
+    out = _first_three(engine, batched=False)
     engine.stop()
     yield out
