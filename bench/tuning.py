@@ -18,7 +18,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,15 @@ from bench.store import RunRow, Store, import_bundle_file
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "benchmarks" / "native_tuning.py"
 SAVED = ROOT / "examples" / "tuning"
-RUN_NAME = re.compile(r"^tuning-(?P<config>[a-z0-9_]+)-b(?P<batch>\d+)$")
+RUN_NAME = re.compile(r"^tuning-(?P<config>[a-z0-9_]+)-b(?P<batch>\d+)(?:-r(?P<round>\d+))?$")
 ARTIFACT_TUNING_CHECK = "tuning_check"
+
+
+def run_name(config: str, batch: int, round_: int | None = None) -> str:
+    """The stored run's name of one ablation row; ``-r<k>`` marks round k of a repeated ablation."""
+    return f"tuning-{config}-b{batch}" + (f"-r{round_}" if round_ else "")
+
+
 # The ablation's configurations: option changes from the engine's defaults (each alone).
 CONFIGS: dict[str, dict[str, Any]] = {
     "baseline": {},  # the engine's defaults (transformers' experts and attention kernels)
@@ -89,6 +96,9 @@ class TuningRow:
     created_at: str
     tuning: dict[str, Any]  # what transformers resolved for the run (engine_info["tuning"])
     transformers: str | None = None  # its version (engine_info["versions"]), when recorded
+    round: int | None = None  # of a repeated ablation (``--rounds``, run name ``-r<k>``)
+    rounds: int = 1  # the repeats this row stands for: the median round by output tokens/s
+    tok_s_range: tuple[float, float] | None = None  # the lowest and highest of those rounds
 
     @property
     def group(self) -> str:
@@ -122,20 +132,30 @@ def _row(store: Store, run: RunRow) -> TuningRow | None:
         created_at=run.created_at,
         tuning={k: v for k, v in (run.engine_info.get("tuning") or {}).items() if k != "batch_size"},
         transformers=(run.engine_info.get("versions") or {}).get("transformers"),
+        round=int(m["round"]) if m["round"] else None,
     )
 
 
 def tuning_rows(store: Store) -> list[TuningRow]:
-    """Every ablation row stored; of repeats of one (group, config, batch), the newest measured."""
-    newest: dict[tuple[str, str, int], TuningRow] = {}
+    """Every ablation row stored, one per (group, config, batch). Where rounds of a repeated
+    ablation were stored (``--rounds``), the round of median output tokens/s (the lower of the two
+    middle ones), with the number of rounds and their lowest and highest tokens/s; otherwise the
+    newest run measured (a single later run does not replace the median of several rounds)."""
+    found: dict[tuple[str, str, int], list[TuningRow]] = {}
     for run in store.list_runs():
         row = _row(store, run)
-        if row is None:
-            continue
-        key = (row.group, row.config, row.batch)
-        if key not in newest or (row.created_at, row.run_id) > (newest[key].created_at, newest[key].run_id):
-            newest[key] = row
-    return sorted(newest.values(), key=lambda r: (r.group, r.config, r.batch))
+        if row is not None:
+            found.setdefault((row.group, row.config, row.batch), []).append(row)
+    picked: list[TuningRow] = []
+    for repeats in found.values():
+        rounds = sorted((r for r in repeats if r.round is not None), key=lambda r: (r.output_tok_s, r.run_id))
+        if len(rounds) > 1:
+            median = rounds[(len(rounds) - 1) // 2]
+            span = (rounds[0].output_tok_s, rounds[-1].output_tok_s)
+            picked.append(replace(median, rounds=len(rounds), tok_s_range=span))
+        else:
+            picked.append(max(repeats, key=lambda r: (r.created_at, r.run_id)))
+    return sorted(picked, key=lambda r: (r.group, r.config, r.batch))
 
 
 def import_results(store: Store, bundles: Path, results: Path | None) -> list[str]:
@@ -146,7 +166,7 @@ def import_results(store: Store, bundles: Path, results: Path | None) -> list[st
     if results is not None and results.is_file():
         for r in json.loads(results.read_text(encoding="utf-8")).get("rows", []):
             if "run_id" in r:
-                checks[f"tuning-{r['config']}-b{r['batch']}"] = {k: r.get(k) for k in CHECK_FIELDS}
+                checks[run_name(r["config"], r["batch"], r.get("round"))] = {k: r.get(k) for k in CHECK_FIELDS}
     have = {(r.name, r.created_at) for r in store.list_runs()}
     imported: list[str] = []
     with tempfile.TemporaryDirectory() as tmp, tarfile.open(bundles) as tar:

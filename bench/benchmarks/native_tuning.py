@@ -31,6 +31,7 @@ import argparse
 import itertools
 import json
 import random
+import statistics
 import sys
 import tarfile
 import threading
@@ -45,7 +46,7 @@ from bench.metrics import RequestRecord
 from bench.run_limits import for_run_or_reason
 from bench.runner import ARTIFACT_GC, start_run
 from bench.store import Store
-from bench.tuning import ARTIFACT_TUNING_CHECK, CHECK_FIELDS, CONFIGS
+from bench.tuning import ARTIFACT_TUNING_CHECK, CHECK_FIELDS, CONFIGS, run_name
 from engines.base import GenerationRequest, SamplingParams, create_engine
 from engines.batching import left_pad
 
@@ -168,7 +169,7 @@ def _stalls(records: list[RequestRecord], step_p50: float | None, floor_ms: floa
     return [{**h, "sequences": len(h["sequences"])} for h in found[:20]]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="native-tuning")
     ap.add_argument("--model", default="random-v2-lite-shape")
@@ -185,9 +186,15 @@ def main() -> int:
     ap.add_argument("--best", default="", help="one more row: options KEY=VALUE,KEY=VALUE (the best combination)")
     ap.add_argument("--budget-s", type=float, default=540.0)
     ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="repeat every row this many times, the order reversed every other round (ABBA), runs named -r<k>",
+    )
+    ap.add_argument(
         "--table", nargs="*", metavar="RESULTS", help="print the table of results.json files (later rows win) and stop"
     )
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.table:
         merged: dict[tuple[str, int], dict[str, Any]] = {}
         for path in args.table:
@@ -226,12 +233,15 @@ def main() -> int:
     ref_logits = torch.cat([_step_logits(engine, [p], LOGIT_STEPS) for p in prompts[:CHECK_PROMPTS]])
     rows: list[dict[str, Any]] = []
     run_ids: list[int] = []
-    for name, changes in configs.items():
-        for batch in only.get(name, batches):
+    plan = [(name, batch) for name in configs for batch in only.get(name, batches)]
+    for round_ in range(1, args.rounds + 1):
+        for name, batch in plan if round_ % 2 else plan[::-1]:  # ABBA: every other round reversed
+            changes = configs[name]
+            tag = {"round": round_} if args.rounds > 1 else {}
             if time.monotonic() - started > args.budget_s:
-                rows.append({"config": name, "batch": batch, "error": "not run: past the time budget"})
+                rows.append({"config": name, "batch": batch, **tag, "error": "not run: past the time budget"})
                 continue
-            row: dict[str, Any] = {"config": name, "batch": batch, "options": changes}
+            row: dict[str, Any] = {"config": name, "batch": batch, **tag, "options": changes}
             try:
                 engine.retune(**{**{k: None for k in ("experts_impl", "attn_impl")}, "cache": "dynamic",
                                  "compile": "off", "inference_mode": True, "cudnn_benchmark": False,
@@ -253,7 +263,7 @@ def main() -> int:
                     requests=batch if batch > 1 else 3,  # batch 1: three requests one after another
                     concurrency=batch,
                     warmup=0,
-                    name=f"tuning-{row['config']}-b{batch}",
+                    name=run_name(row["config"], batch, tag.get("round")),
                 )
                 formed = len(engine._batcher.batches) if engine._batcher is not None else 0
                 captured = engine.tuning().get("cuda_graphs_captured")
@@ -310,6 +320,8 @@ def main() -> int:
             tar.add(path, arcname=path.name)
             path.unlink()
     print("\n" + table(rows))
+    if args.rounds > 1:
+        print("\n" + rounds_table(rows))
     return 0
 
 
@@ -318,10 +330,11 @@ def _fmt(v: Any, spec: str = ".1f") -> str:
 
 
 def _line(row: dict[str, Any]) -> str:
+    where = f"{row['config']:<24} b={row['batch']:<4}" + (f" r{row['round']}" if "round" in row else "")
     if "error" in row:
-        return f"{row['config']:<24} b={row['batch']:<4} {row['error']}"
+        return f"{where} {row['error']}"
     return (
-        f"{row['config']:<24} b={row['batch']:<4} step {_fmt(row['step_ms_p50'])} ms "
+        f"{where} step {_fmt(row['step_ms_p50'])} ms "
         f"(p99 {_fmt(row['step_ms_p99'])}), {_fmt(row['output_tok_s'])} tok/s, TTFT {_fmt(row['ttft_ms_p50'])} ms, "
         f"peak {_fmt(row['peak_memory_gib'])} GiB, warm-up {_fmt(row['warmup_s'])} s, greedy {row['greedy_match']}, "
         f"logits |d| {_fmt(row.get('logits_max_abs_diff_step0'), '.3g')} (top-2 gap "
@@ -357,6 +370,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     )
     lines = [head]
     for r in rows:
+        r = {**r, "config": r["config"] + (f" (round {r['round']})" if "round" in r else "")}
         if "error" in r:
             reason = r["error"] if len(r["error"]) <= 90 else r["error"][:88] + "…"
             lines.append(f"| {r['config']} | {r['batch']} | {reason} | | | | | | | |")
@@ -368,6 +382,43 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {_fmt(r.get('logits_max_abs_diff_step0'), '.3g')} / "
             f"{_fmt(r.get('logits_max_abs_diff_agreeing_steps'), '.3g')} "
             f"({r.get('steps_all_tokens_agree', '-')} steps) |"
+        )
+    return "\n".join(lines)
+
+
+def _spread(values: list[float], spec: str = ",.0f") -> str:
+    """'median (min-max)' of a few rounds."""
+    return f"{format(statistics.median(values), spec)} ({format(min(values), spec)}-{format(max(values), spec)})"
+
+
+def rounds_table(rows: list[dict[str, Any]]) -> str:
+    """A repeated ablation (``--rounds``, ABBA order) in one table: per configuration and batch the
+    median over the rounds with the lowest and highest beside it, and each configuration's output
+    tokens/s against the first configuration's at that batch in the same round (the side-by-side
+    ratio, which the machine's drift between rounds moves less than the absolute figures)."""
+    done = [r for r in rows if "error" not in r and "round" in r]
+    firsts: dict[int, str] = {}  # per batch: the configuration that ran first in round 1
+    for r in done:
+        if r["round"] == 1:
+            firsts.setdefault(r["batch"], r["config"])
+    by_round = {(r["config"], r["batch"], r["round"]): r for r in done}
+    lines = [
+        "| config | batch | rounds | output tok/s median (min-max) | ms/step p50 | ms/step p99 | TTFT p50 ms "
+        "| tok/s vs first config, same round |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for config, batch in dict.fromkeys((r["config"], r["batch"]) for r in done):
+        mine = [r for r in done if (r["config"], r["batch"]) == (config, batch)]
+        ratios = [
+            r["output_tok_s"] / base["output_tok_s"]
+            for r in mine
+            if (base := by_round.get((firsts.get(batch, config), batch, r["round"]))) and base["output_tok_s"]
+        ]
+        p50, p99 = _spread([r["step_ms_p50"] for r in mine], ".1f"), _spread([r["step_ms_p99"] for r in mine], ".1f")
+        lines.append(
+            f"| {config} | {batch} | {len(mine)} | {_spread([r['output_tok_s'] for r in mine])} | {p50} | {p99} "
+            f"| {_spread([r['ttft_ms_p50'] for r in mine])} "
+            f"| {_spread(ratios, '.3f') if ratios and config != firsts.get(batch) else '-'} |"
         )
     return "\n".join(lines)
 
