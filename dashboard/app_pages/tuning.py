@@ -105,7 +105,11 @@ if rows:
                     hovertemplate=f"%{{x}} · batch {b}<br>%{{y:,.1f}} {axis}<extra></extra>",
                 )
             )  # fmt: skip
-        fig.update_yaxes(title=axis, type="log", dtick=1)  # powers of ten only: readable at any spread
+        shown = [v for r in mine if (v := getattr(r, value))]
+        if shown and max(shown) >= 10 * min(shown):  # over a decade apart: log, powers of ten only
+            fig.update_yaxes(title=axis, type="log", dtick=1)
+        else:  # a narrower spread on a log axis has no tick and exaggerates the bars: linear from zero
+            fig.update_yaxes(title=axis, rangemode="tozero")
         fig.update_xaxes(tickangle=-25, automargin=True)  # a long first name slants left of the plot
         fig.update_layout(
             barmode="group", margin={"b": 120, "t": 90, "l": 110},  # the legend in its own row under the title
@@ -129,7 +133,14 @@ if rows:
         ]
     )  # fmt: skip
     with st.expander("Every row (p99, TTFT, memory, warm-up, correctness)", icon=":material/table_rows:"):
-        st.dataframe(detail, hide_index=True, key="t.detail")
+        num = st.column_config.NumberColumn
+        formats = {
+            "ms/step p50": "%.2f", "ms/step p99": "%.2f", "output tok/s": "%,.0f", "TTFT p50 ms": "%,.1f",
+            "peak GiB": "%.1f", "warm-up s": "%.1f", "HBM limit ms": "%.2f", "logits max |diff|": "%.3g",
+        }  # fmt: skip
+        st.dataframe(
+            detail, hide_index=True, key="t.detail", column_config={k: num(format=f) for k, f in formats.items()}
+        )
         st.caption(
             "A row measured in several rounds (ABBA order) shows its median round, with the rounds' lowest and "
             "highest tokens/s. Warm-up: the first batch of each row, where compiling happens. Greedy tokens and "
