@@ -241,13 +241,13 @@ class AblationTask(BackgroundTask):
 
 def ablation_argv(
     model: str, accelerator: str, dtype: str, configs: Sequence[str], batches: Sequence[int], input_len: int = 128,
-    output_len: int = 64,
+    output_len: int = 64, rounds: int = 1,
 ) -> list[str]:  # fmt: skip
-    """The benchmark's arguments for a page's choices."""
+    """The benchmark's arguments for a page's choices (``rounds`` > 1: repeated in ABBA order)."""
     return [
         "--model", model, "--accelerator", accelerator, "--dtype", dtype, "--configs", ",".join(configs),
         "--batches", ",".join(str(b) for b in batches), "--input-len", str(input_len), "--output-len",
-        str(output_len), "--budget-s", "3600",
+        str(output_len), "--budget-s", "3600", *(["--rounds", str(rounds)] if rounds > 1 else []),
     ]  # fmt: skip
 
 

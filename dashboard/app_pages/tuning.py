@@ -206,11 +206,16 @@ f1, f2, f3 = st.columns(3)
 f1.selectbox("Model", [p for p in PRESETS if PRESETS[p].builtin or PRESETS[p].random_config is not None], key="t.model")
 f2.selectbox("Accelerator", list(accs), key="t.accelerator")
 f3.selectbox("dtype", ["bfloat16", "float16", "float32"], key="t.dtype")
-g1, g2 = st.columns([3, 1])
+g1, g2, g3 = st.columns([3, 1, 1])
 g1.multiselect(
     "Configurations", list(tuning.CONFIGS), key="t.configs", help="Each option alone (baseline: the defaults)"
 )
 g2.text_input("Batch sizes", key="t.batches", help="Comma-separated, e.g. 1,8,32,128")
+g3.number_input(
+    "Rounds", min_value=1, max_value=9, value=1, step=1, key="t.rounds",
+    help="Repeat every row, the order reversed every other round (ABBA): a row shows its median round and "
+    "the rounds' spread, and two configurations compare within each round",
+)  # fmt: skip
 reason = None
 try:
     chosen_batches = [int(b) for b in str(ss["t.batches"]).split(",") if b.strip()]
@@ -238,7 +243,14 @@ def _start() -> None:
     new = tuning.AblationTask(
         store,
         tuning.out_dir(get_settings().data_dir),
-        tuning.ablation_argv(ss["t.model"], ss["t.accelerator"], ss["t.dtype"], ss["t.configs"], chosen_batches),
+        tuning.ablation_argv(
+            ss["t.model"],
+            ss["t.accelerator"],
+            ss["t.dtype"],
+            ss["t.configs"],
+            chosen_batches,
+            rounds=int(ss["t.rounds"]),
+        ),
     )
     holder["task"] = new
     new.run()

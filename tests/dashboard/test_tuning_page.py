@@ -123,12 +123,13 @@ def test_an_ablation_runs_from_the_page_on_this_cpu(
     assert "batch sizes: whole numbers from 1 to 1024" in at.error[0].value and at.button(key="t.btn.start").disabled
     at.text_input(key="t.batches").set_value("1,2").run()
     at.multiselect(key="t.configs").set_value(["baseline", "static_cache"]).run()
+    at.number_input(key="t.rounds").set_value(2).run()
     at.button(key="t.btn.start").click().run()
     _no_exception(at)
     store = Store(get_settings().db_path)
-    deadline = time.monotonic() + 240
-    while len(tuning.tuning_rows(store)) < 4:
-        assert time.monotonic() < deadline, "the ablation did not store its four runs"
+    deadline = time.monotonic() + 300
+    while sum(tuning.RUN_NAME.match(r.name or "") is not None for r in store.list_runs()) < 8:
+        assert time.monotonic() < deadline, "the ablation did not store its eight runs (2 configs x 2 batches x 2)"
         time.sleep(1)
     time.sleep(1.5)
     at.run()
@@ -137,6 +138,7 @@ def test_an_ablation_runs_from_the_page_on_this_cpu(
     assert {(r.config, r.batch) for r in rows} == {("baseline", 1), ("baseline", 2), ("static_cache", 1),
                                                    ("static_cache", 2)}  # fmt: skip
     assert all(r.greedy_match in ("1/1", "2/2") and r.dtype == "float32" for r in rows)
+    assert all(r.rounds == 2 and r.tok_s_range and r.tok_s_range[0] <= r.output_tok_s <= r.tok_s_range[1] for r in rows)
     step = _grid(at, "config", "baseline")
     assert (
         step.iloc[0]["batch 2"] == f"{next(r for r in rows if r.config == 'baseline' and r.batch == 2).step_ms_p50:.1f}"
