@@ -196,12 +196,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if args.table:
-        merged: dict[tuple[str, int], dict[str, Any]] = {}
+        merged: dict[tuple[str, int, int | None], dict[str, Any]] = {}
         for path in args.table:
             for r in json.loads(Path(path).read_text())["rows"]:
-                if "error" not in r or (r["config"], r["batch"]) not in merged:
-                    merged[(r["config"], r["batch"])] = r
+                key = (r["config"], r["batch"], r.get("round"))  # each round a row of its own
+                if "error" not in r or key not in merged:
+                    merged[key] = r
         print(table(list(merged.values())))
+        if any("round" in r for r in merged.values()):
+            print("\n" + rounds_table(list(merged.values())))
         return 0
     started = time.monotonic()
     out = Path(args.out)

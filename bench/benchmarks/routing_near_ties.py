@@ -172,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(
         f"{res['decisions']} routing decisions ({len(layers)} MoE layers x {len(prompts)} x {n} tokens): "
-        f"6th-7th score gap median {res['gap_median']:.3g}, smallest {res['gap_min']:.3g}; "
+        f"margin (weakest chosen expert minus best unchosen) median {res['gap_median']:.3g}, "
+        f"smallest {res['gap_min']:.3g}; "
         + ", ".join(f"under {t}: {v:.2e}" for t, v in res["gap_fraction_below"].items())
     )
     print(

@@ -44,6 +44,11 @@ def test_rounds_run_in_abba_order_and_read_back_as_the_median_round(
     )
     assert table["static_cache"][-1].rstrip(" |") == f"{ratios[1]:.3f} ({ratios[0]:.3f}-{ratios[2]:.3f})"
     assert table["baseline"][-1].rstrip(" |") == "-"
+    # --table of the saved results prints every round and the same rounds table
+    assert native_tuning.main(["--table", str(out / "results.json")]) == 0
+    again = capsys.readouterr().out
+    assert sum(f"(round {k}) | 2 |" in again for k in "123") == 3
+    assert [line for line in again.splitlines() if "| 2 | 3 |" in line] == [" | ".join(c) for c in lines]
 
     with tarfile.open(out / "bundles.tar.gz") as tar:
         names = sorted(tar.getnames())
