@@ -136,11 +136,32 @@ def _row(store: Store, run: RunRow) -> TuningRow | None:
     )
 
 
+def _matched(row: TuningRow) -> int:
+    """How many prompts of its check gave the baseline's greedy tokens ("3/4 (...)" -> 3; none: -1)."""
+    head = (row.greedy_match or "").split("/", 1)[0]
+    return int(head) if head.isdigit() else -1
+
+
+def _ablations(repeats: list[TuningRow]) -> list[list[TuningRow]]:
+    """One (group, config, batch)'s runs in time order, as measurements: a run without a round
+    alone, the rounds of one repeated ablation together (its rounds come in increasing order: a
+    round number that does not increase starts another ablation)."""
+    found: list[list[TuningRow]] = []
+    for r in sorted(repeats, key=lambda r: (r.created_at, r.run_id)):
+        last = found[-1][-1] if found else None
+        if r.round is not None and last is not None and last.round is not None and r.round > last.round:
+            found[-1].append(r)
+        else:
+            found.append([r])
+    return found
+
+
 def tuning_rows(store: Store) -> list[TuningRow]:
-    """Every ablation row stored, one per (group, config, batch). Where rounds of a repeated
-    ablation were stored (``--rounds``), the round of median output tokens/s (the lower of the two
-    middle ones), with the number of rounds and their lowest and highest tokens/s; otherwise the
-    newest run measured (a single later run does not replace the median of several rounds)."""
+    """Every ablation row stored, one per (group, config, batch): the newest measurement. A
+    measurement in several rounds (``--rounds``) is its round of median output tokens/s (the
+    lower of the two middle ones), with the number of rounds, their lowest and highest tokens/s,
+    and the worst correctness check of any round (fewest greedy matches, largest logits
+    difference): a failing round is not hidden behind the median."""
     found: dict[tuple[str, str, int], list[TuningRow]] = {}
     for run in store.list_runs():
         row = _row(store, run)
@@ -148,13 +169,22 @@ def tuning_rows(store: Store) -> list[TuningRow]:
             found.setdefault((row.group, row.config, row.batch), []).append(row)
     picked: list[TuningRow] = []
     for repeats in found.values():
-        rounds = sorted((r for r in repeats if r.round is not None), key=lambda r: (r.output_tok_s, r.run_id))
-        if len(rounds) > 1:
-            median = rounds[(len(rounds) - 1) // 2]
-            span = (rounds[0].output_tok_s, rounds[-1].output_tok_s)
-            picked.append(replace(median, rounds=len(rounds), tok_s_range=span))
-        else:
-            picked.append(max(repeats, key=lambda r: (r.created_at, r.run_id)))
+        rounds = sorted(_ablations(repeats)[-1], key=lambda r: (r.output_tok_s, r.run_id))
+        if len(rounds) == 1:
+            picked.append(rounds[0])
+            continue
+        median = rounds[(len(rounds) - 1) // 2]
+        worst = min(rounds, key=_matched)
+        diffs = [r.logits_max_abs_diff for r in rounds if r.logits_max_abs_diff is not None]
+        picked.append(
+            replace(
+                median,
+                rounds=len(rounds),
+                tok_s_range=(rounds[0].output_tok_s, rounds[-1].output_tok_s),
+                greedy_match=worst.greedy_match if _matched(worst) < _matched(median) else median.greedy_match,
+                logits_max_abs_diff=max(diffs) if diffs else None,
+            )
+        )
     return sorted(picked, key=lambda r: (r.group, r.config, r.batch))
 
 

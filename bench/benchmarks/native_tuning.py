@@ -189,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds",
         type=int,
         default=1,
-        help="repeat every row this many times, the order reversed every other round (ABBA), runs named -r<k>",
+        help="repeat every row this many times, the order reversed every other round (ABBA: an even number "
+        "balances the order), runs named -r<k>",
     )
     ap.add_argument(
         "--table", nargs="*", metavar="RESULTS", help="print the table of results.json files (later rows win) and stop"
@@ -390,8 +391,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def _spread(values: list[float], spec: str = ",.0f") -> str:
-    """'median (min-max)' of a few rounds."""
-    return f"{format(statistics.median(values), spec)} ({format(min(values), spec)}-{format(max(values), spec)})"
+    """'median (min-max)' of a few rounds; of an even count the lower middle one (as the Tuning page shows)."""
+    return f"{format(statistics.median_low(values), spec)} ({format(min(values), spec)}-{format(max(values), spec)})"
 
 
 def rounds_table(rows: list[dict[str, Any]]) -> str:
@@ -415,7 +416,7 @@ def rounds_table(rows: list[dict[str, Any]]) -> str:
         ratios = [
             r["output_tok_s"] / base["output_tok_s"]
             for r in mine
-            if (base := by_round.get((firsts.get(batch, config), batch, r["round"]))) and base["output_tok_s"]
+            if batch in firsts and (base := by_round.get((firsts[batch], batch, r["round"]))) and base["output_tok_s"]
         ]
         p50, p99 = _spread([r["step_ms_p50"] for r in mine], ".1f"), _spread([r["step_ms_p99"] for r in mine], ".1f")
         lines.append(

@@ -143,7 +143,8 @@ if rows:
         )
         st.caption(
             "A row measured in several rounds (ABBA order) shows its median round, with the rounds' lowest and "
-            "highest tokens/s. Warm-up: the first batch of each row, where compiling happens. Greedy tokens and "
+            "highest tokens/s and the worst round's greedy and logits check. Warm-up: the first batch of each row, "
+            "where compiling happens. Greedy tokens and "
             "logits: the first four prompts against the baseline's generated alone; in bf16 on random weights any "
             "kernel change moves the logits (near ties flip tokens), so judge correctness in float32 "
             "(README: Native engine tuning)."
@@ -213,8 +214,8 @@ g1.multiselect(
 g2.text_input("Batch sizes", key="t.batches", help="Comma-separated, e.g. 1,8,32,128")
 g3.number_input(
     "Rounds", min_value=1, max_value=9, value=1, step=1, key="t.rounds",
-    help="Repeat every row, the order reversed every other round (ABBA): a row shows its median round and "
-    "the rounds' spread, and two configurations compare within each round",
+    help="Repeat every row, the order reversed every other round (ABBA; an even number balances the order): a "
+    "row shows its median round, the rounds' spread and the worst round's correctness check",
 )  # fmt: skip
 reason = None
 try:
