@@ -20,9 +20,11 @@ than the rounding. On ``random-v2-lite-shape``'s widths (DeepSeek-V2-Lite: 64 ro
 
 From 1 and 2 the expected number of flips per forward pass is printed beside what was seen:
 the margins' density near zero (the fraction under 1e-4, per unit: the tail is close to
-uniform there) times each decision's movement, summed; and the same for the 27-layer model's
-decisions. Figures, not a test: the exit status is 0 whatever they are. Usage (float32: 6
-layers take about 14 GiB, 8 with ``--vocab 16384`` about 17 GiB, all 27 about 59 GiB)::
+uniform there) times each decision's shrink (only a margin that shrinks can flip), summed;
+and for the 27-layer model, with each layer's mean shrink extrapolated linearly in depth
+from the measured layers (it grows with depth). Figures, not a test: the exit status is 0
+whatever they are. Usage (float32: 6 layers take about 14 GiB, 8 with ``--vocab 16384``
+about 17 GiB, all 27 about 59 GiB)::
 
     python bench/benchmarks/routing_near_ties.py [--layers 6] [--vocab N] [--device cpu] [--out FILE.json]
 """
@@ -31,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import random
 import sys
 import time
@@ -83,7 +87,10 @@ def _routing(model: Any, ids: Any, forced: tuple[int, int] | None = None) -> tup
                 _, weakest, runner_up = _margin(choice[tok : tok + 1], idx[tok : tok + 1], mod.num_group)
                 idx, weights = idx.clone(), weights.clone()
                 idx[tok] = idx[tok].masked_fill(idx[tok] == weakest[0], int(runner_up[0]))
-                weights[tok] = scores[tok].gather(0, idx[tok]) * mod.routed_scaling_factor
+                w = scores[tok].gather(0, idx[tok])
+                if mod.norm_topk_prob:  # as the router weighs its choice
+                    w = w / (w.sum() + 1e-20)
+                weights[tok] = w * mod.routed_scaling_factor
                 seen[i] = (seen[i][0], idx.detach().cpu())
             return logits, weights, idx
 
@@ -128,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     layers = sorted(batched)
     groups = int(cfg["n_group"])
 
-    # 1-2: the gaps, and how far batching moves the scores
-    gaps, moves, flips = [], [], 0
+    # 1-2: the margins, and how far batching moves them
+    gaps, moves, shrinks, flips = [], [], {}, 0
     for i in layers:
         for j, (_, seen) in enumerate(alone):
             choice, idx = seen[i]
@@ -139,20 +146,38 @@ def main(argv: list[str] | None = None) -> int:
             # how far batching moved this decision's margin: the same two experts' scores, batched
             b_gap = b_choice.gather(-1, weakest[:, None])[:, 0] - b_choice.gather(-1, runner_up[:, None])[:, 0]
             moves.append((b_gap - gap).abs())
+            shrinks.setdefault(i, []).append((gap - b_gap).clamp(min=0))  # only a shrinking margin can flip
             flips += _flips(idx, b_idx)
     gap, move = torch.cat(gaps), torch.cat(moves)
     typical = float(move.median())
-    # A decision flips when batching moves its margin by more than the margin itself. So few
+    # A decision flips when batching shrinks its margin by more than the margin itself. So few
     # margins are that small that their density near zero is read off the lower tail (close to
-    # uniform there: the fraction under 1e-4, per unit), times each decision's own movement.
+    # uniform there: the fraction under 1e-4, per unit; a few dozen margins, so about +-20 %),
+    # times each layer's mean shrink. The shrink grows with depth, so for the 27-layer model it
+    # is extrapolated from a straight line through the measured layers' means.
     density = float((gap < 1e-4).float().mean()) / 1e-4
-    per_decision = density * float(move.mean())
-    expected = per_decision * gap.numel()
-    full = (V2_LITE_SHAPE["num_hidden_layers"] - V2_LITE_SHAPE["first_k_dense_replace"]) * len(prompts) * n
+    shrink = {i: float(torch.cat(v).mean()) for i, v in shrinks.items()}
+    tokens = len(prompts) * n
+    expected = density * tokens * sum(shrink.values())
+    per_decision = expected / gap.numel()
+    xs, ys = list(shrink), list(shrink.values())
+    if len(xs) > 1:
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    else:
+        mx, my, slope = xs[0], ys[0], 0.0
+    first_moe = int(V2_LITE_SHAPE["first_k_dense_replace"])
+    full_layers = range(first_moe, int(V2_LITE_SHAPE["num_hidden_layers"]))
+    full_expected = density * tokens * sum(max(0.0, my + slope * (x - mx)) for x in full_layers)
+    full = len(full_layers) * tokens
     logits_d = float(max((batched_last[j] - alone[j][0][0]).abs().max() for j in range(len(prompts))))
     res: dict[str, Any] = {
         "argv": sys.argv[1:] if argv is None else argv,
         "torch": torch.__version__,
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"
+        if str(args.device) == "cpu"
+        else torch.cuda.get_device_name(),
+        "date": time.strftime("%Y-%m-%d"),
         "layers": args.layers,
         "vocab": args.vocab,
         "moe_layers": len(layers),
@@ -164,10 +189,12 @@ def main(argv: list[str] | None = None) -> int:
         "batching_margin_move_median": typical,
         "batching_margin_move_max": float(move.max()),
         "batching_flips": flips,
+        "batching_margin_shrink_mean_by_layer": shrink,
+        "margin_density_near_zero_per_unit": density,
         "batching_flips_expected": expected,
         "flip_probability_per_decision": per_decision,
         "full_model_decisions": full,
-        "full_model_flips_expected": per_decision * full,
+        "full_model_flips_expected_extrapolated": full_expected,
         "batching_last_logits_max_abs_diff": logits_d,
     }
     print(
@@ -182,8 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{flips} expert choice(s) flipped ({expected:.2f} expected); last-position logits |d| {logits_d:.3g}"
     )
     print(
-        f"so a decision flips with probability ~{per_decision:.1e}; the 27-layer model makes {full} decisions "
-        f"for these prompts: ~{per_decision * full:.2f} flips expected per batched-vs-alone comparison"
+        f"so a decision here flips with probability ~{per_decision:.0e} (margin shrink by layer "
+        + ", ".join(f"{i}: {v:.1g}" for i, v in shrink.items())
+        + f"); the 27-layer model makes {full} decisions for these prompts: ~{full_expected:.1g} flips expected "
+        "per batched-vs-alone comparison (the shrink extrapolated linearly in depth)"
     )
 
     # 3: one flip by hand, early in prompt 0, and what follows from it
