@@ -213,6 +213,12 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{i}: {v:.1g}" for i, v in shrink.items())
         + f"); the 27-layer model makes {full} decisions for these prompts: ~{full_expected:.1g} flips expected "
         "per batched-vs-alone comparison (the shrink extrapolated linearly in depth)"
+        + (
+            ". These estimates hold only where no choice flipped: after a flip the later margins move by its "
+            "cascade (the layer whose shrink jumps is where it began), so here read the flips counted, not them"
+            if flips
+            else ""
+        )
     )
 
     # 3: one flip by hand, early in prompt 0, and what follows from it

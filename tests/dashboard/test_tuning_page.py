@@ -35,7 +35,7 @@ def _study_grid(at: Any, source: str, column: str) -> Any:
 def test_the_saved_h200_ablation_imports_with_its_checks(store: Store) -> None:
     names = tuning.import_saved(store)
     ran = [r for f in sorted(SAVED.glob("*.results.json")) for r in json.loads(f.read_text())["rows"] if "run_id" in r]
-    assert len(names) == len(ran) == 60
+    assert len(names) == len(ran) == 76
     assert tuning.import_saved(store) == []  # a second import adds nothing
     rows = tuning.tuning_rows(store)
     assert {r.group for r in rows} == {
@@ -44,6 +44,13 @@ def test_the_saved_h200_ablation_imports_with_its_checks(store: Store) -> None:
         "NVIDIA H100 80GB HBM3 · bfloat16 · transformers 5.17.0",
         "NVIDIA H100 80GB HBM3 · bfloat16 · transformers 5.19.0",  # the same configs, another version: its own rows
     }
+    # the H100's ABBA rounds (lean experts against transformers' at batch 1 and 128): each row the median round
+    abba = json.loads((SAVED / "h100-bf16-lean-abba.results.json").read_text())["rows"]
+    h100 = {(r.config, r.batch): r for r in rows if r.group == "NVIDIA H100 80GB HBM3 · bfloat16 · transformers 5.17.0"}
+    for key in {(r["config"], r["batch"]) for r in abba}:
+        toks = sorted(r["output_tok_s"] for r in abba if (r["config"], r["batch"]) == key)
+        got = h100[key]
+        assert got.rounds == 4 and got.tok_s_range == (toks[0], toks[3]) and got.output_tok_s == toks[1]
     newer = [r for r in rows if r.group.endswith("5.19.0")]
     assert {(r.config, r.batch) for r in newer} == {("cuda_graphs_compile_mla", 1), ("cuda_graphs_compile_mla", 128)}
     # baseline at batch 1 was measured twice in bf16: the newer measurement wins
