@@ -35,7 +35,7 @@ import argparse
 import json
 import os
 import platform
-import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.benchmarks.native_tuning import _prompts  # noqa: E402
 from engines.models import V2_LITE_SHAPE, build_random, tiny_path  # noqa: E402
 
 
@@ -127,8 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     params = sum(p.numel() for p in model.parameters())
     print(f"built V2-Lite widths, {args.layers} layers, {params / 1e9:.2f} B parameters, float32 on "
           f"{args.device} in {time.perf_counter() - t:.0f} s", flush=True)  # fmt: skip
-    rng = random.Random(0)  # native_tuning.py's prompts (at V2-Lite's vocabulary)
-    prompts = [[rng.randrange(100, cfg["vocab_size"]) for _ in range(args.input_len)] for _ in range(args.prompts)]
+    prompts = _prompts(args.prompts, args.input_len, cfg["vocab_size"])  # native_tuning.py's (at V2-Lite's vocab)
     n = args.input_len
     alone = [_routing(model, torch.tensor([p], device=args.device)) for p in prompts]
     batched_last, batched = _routing(model, torch.tensor(prompts, device=args.device))
@@ -161,14 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     expected = density * tokens * sum(shrink.values())
     per_decision = expected / gap.numel()
     xs, ys = list(shrink), list(shrink.values())
-    if len(xs) > 1:
-        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
-    else:
-        mx, my, slope = xs[0], ys[0], 0.0
+    slope, intercept = statistics.linear_regression(xs, ys) if len(xs) > 1 else (0.0, ys[0])
     first_moe = int(V2_LITE_SHAPE["first_k_dense_replace"])
     full_layers = range(first_moe, int(V2_LITE_SHAPE["num_hidden_layers"]))
-    full_expected = density * tokens * sum(max(0.0, my + slope * (x - mx)) for x in full_layers)
+    full_expected = density * tokens * sum(max(0.0, intercept + slope * x) for x in full_layers)
     full = len(full_layers) * tokens
     logits_d = float(max((batched_last[j] - alone[j][0][0]).abs().max() for j in range(len(prompts))))
     res: dict[str, Any] = {
@@ -238,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         "last_token_same": bool(got_last[0].argmax() == ref_last[0].argmax()),
         "flips_that_followed_by_layer": later,
         "flips_that_followed_at_last_token": sum(
-            int(set(ref_seen[i][1][n - 1].tolist()) != set(got_seen[i][1][n - 1].tolist())) for i in layers
+            _flips(ref_seen[i][1][n - 1 :], got_seen[i][1][n - 1 :]) for i in layers
         ),
     }
     f = res["forced_flip"]
