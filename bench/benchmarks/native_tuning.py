@@ -196,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         "--table", nargs="*", metavar="RESULTS", help="print the table of results.json files (later rows win) and stop"
     )
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1 (got {args.rounds})")
     if args.table:
         merged: dict[tuple[str, int, int | None], dict[str, Any]] = {}
         for path in args.table:

@@ -10,6 +10,8 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench import tuning
 from bench.store import Store
 
@@ -89,3 +91,12 @@ def test_rounds_run_in_abba_order_and_read_back_as_the_median_round(
     assert tuning.import_results(store, single / "bundles.tar.gz", single / "results.json") == ["tuning-baseline-b2"]
     last = {r.config: r for r in tuning.tuning_rows(store)}[a]
     assert last.rounds == 1 and last.round is None and last.tok_s_range is None
+
+
+def test_rounds_below_one_are_refused_in_one_line(capsys: Any) -> None:
+    from bench.benchmarks import native_tuning
+
+    with pytest.raises(SystemExit) as exc:
+        native_tuning.main(["--rounds", "0"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--rounds must be at least 1 (got 0)")
