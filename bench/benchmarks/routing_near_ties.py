@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.benchmarks.native_tuning import _prompts  # noqa: E402
+from bench.benchmarks.native_tuning import LOGIT_STEPS, _prompts  # noqa: E402
 from engines.models import V2_LITE_SHAPE, build_random, tiny_path  # noqa: E402
 
 
@@ -65,10 +65,17 @@ def _margin(choice: Any, idx: Any, groups: int = 1) -> tuple[Any, Any, Any]:
     return gap, weakest, runner_up
 
 
-def _routing(model: Any, ids: Any, forced: tuple[int, int] | None = None) -> tuple[Any, dict[int, Any]]:
+def _routing(
+    model: Any, ids: Any, forced: tuple[int, int] | None = None, static_steps: int = 0
+) -> tuple[Any, dict[int, Any]]:
     """The last position's logits of each row and every MoE layer's routing: {layer: (scores for
     choice [tokens, experts], chosen experts [tokens, k])}. ``forced`` = (layer, token): that
-    decision's weakest chosen expert replaced by the best unchosen one (:func:`_margin`)."""
+    decision's weakest chosen expert replaced by the best unchosen one (:func:`_margin`).
+
+    ``static_steps`` > 0: the prompts go through ``generate`` with a static cache for that many
+    greedy steps, as ``native_tuning.py``'s logits check runs its ``cache=static`` rows (the
+    prompt attends under a mask over the cache's prompt + steps positions); the routing and the
+    logits are the prompt's (the first forward), not the decode steps'."""
     import torch
 
     seen: dict[int, Any] = {}
@@ -82,6 +89,8 @@ def _routing(model: Any, ids: Any, forced: tuple[int, int] | None = None) -> tup
             logits, weights, idx = out
             scores = logits.sigmoid()
             choice = scores + mod.e_score_correction_bias
+            if i in seen:  # a decode step of ``generate``: the prompt's routing is kept
+                return out
             seen[i] = (choice.detach().float().cpu(), idx.detach().cpu())  # as the model decided
             if forced is not None and forced[0] == i:  # the weakest chosen expert out, the runner-up in
                 tok = forced[1]
@@ -98,7 +107,15 @@ def _routing(model: Any, ids: Any, forced: tuple[int, int] | None = None) -> tup
         hooks.append(gate.register_forward_hook(hook))
     try:
         with torch.inference_mode():
-            last = model(ids, use_cache=False).logits[:, -1].float().cpu()
+            if static_steps:
+                out = model.generate(
+                    input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=static_steps,
+                    min_new_tokens=static_steps, do_sample=False, temperature=None, top_p=None, top_k=None,
+                    cache_implementation="static", output_logits=True, return_dict_in_generate=True, pad_token_id=0,
+                )  # fmt: skip
+                last = out.logits[0].float().cpu()
+            else:
+                last = model(ids, use_cache=False).logits[:, -1].float().cpu()
     finally:
         for h in hooks:
             h.remove()
@@ -110,6 +127,48 @@ def _flips(a: Any, b: Any) -> int:
     return int((a.sort(-1).values != b.sort(-1).values).any(-1).sum())
 
 
+def _compare(alone: list[tuple[Any, dict[int, Any]]], other: dict[int, Any], n: int, groups: int) -> dict[str, Any]:
+    """Every decision of the prompts run alone against the same decision in ``other`` (the
+    prompts as one batch, row j's tokens at j*n..): the alone margin, how far ``other`` moved it
+    (signed: the same two experts' scores; negative = the margin shrank), and which choices
+    flipped, in (layer, prompt, token) order."""
+    import torch
+
+    gaps, moved, shrinks, flipped = [], [], {}, []
+    for i in sorted(other):
+        for j, (_, seen) in enumerate(alone):
+            choice, idx = seen[i]
+            gap, weakest, runner_up = _margin(choice, idx, groups)
+            o_choice, o_idx = other[i][0][j * n : (j + 1) * n], other[i][1][j * n : (j + 1) * n]
+            o_gap = o_choice.gather(-1, weakest[:, None])[:, 0] - o_choice.gather(-1, runner_up[:, None])[:, 0]
+            gaps.append(gap)
+            moved.append(o_gap - gap)
+            shrinks.setdefault(i, []).append((gap - o_gap).clamp(min=0))  # only a shrinking margin can flip
+            diff = (idx.sort(-1).values != o_idx.sort(-1).values).any(-1)
+            flipped += [(i, j, int(t), float(gap[t]), float(o_gap[t] - gap[t])) for t in diff.nonzero()[:, 0]]
+    return {"gap": torch.cat(gaps), "moved": torch.cat(moved), "shrinks": shrinks, "flipped": flipped}
+
+
+def _path_figures(cmp: dict[str, Any], last: Any, alone: list[Any], closest: list[int]) -> dict[str, Any]:
+    """One path's figures against the prompts alone: its flips; the first ones (the earliest
+    layer's, where a cascade begins) with their alone margin and signed move; its signed move at
+    each of the ``closest`` decisions (indices into :func:`_compare`'s order, the same for every
+    path: whether a near-tie flips is the sign and size of this move); the last logits' |d|."""
+    flipped = cmp["flipped"]
+    first_layer = flipped[0][0] if flipped else None
+    return {
+        "flips": len(flipped),
+        "first_flips": [
+            {"layer": i, "prompt": j, "token": t, "alone_margin": g, "margin_move": m}
+            for i, j, t, g, m in flipped
+            if i == first_layer
+        ][:5],
+        "margin_move_median_abs": float(cmp["moved"].abs().median()),
+        "closest_decisions_margin_move": [float(cmp["moved"][k]) for k in closest],
+        "last_logits_max_abs_diff": float(max((last[j] - a[0][0]).abs().max() for j, a in enumerate(alone))),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=6, help="decoder layers (the first dense, the rest MoE)")
@@ -117,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument(
+        "--static-steps", type=int, default=LOGIT_STEPS,
+        help="also batch the prompts through generate with a static cache for this many steps, as the tuning "
+        "check's cache=static rows do (0: skip)",
+    )  # fmt: skip
     ap.add_argument("--out", default="", help="write the figures as JSON here too")
     args = ap.parse_args(argv)
     import torch
@@ -136,19 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     groups = int(cfg["n_group"])
 
     # 1-2: the margins, and how far batching moves them
-    gaps, moves, shrinks, flips = [], [], {}, 0
-    for i in layers:
-        for j, (_, seen) in enumerate(alone):
-            choice, idx = seen[i]
-            gap, weakest, runner_up = _margin(choice, idx, groups)
-            gaps.append(gap)
-            b_choice, b_idx = batched[i][0][j * n : (j + 1) * n], batched[i][1][j * n : (j + 1) * n]
-            # how far batching moved this decision's margin: the same two experts' scores, batched
-            b_gap = b_choice.gather(-1, weakest[:, None])[:, 0] - b_choice.gather(-1, runner_up[:, None])[:, 0]
-            moves.append((b_gap - gap).abs())
-            shrinks.setdefault(i, []).append((gap - b_gap).clamp(min=0))  # only a shrinking margin can flip
-            flips += _flips(idx, b_idx)
-    gap, move = torch.cat(gaps), torch.cat(moves)
+    cmp = _compare(alone, batched, n, groups)
+    gap, move, shrinks, flips = cmp["gap"], cmp["moved"].abs(), cmp["shrinks"], len(cmp["flipped"])
     typical = float(move.median())
     # A decision flips when batching shrinks its margin by more than the margin itself. So few
     # margins are that small that their density near zero is read off the lower tail (close to
@@ -216,6 +269,38 @@ def main(argv: list[str] | None = None) -> int:
             else ""
         )
     )
+
+    # 2b: the same batch through the static cache, as the tuning check's cache=static rows run it,
+    # and, for both paths, the first flips and the signed move at the closest decisions: a
+    # near-tie flips on one path and not on another when their rounding moves it differently
+    closest = [int(k) for k in gap.argsort()[:8]]
+    per = len(prompts) * n
+    res["closest_decisions"] = [
+        {"layer": layers[k // per], "prompt": (k // n) % len(prompts), "token": k % n, "alone_margin": float(gap[k])}
+        for k in closest
+    ]
+    paths = {"batched": _path_figures(cmp, batched_last, alone, closest)}
+    if args.static_steps > 0:
+        static_last, static = _routing(model, torch.tensor(prompts, device=args.device), static_steps=args.static_steps)
+        paths[f"static_cache_generate_{args.static_steps}"] = _path_figures(
+            _compare(alone, static, n, groups), static_last, alone, closest
+        )
+    res["paths"] = paths
+    for name, f in paths.items():
+        first = ", ".join(
+            f"layer {x['layer']} prompt {x['prompt']} token {x['token']} (margin {x['alone_margin']:.2g}, "
+            f"moved {x['margin_move']:+.2g})"
+            for x in f["first_flips"]
+        )
+        print(
+            f"{name}: {f['flips']} flip(s), last logits |d| {f['last_logits_max_abs_diff']:.3g}"
+            + (f"; first: {first}" if first else "")
+            + "; at the closest decisions (margin: move) "
+            + ", ".join(
+                f"{d['alone_margin']:.2g}: {m:+.2g}"
+                for d, m in zip(res["closest_decisions"], f["closest_decisions_margin_move"], strict=True)
+            )
+        )
 
     # 3: one flip by hand, early in prompt 0, and what follows from it
     first = layers[0]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from bench.benchmarks.routing_near_ties import _flips, _margin, _routing
+from bench.benchmarks.routing_near_ties import _compare, _flips, _margin, _path_figures, _routing
 from engines.models import load_model
 
 
@@ -35,3 +35,35 @@ def test_recorded_routing_is_deterministic_and_a_forced_flip_changes_one_decisio
     )
     assert _flips(seen[2][1][:tok], got[2][1][:tok]) == 0  # causal: earlier tokens never see the flip
     assert float((got_last - last).abs().max()) > 0  # the last position sees it through attention
+
+
+def test_static_cache_path_records_the_prompts_routing_and_compare_reports_a_flip_where_it_began(
+    tiny_model: Path,
+) -> None:
+    """The study's second path (the prompts through ``generate`` with a static cache, as the
+    tuning check's ``cache=static`` rows run) records the prompt's routing, not a decode step's,
+    and its last logits are the prompt's; ``_compare`` finds a flip forced by hand at its place
+    with its alone margin, and ``_path_figures`` names it as the first."""
+    model, _ = load_model(tiny_model, "cpu", torch.float32)
+    groups = int(model.config.n_group)
+    ids = torch.tensor([[(37 * i) % 900 + 100 for i in range(16)], [(53 * i) % 700 + 40 for i in range(16)]])
+    n = ids.shape[1]
+    alone = [_routing(model, ids[j : j + 1]) for j in range(2)]
+    static_last, static = _routing(model, ids, static_steps=3)
+    assert all(static[i][1].shape[0] == ids.numel() for i in static)  # the prompt's tokens, not a decode step's
+    cmp = _compare(alone, static, n, groups)
+    assert float(cmp["gap"].min()) > 1e-5  # no near-tie in these prompts: any flip would be a bug
+    assert cmp["flipped"] == [] and float(cmp["moved"].abs().max()) < 1e-4
+    figs = _path_figures(cmp, static_last, alone, [0, 1])
+    assert figs["flips"] == 0 and figs["first_flips"] == [] and len(figs["closest_decisions_margin_move"]) == 2
+    assert figs["last_logits_max_abs_diff"] < 1e-4  # the prompt's logits: a decode step's would be far off
+
+    tok = 7
+    _, forced = _routing(model, ids[:1], forced=(1, tok))
+    got = _compare(alone[:1], forced, n, groups)
+    gap = _margin(*alone[0][1][1], groups=groups)[0]
+    assert got["flipped"][0] == (1, 0, tok, float(gap[tok]), 0.0)  # same scores, another expert: moved 0
+    assert all(i > 1 for i, *_ in got["flipped"][1:])  # the rest are its cascade, in later layers
+    figs = _path_figures(got, alone[0][0], alone[:1], [tok])
+    assert [(f["layer"], f["token"]) for f in figs["first_flips"]] == [(1, tok)]
+    assert figs["closest_decisions_margin_move"] == [0.0]
