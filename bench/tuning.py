@@ -64,6 +64,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "mla": "absorbed",
         "experts_impl": "lean_grouped_mm",  # MoE Bench's grouped GEMM (engines/experts.py)
     },
+    "router_lean": {"router": "lean"},  # the gate without its group stage where it keeps every group
+    "cuda_graphs_compile_mla_lean_router": {
+        "cache": "static",
+        "cuda_graphs": True,
+        "compile": "default",
+        "mla": "absorbed",
+        "experts_impl": "lean_grouped_mm",
+        "router": "lean",  # engines/router.py
+    },
 }
 CHECK_FIELDS = (
     "greedy_match",

@@ -128,6 +128,7 @@ OPTION_META: dict[str, tuple[str, str]] = {
     "cudnn_benchmark": ("cuDNN benchmark (CUDA)", GROUP_TUNING),
     "cuda_graphs": ("CUDA graphs (decode step)", GROUP_TUNING),
     "mla": ("Latent attention (MLA) decode", GROUP_TUNING),
+    "router": ("MoE gate (router)", GROUP_TUNING),
     # parallel deployments (vLLM)
     "pipeline_parallel_size": ("Pipeline parallel size (stages)", GROUP_PARALLEL),
     "data_parallel_size": ("Data parallel size (replicas, all nodes)", GROUP_PARALLEL),

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from engines import experts, mla
+from engines import experts, mla, router
 from engines.accelerators import Accelerator, Availability, MemoryStats, get_accelerator
 from engines.base import (
     Engine,
@@ -160,6 +160,12 @@ class NativeOptions(EngineOptions):
         description="Multi-head latent attention in the decode step: expand (transformers: the cached latents are "
         "expanded into every head's keys and values each step) or absorbed (kv_b_proj folded into the query and "
         "the output, attention over the cached latents themselves, as vLLM and SGLang do). DeepSeek-V3 models.",
+    )
+    router: Literal["transformers", "lean"] = Field(
+        "transformers",
+        description="The MoE gate: transformers (always runs DeepSeek-V3's group-limited stage: two more top-k per "
+        "layer) or lean (skips that stage where it keeps every group, e.g. n_group=1 as the V2-Lite shape: the "
+        "same experts and weights, bit for bit: engines/router.py). DeepSeek-V3 gates.",
     )
 
 
@@ -316,6 +322,10 @@ class NativeEngine(Engine):
         if reason:
             raise ConfigError(reason)
         mla.set_absorbed(self.model, o.mla == "absorbed")
+        reason = router.unsupported(self.model) if o.router == "lean" else None
+        if reason:
+            raise ConfigError(reason)
+        router.set_lean(self.model, o.router == "lean")
         self._graphed = None
         if o.cuda_graphs:
             impls = (getattr(cfg, "_experts_implementation", None), getattr(cfg, "_attn_implementation", None))
@@ -371,6 +381,7 @@ class NativeEngine(Engine):
             "cudnn_benchmark": o.cudnn_benchmark,
             "cuda_graphs": o.cuda_graphs,
             "mla": o.mla,
+            "router": o.router,
         }
         if self._graphed is not None:
             tuning["cuda_graphs_captured"] = self._graphed.captures

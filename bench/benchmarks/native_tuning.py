@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 engine.retune(**{**{k: None for k in ("experts_impl", "attn_impl")}, "cache": "dynamic",
                                  "compile": "off", "inference_mode": True, "cudnn_benchmark": False,
-                                 "cuda_graphs": False, "mla": "expand", **changes,
+                                 "cuda_graphs": False, "mla": "expand", "router": "transformers", **changes,
                                  "batch_size": batch, "batch_wait_ms": 200.0})  # fmt: skip
                 row["tuning"] = engine.tuning()
                 if row["tuning"].get("cuda_graphs_pipelined") is False:  # MOEBENCH_GRAPH_PIPELINE=off
