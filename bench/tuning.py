@@ -81,6 +81,7 @@ CHECK_FIELDS = (
     "steps_all_tokens_agree",
     "ref_top2_gap_median",
     "warmup_s",
+    "uncompiled_shapes",  # shapes a compiled, captured step ran uncompiled (torch's recompile limit)
 )
 
 
@@ -108,6 +109,7 @@ class TuningRow:
     round: int | None = None  # of a repeated ablation (``--rounds``, run name ``-r<k>``)
     rounds: int = 1  # the repeats this row stands for: the median round by output tokens/s
     tok_s_range: tuple[float, float] | None = None  # the lowest and highest of those rounds
+    uncompiled_shapes: int | None = None  # a compiled step's shapes captured uncompiled (recompile limit)
 
     @property
     def group(self) -> str:
@@ -142,6 +144,9 @@ def _row(store: Store, run: RunRow) -> TuningRow | None:
         tuning={k: v for k, v in (run.engine_info.get("tuning") or {}).items() if k != "batch_size"},
         transformers=(run.engine_info.get("versions") or {}).get("transformers"),
         round=int(m["round"]) if m["round"] else None,
+        uncompiled_shapes=check.get(
+            "uncompiled_shapes", (run.engine_info.get("tuning") or {}).get("cuda_graphs_uncompiled")
+        ),
     )
 
 

@@ -387,6 +387,8 @@ class NativeEngine(Engine):
             tuning["cuda_graphs_captured"] = self._graphed.captures
             tuning["cuda_graphs_capture_s"] = round(self._graphed.capture_s, 3)
             tuning["cuda_graphs_pipelined"] = self._graphed.pipeline
+            if self._graphed.compile_mode != "off":  # shapes torch would not compile (its recompile limit)
+                tuning["cuda_graphs_uncompiled"] = self._graphed.uncompiled
         return tuning
 
     def stop(self) -> None:
@@ -624,6 +626,13 @@ class NativeEngine(Engine):
 
 
 CACHE_LEN_STEP = 64  # graphs are keyed by (batch, cache length rounded up to this): fewer captures
+# How many shapes the compiled decode step may be compiled for in one process (torch counts per
+# function, over every decoder of the process: each tuning of an ablation adds its shapes, and a
+# shape seen before is reused). torch's default is 8, past which it silently runs the function
+# uncompiled: the captured step is then the eager graph, 1.8x slower at batch 1 on an H100,
+# under a "compiled" label. Past this limit a shape is captured uncompiled and counted
+# (``GraphedDecoder.uncompiled``, the engine's ``cuda_graphs_uncompiled``).
+COMPILE_SHAPES = 64
 
 
 @dataclass(eq=False)
@@ -641,6 +650,7 @@ class _Captured:
     logits: Any  # [B, V] float32: the step's last logits
     next_ids: Any  # [B] long: their greedy choice
     graph: Any = None
+    forward: Any = None  # the step's forward for this shape: the compiled one, or eager past COMPILE_SHAPES
 
 
 class GraphedDecoder:
@@ -680,6 +690,7 @@ class GraphedDecoder:
         self.captures = 0
         self.capture_s = 0.0
         self.compile_mode = compile_mode
+        self.uncompiled = 0  # shapes captured uncompiled: torch's recompile limit reached (COMPILE_SHAPES)
         self._forward: Any = self._step_logits
         if compile_mode != "off":
             import torch
@@ -703,7 +714,7 @@ class GraphedDecoder:
         """What the graph holds: one forward over the static buffers, logits and greedy ids out."""
         import torch
 
-        logits = self._forward(c.input_ids, c.position_ids, c.mask, c.cache)
+        logits = (c.forward or self._forward)(c.input_ids, c.position_ids, c.mask, c.cache)
         c.logits.copy_(logits)
         c.next_ids.copy_(torch.argmax(logits + c.eos_bias, dim=-1))
 
@@ -776,6 +787,46 @@ class GraphedDecoder:
         c.position_ids.copy_(pos[:, -1:] + 1)
         return logits
 
+    def _compile_limits(self) -> Any:
+        """While a compiled step runs for a new shape: torch may compile up to COMPILE_SHAPES
+        shapes, and past them fails (caught in :meth:`_warm`) instead of silently running eager."""
+        import contextlib
+
+        if self.compile_mode == "off":
+            return contextlib.nullcontext()
+        import torch._dynamo.config as dc
+
+        names = (
+            ("recompile_limit", "cache_size_limit"),  # the newer name first
+            ("accumulated_recompile_limit", "accumulated_cache_size_limit"),
+            ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"),
+        )
+        have = [next((n for n in pair if hasattr(dc, n)), None) for pair in names]
+        patch: dict[str, Any] = {}
+        if have[0]:
+            patch[have[0]] = COMPILE_SHAPES
+        if have[1]:
+            patch[have[1]] = max(int(getattr(dc, have[1])), 4 * COMPILE_SHAPES)
+        if have[2]:
+            patch[have[2]] = True
+        return dc.patch(**patch)
+
+    def _warm(self, c: _Captured) -> None:
+        """Three steps before capture: compile (if asked) and lazy allocations happen here, not in
+        the capture. Past torch's recompile limit this shape runs its step uncompiled, counted."""
+        c.forward = self._forward
+        try:
+            with self._compile_limits():
+                for _ in range(3):
+                    self._step(c)
+        except Exception as exc:
+            if type(exc).__name__ not in ("FailOnRecompileLimitHit", "FailOnCacheLimitHit"):
+                raise
+            c.forward = self._step_logits
+            self.uncompiled += 1
+            for _ in range(3):
+                self._step(c)
+
     def _capture(self, c: _Captured) -> None:
         """Warm up on a side stream, then capture :meth:`_step`; the cache's counters are put back."""
         import torch
@@ -788,12 +839,11 @@ class GraphedDecoder:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(3):  # compile (if asked) and lazy allocations happen here, not in the capture
-                self._step(c)
+            self._warm(c)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            with self._compile_limits(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self._step(c)
         except RuntimeError as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

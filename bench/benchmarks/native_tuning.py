@@ -278,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
                     row["run_batches"] = list(engine._batcher.batches[formed:])
                 if captured is not None:  # graphs captured during the measured run (each one a stall)
                     row["run_captures"] = engine.tuning()["cuda_graphs_captured"] - captured
+                if "cuda_graphs_uncompiled" in (now := engine.tuning()):  # a "compiled" row that is not, wholly
+                    row["uncompiled_shapes"] = now["cuda_graphs_uncompiled"]
                 s = snap.summary
                 if snap.status != "completed" or s is None:
                     raise RuntimeError(snap.error or snap.status)
@@ -364,6 +366,8 @@ def _stall_text(row: dict[str, Any]) -> str:
         parts.append(f"GC max {gc_max:.0f} ms")
     if row.get("run_captures") is not None:
         parts.append(f"{row['run_captures']} capture(s) during the run")
+    if row.get("uncompiled_shapes"):
+        parts.append(f"{row['uncompiled_shapes']} shape(s) captured uncompiled (torch's recompile limit)")
     return "; " + ", ".join(parts) if parts else ""
 
 
@@ -377,6 +381,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = [head]
     for r in rows:
         r = {**r, "config": r["config"] + (f" (round {r['round']})" if "round" in r else "")}
+        if r.get("uncompiled_shapes"):  # its compile label overstates: say so in the row itself
+            r["config"] += f" ({r['uncompiled_shapes']} shape(s) uncompiled)"
         if "error" in r:
             reason = r["error"] if len(r["error"]) <= 90 else r["error"][:88] + "…"
             lines.append(f"| {r['config']} | {r['batch']} | {reason} | | | | | | | |")

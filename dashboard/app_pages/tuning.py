@@ -85,6 +85,13 @@ if rows:
     st.dataframe(step, hide_index=True, key="t.step-grid")
     st.markdown("**Output tokens/s**")
     st.dataframe(_grid(",.0f", "output_tok_s"), hide_index=True, key="t.toks-grid")
+    if partly := [r for r in mine if r.uncompiled_shapes]:
+        st.warning(
+            "Compiled in name only, in part: "
+            + ", ".join(f"{r.config} at batch {r.batch} ({r.uncompiled_shapes} shape(s))" for r in partly)
+            + " ran shapes uncompiled: torch stops compiling a function past its recompile limit.",
+            icon=":material/warning:",
+        )
 
     st.caption(
         "Configurations: "
@@ -128,6 +135,7 @@ if rows:
                 "tok/s min-max": f"{r.tok_s_range[0]:,.0f}-{r.tok_s_range[1]:,.0f}" if r.tok_s_range else "-",
                 "greedy = baseline": r.greedy_match or "-",
                 "logits max |diff|": r.logits_max_abs_diff,
+                "shapes uncompiled": r.uncompiled_shapes if r.uncompiled_shapes is not None else "-",
             }
             for r in mine
         ]

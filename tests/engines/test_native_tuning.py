@@ -280,8 +280,7 @@ def _fake_capture(decoder: Any) -> None:
     def capture(c: Any) -> None:
         counters = [layer.cumulative_length for layer in c.cache.layers]
         saved = [n.clone() for n in counters]
-        for _ in range(3):  # the warm-up steps advance the cache's counter, as on a GPU
-            decoder._step(c)
+        decoder._warm(c)  # the warm-up steps advance the cache's counter, as on a GPU
         for n, v in zip(counters, saved, strict=True):
             n.copy_(v)
         c.graph = types.SimpleNamespace(replay=lambda: decoder._step(c))
@@ -322,6 +321,46 @@ def test_graphed_decoder_gives_generates_tokens_and_logits(tiny_model: Path, att
             diff = (torch.stack(logits, 1) - torch.stack(ref.logits, 1).float()).abs().max()
             assert float(diff) < 1e-5
         assert decoder.captures == 2 and sorted(decoder._shapes) == [(1, 64), (4, 64)]
+    finally:
+        engine.stop()
+
+
+def test_a_shape_past_torchs_recompile_limit_is_captured_uncompiled_and_counted(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past torch's recompile limit a compiled function silently runs eager; a compiled decoder
+    instead compiles up to COMPILE_SHAPES batch shapes, captures a shape past them uncompiled
+    and counts it (``cuda_graphs_uncompiled`` in the engine's tuning), tokens unchanged. Real
+    dynamo with its eager backend here (inductor's C++ build takes minutes on this CPU; the
+    count of shapes is dynamo's either way); the limit lowered to 1 shape."""
+    import torch
+
+    from engines import native
+    from engines.batching import left_pad
+    from engines.native import GraphedDecoder
+
+    engine = _start(dtype="float32", record_routing=False)
+    try:
+        model, pad, steps = engine.model, engine._tokenizer.pad_token_id or 0, 6
+        monkeypatch.setattr(native, "COMPILE_SHAPES", 1)
+        torch._dynamo.reset()  # other tests' compiled steps (the same function) would count here
+        decoder = GraphedDecoder(model, compile_mode="default")
+        decoder._forward = torch.compile(decoder._step_logits, backend="eager", dynamic=False, fullgraph=False)
+        _fake_capture(decoder)
+        for prompts, uncompiled in (([PROMPTS[1]], 0), (PROMPTS[:4], 1), ([PROMPTS[2]], 1)):
+            ids, mask = left_pad(prompts, pad)
+            with torch.inference_mode():
+                ref = model.generate(
+                    input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=steps,
+                    min_new_tokens=steps, do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=pad,
+                )  # fmt: skip
+                got: list[list[int]] = []
+                decoder.decode(prompts, pad, steps, got.append, suppress=[])
+            assert [list(r) for r in zip(*got, strict=True)] == ref[:, len(ids[0]) :].tolist()
+            assert decoder.uncompiled == uncompiled
+        assert decoder._shapes[(1, 64)].forward is decoder._forward  # the first shape: compiled
+        assert decoder._shapes[(4, 64)].forward == decoder._step_logits  # past the limit: eager, counted
+        assert decoder.captures == 2
     finally:
         engine.stop()
 
