@@ -135,7 +135,7 @@ if rows:
                 "tok/s min-max": f"{r.tok_s_range[0]:,.0f}-{r.tok_s_range[1]:,.0f}" if r.tok_s_range else "-",
                 "greedy = baseline": r.greedy_match or "-",
                 "logits max |diff|": r.logits_max_abs_diff,
-                "shapes uncompiled": r.uncompiled_shapes if r.uncompiled_shapes is not None else "-",
+                "shapes uncompiled": r.uncompiled_shapes,  # None (empty): not counted when it ran
             }
             for r in mine
         ]

@@ -100,3 +100,17 @@ def test_rounds_below_one_are_refused_in_one_line(capsys: Any) -> None:
         native_tuning.main(["--rounds", "0"])
     assert exc.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("--rounds must be at least 1 (got 0)")
+
+
+def test_a_row_with_shapes_run_uncompiled_says_so_in_its_line_and_the_table() -> None:
+    """A saved H100 row, as native_tuning.py would have recorded it had torch's recompile limit
+    left 1 of its shapes uncompiled: the printed line and the README table both say so; a row
+    without the count says nothing of it."""
+    from bench.benchmarks import native_tuning
+
+    saved = Path(__file__).resolve().parents[2] / "examples" / "tuning" / "h100-bf16-grid-lean-router.results.json"
+    row = next(r for r in json.loads(saved.read_text())["rows"] if r["config"] == "cuda_graphs_compile_mla")
+    marked = {**row, "uncompiled_shapes": 1}
+    assert "1 shape(s) captured uncompiled (torch's recompile limit)" in native_tuning._line(marked)
+    assert f"| {row['config']} (round {row['round']}) (1 shape(s) uncompiled) |" in native_tuning.table([marked])
+    assert "uncompiled" not in native_tuning._line(row) + native_tuning.table([row])

@@ -35,7 +35,7 @@ def _study_grid(at: Any, source: str, column: str) -> Any:
 def test_the_saved_h200_ablation_imports_with_its_checks(store: Store) -> None:
     names = tuning.import_saved(store)
     ran = [r for f in sorted(SAVED.glob("*.results.json")) for r in json.loads(f.read_text())["rows"] if "run_id" in r]
-    assert len(names) == len(ran) == 76
+    assert len(names) == len(ran) == 88
     assert tuning.import_saved(store) == []  # a second import adds nothing
     rows = tuning.tuning_rows(store)
     assert {r.group for r in rows} == {
@@ -44,13 +44,25 @@ def test_the_saved_h200_ablation_imports_with_its_checks(store: Store) -> None:
         "NVIDIA H100 80GB HBM3 · bfloat16 · transformers 5.17.0",
         "NVIDIA H100 80GB HBM3 · bfloat16 · transformers 5.19.0",  # the same configs, another version: its own rows
     }
-    # the H100's ABBA rounds (lean experts against transformers' at batch 1 and 128): each row the median round
-    abba = json.loads((SAVED / "h100-bf16-lean-abba.results.json").read_text())["rows"]
+    # the H100's ABBA rounds: each row the median round (low median of an even count), the range
+    # beside it; the later grid (lean gate) measured transformers' step at batch 1 again: its
+    # 2 rounds replace the earlier 4 there, and its left-out rows (past torch's recompile limit)
+    # leave the earlier measurement standing
     h100 = {(r.config, r.batch): r for r in rows if r.group == "NVIDIA H100 80GB HBM3 · bfloat16 · transformers 5.17.0"}
-    for key in {(r["config"], r["batch"]) for r in abba}:
-        toks = sorted(r["output_tok_s"] for r in abba if (r["config"], r["batch"]) == key)
-        got = h100[key]
-        assert got.rounds == 4 and got.tok_s_range == (toks[0], toks[3]) and got.output_tok_s == toks[1]
+    abba = json.loads((SAVED / "h100-bf16-lean-abba.results.json").read_text())["rows"]
+    grid = json.loads((SAVED / "h100-bf16-grid-lean-router.results.json").read_text())["rows"]
+    assert not any(r["config"] == "cuda_graphs_compile_mla_lean" for r in grid)  # all of its rows were left out
+    for rows_of, n in ((abba, 4), (grid, 2)):
+        for key in {(r["config"], r["batch"]) for r in rows_of}:
+            if rows_of is abba and key in {(r["config"], r["batch"]) for r in grid}:
+                continue
+            toks = sorted(r["output_tok_s"] for r in rows_of if (r["config"], r["batch"]) == key)
+            got = h100[key]
+            assert got.rounds == n and got.tok_s_range == (toks[0], toks[-1]) and got.output_tok_s == toks[(n - 1) // 2]
+    assert (
+        h100[("cuda_graphs_compile_mla_lean_router", 1)].step_ms_p50 < h100[("cuda_graphs_compile_mla", 1)].step_ms_p50
+    )
+    assert h100[("cuda_graphs_compile_mla_lean", 128)].rounds == 4  # from the earlier ABBA: not re-measured
     newer = [r for r in rows if r.group.endswith("5.19.0")]
     assert {(r.config, r.batch) for r in newer} == {("cuda_graphs_compile_mla", 1), ("cuda_graphs_compile_mla", 128)}
     # baseline at batch 1 was measured twice in bf16: the newer measurement wins
@@ -167,3 +179,31 @@ def test_each_configuration_says_what_it_changed(store: Store) -> None:
     assert texts["compile_default"] == "cache=static, compile=default"
     assert texts["cuda_graphs"] == "cache=static, cuda_graphs=True"  # not the graphs it captured
     assert "experts_impl=grouped_mm" in texts["baseline"] and "attn_impl=sdpa" in texts["baseline"]
+
+
+def test_a_row_whose_compiled_step_ran_shapes_uncompiled_is_flagged(
+    app_test: Callable[..., Any], fresh_data_dir: Path
+) -> None:
+    """native_tuning.py stores each row's count of shapes captured uncompiled (past torch's
+    recompile limit) with its check; the page names such a row in a warning and in its table."""
+    store = Store(get_settings().db_path)
+    tuning.import_saved(store)
+    h100 = "NVIDIA H100 80GB HBM3 · bfloat16 · transformers 5.17.0"
+    row = next(
+        r
+        for r in tuning.tuning_rows(store)
+        if r.group == h100 and (r.config, r.batch) == ("cuda_graphs_compile_mla", 8)
+    )
+    assert row.uncompiled_shapes is None  # measured before the count existed
+    check = store.artifact(row.run_id, tuning.ARTIFACT_TUNING_CHECK)
+    store.put_artifact(row.run_id, tuning.ARTIFACT_TUNING_CHECK, {**check, "uncompiled_shapes": 2})
+    at = app_test("app_pages/tuning.py")
+    at.selectbox(key="t.group").set_value(h100).run()
+    _no_exception(at)
+    warned = [w.value for w in at.warning if "recompile limit" in w.value]
+    assert warned == [
+        "Compiled in name only, in part: cuda_graphs_compile_mla at batch 8 (2 shape(s)) ran shapes uncompiled: "
+        "torch stops compiling a function past its recompile limit."
+    ]
+    detail = next(d.value for d in at.dataframe if "shapes uncompiled" in d.value.columns)
+    assert detail.set_index("run").loc[row.run_id, "shapes uncompiled"] == 2
