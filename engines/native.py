@@ -312,8 +312,17 @@ class NativeEngine(Engine):
             # generate would compile by itself on CUDA with a static cache: only when asked.
             gc.disable_compile = True
         else:
+            # generate's compiled forward meets a new shape per batch size and cache length: past
+            # torch's default of 8 it runs uncompiled unnoticed (met by the captured step on the
+            # H100; likely what made an H200 batch-32 compile row warm up in 4.8 s and step as
+            # eager). Raised for the process.
+            import torch._dynamo.config as dc
             from transformers import CompileConfig
 
+            for name in ("recompile_limit", "cache_size_limit"):
+                if hasattr(dc, name):
+                    setattr(dc, name, max(int(getattr(dc, name)), COMPILE_SHAPES))
+                    break
             cc = CompileConfig(mode=o.compile, fullgraph=False)
             cc._compile_all_devices = self.accelerator.name != "cuda"  # generate compiles only on GPUs by default
             gc.compile_config = cc
