@@ -325,21 +325,19 @@ def test_graphed_decoder_gives_generates_tokens_and_logits(tiny_model: Path, att
         engine.stop()
 
 
-def test_compile_raises_torchs_recompile_limit_for_generates_shapes(
-    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_compile_raises_torchs_recompile_limit_for_generates_shapes(tiny_model: Path) -> None:
     """generate's compiled forward meets a shape per batch size and cache length; past torch's
     default of 8 it would run uncompiled unnoticed: with compile on, the engine raises the limit."""
     import torch._dynamo.config as dc
 
     from engines.native import COMPILE_SHAPES
 
-    monkeypatch.setattr(dc, "recompile_limit", 8)  # torch's default, whatever ran before in this process
-    engine = _start(cache="static", compile="default", record_routing=False)
-    try:
-        assert dc.recompile_limit >= COMPILE_SHAPES > 8
-    finally:
-        engine.stop()
+    with dc.patch(recompile_limit=8):  # torch's default, whatever ran before in this process
+        engine = _start(cache="static", compile="default", record_routing=False)
+        try:
+            assert dc.recompile_limit >= COMPILE_SHAPES > 8
+        finally:
+            engine.stop()
 
 
 def test_a_shape_past_torchs_recompile_limit_is_captured_uncompiled_and_counted(
