@@ -300,7 +300,7 @@ def out_dir(data_dir: Path) -> Path:
     return data_dir / "tuning" / time.strftime("%Y%m%d-%H%M%S")
 
 
-_RUN_COUNTERS = ("cuda_graphs_captured", "cuda_graphs_capture_s")
+_RUN_COUNTERS = ("cuda_graphs_captured", "cuda_graphs_capture_s", "cuda_graphs_uncompiled")
 
 
 def config_texts(rows: Sequence[TuningRow]) -> dict[str, str]:
