@@ -315,7 +315,9 @@ class NativeEngine(Engine):
             # generate's compiled forward meets a new shape per batch size and cache length: past
             # torch's default of 8 it runs uncompiled unnoticed (met by the captured step on the
             # H100; likely what made an H200 batch-32 compile row warm up in 4.8 s and step as
-            # eager). Raised for the process.
+            # eager). Raised for the process and left raised (a higher limit changes nothing else);
+            # past 64 shapes generate's path still falls back unnoticed: only the captured step
+            # counts its uncompiled shapes.
             import torch._dynamo.config as dc
             from transformers import CompileConfig
 
@@ -397,7 +399,7 @@ class NativeEngine(Engine):
             tuning["cuda_graphs_capture_s"] = round(self._graphed.capture_s, 3)
             tuning["cuda_graphs_pipelined"] = self._graphed.pipeline
             if self._graphed.compile_mode != "off":  # shapes torch would not compile (its recompile limit)
-                tuning["cuda_graphs_uncompiled"] = self._graphed.uncompiled
+                tuning["cuda_graphs_uncompiled"] = len(self._graphed.uncompiled)
         return tuning
 
     def stop(self) -> None:
@@ -699,7 +701,8 @@ class GraphedDecoder:
         self.captures = 0
         self.capture_s = 0.0
         self.compile_mode = compile_mode
-        self.uncompiled = 0  # shapes captured uncompiled: torch's recompile limit reached (COMPILE_SHAPES)
+        # (batch, cache length) shapes captured uncompiled: torch's recompile limit reached (COMPILE_SHAPES)
+        self.uncompiled: set[tuple[int, int]] = set()
         self._forward: Any = self._step_logits
         if compile_mode != "off":
             import torch
@@ -813,7 +816,7 @@ class GraphedDecoder:
         have = [next((n for n in pair if hasattr(dc, n)), None) for pair in names]
         patch: dict[str, Any] = {}
         if have[0]:
-            patch[have[0]] = COMPILE_SHAPES
+            patch[have[0]] = max(int(getattr(dc, have[0])), COMPILE_SHAPES)
         if have[1]:
             patch[have[1]] = max(int(getattr(dc, have[1])), 4 * COMPILE_SHAPES)
         if have[2]:
@@ -832,7 +835,7 @@ class GraphedDecoder:
             if type(exc).__name__ not in ("FailOnRecompileLimitHit", "FailOnCacheLimitHit"):
                 raise
             c.forward = self._step_logits
-            self.uncompiled += 1
+            self.uncompiled.add((c.batch, c.cache_len))  # a shape evicted and captured again counts once
             for _ in range(3):
                 self._step(c)
 
@@ -854,7 +857,7 @@ class GraphedDecoder:
         try:
             with self._compile_limits(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self._step(c)
-        except RuntimeError as exc:
+        except Exception as exc:  # torch's capture errors, and a recompile-limit failure (not a RuntimeError)
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ConfigError(f"cuda_graphs: the decode step could not be captured: {first}") from exc
         for n, v in zip(counters, saved, strict=True):

@@ -46,6 +46,11 @@ def unsupported(model: Any) -> str | None:
             "would run as transformers does (it skips it only where every group is kept, e.g. n_group=1): "
             "nothing to save"
         )
+    if g.topk_group != g.num_group or g.num_experts // g.num_group < 2:
+        return (  # transformers' own gate fails there (its top-k over groups or top-2 per group): nothing to match
+            f"router=lean: topk_group={g.topk_group} with n_group={g.num_group} over {g.num_experts} experts is not "
+            "a gate transformers runs"
+        )
     if "forward" in g.__dict__ and not getattr(g, _PATCHED, False):
         return "router=lean: the gate's forward is wrapped (e.g. accelerate's offloading hooks); it would skip it"
     return None
@@ -76,7 +81,7 @@ def _lean_forward(self: Any, hidden_states: Any) -> tuple[Any, Any, Any]:
     import torch
     import torch.nn.functional as F
 
-    if self.topk_group < self.num_group:
+    if self.topk_group != self.num_group:  # unsupported() refuses such a model; never taken there
         return type(self).forward(self, hidden_states)
     hidden_states = hidden_states.view(-1, self.hidden_dim)
     router_logits = F.linear(hidden_states.type(torch.float32), self.weight.type(torch.float32))

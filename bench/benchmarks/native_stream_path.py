@@ -49,7 +49,7 @@ class StandInDecoder:
     captures = 0
     capture_s = 0.0
     compile_mode = "off"  # nothing compiled, so no shape past torch's recompile limit
-    uncompiled = 0
+    uncompiled: frozenset[tuple[int, int]] = frozenset()
 
     def __init__(self, step_ms: float, pipeline: bool) -> None:
         self.step_s = step_ms / 1000.0

@@ -278,8 +278,9 @@ def main(argv: list[str] | None = None) -> int:
                     row["run_batches"] = list(engine._batcher.batches[formed:])
                 if captured is not None:  # graphs captured during the measured run (each one a stall)
                     row["run_captures"] = engine.tuning()["cuda_graphs_captured"] - captured
-                if "cuda_graphs_uncompiled" in (now := engine.tuning()):  # a "compiled" row that is not, wholly
-                    row["uncompiled_shapes"] = now["cuda_graphs_uncompiled"]
+                if getattr(engine._graphed, "compile_mode", "off") != "off":  # a "compiled" row that is not, wholly
+                    sizes = set(row.get("run_batches") or [batch])  # the measured run's batch shapes
+                    row["uncompiled_shapes"] = sum(b in sizes for b, _ in engine._graphed.uncompiled)
                 s = snap.summary
                 if snap.status != "completed" or s is None:
                     raise RuntimeError(snap.error or snap.status)

@@ -112,6 +112,7 @@ def _routing(
                     input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=static_steps,
                     min_new_tokens=static_steps, do_sample=False, temperature=None, top_p=None, top_k=None,
                     cache_implementation="static", output_logits=True, return_dict_in_generate=True, pad_token_id=0,
+                    disable_compile=True,  # as the engine's cache=static rows run (generate would compile on CUDA)
                 )  # fmt: skip
                 last = out.logits[0].float().cpu()
             else:

@@ -35,7 +35,7 @@ def _study_grid(at: Any, source: str, column: str) -> Any:
 def test_the_saved_h200_ablation_imports_with_its_checks(store: Store) -> None:
     names = tuning.import_saved(store)
     ran = [r for f in sorted(SAVED.glob("*.results.json")) for r in json.loads(f.read_text())["rows"] if "run_id" in r]
-    assert len(names) == len(ran) == 88
+    assert len(names) == len(ran) == 92
     assert tuning.import_saved(store) == []  # a second import adds nothing
     rows = tuning.tuning_rows(store)
     assert {r.group for r in rows} == {
@@ -45,22 +45,27 @@ def test_the_saved_h200_ablation_imports_with_its_checks(store: Store) -> None:
         "NVIDIA H100 80GB HBM3 · bfloat16 · transformers 5.19.0",  # the same configs, another version: its own rows
     }
     # the H100's ABBA rounds: each row the median round (low median of an even count), the range
-    # beside it; the later grid (lean gate) measured transformers' step at batch 1 again: its
-    # 2 rounds replace the earlier 4 there, and its left-out rows (past torch's recompile limit)
-    # leave the earlier measurement standing
+    # beside it; a later ablation of the same (config, batch) replaces an earlier one's rounds:
+    # the grid (lean gate) measured transformers' step at batch 1 again, the lean gate's own run
+    # the lean experts at batch 1; the grid's left-out rows (past torch's recompile limit) leave
+    # the earlier measurement standing
     h100 = {(r.config, r.batch): r for r in rows if r.group == "NVIDIA H100 80GB HBM3 · bfloat16 · transformers 5.17.0"}
-    abba = json.loads((SAVED / "h100-bf16-lean-abba.results.json").read_text())["rows"]
-    grid = json.loads((SAVED / "h100-bf16-grid-lean-router.results.json").read_text())["rows"]
-    assert not any(r["config"] == "cuda_graphs_compile_mla_lean" for r in grid)  # all of its rows were left out
-    for rows_of, n in ((abba, 4), (grid, 2)):
-        for key in {(r["config"], r["batch"]) for r in rows_of}:
-            if rows_of is abba and key in {(r["config"], r["batch"]) for r in grid}:
-                continue
-            toks = sorted(r["output_tok_s"] for r in rows_of if (r["config"], r["batch"]) == key)
-            got = h100[key]
-            assert got.rounds == n and got.tok_s_range == (toks[0], toks[-1]) and got.output_tok_s == toks[(n - 1) // 2]
+    newest: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for name in ("h100-bf16-lean-abba", "h100-bf16-grid-lean-router", "h100-bf16-lean-router-b1"):  # oldest first
+        saved = json.loads((SAVED / f"{name}.results.json").read_text())["rows"]
+        for key in {(r["config"], r["batch"]) for r in saved}:
+            newest[key] = [r for r in saved if (r["config"], r["batch"]) == key]
+    assert not any(r["config"] == "cuda_graphs_compile_mla_lean" for r in json.loads(
+        (SAVED / "h100-bf16-grid-lean-router.results.json").read_text())["rows"])  # fmt: skip
+    for key, measured in newest.items():
+        toks = sorted(r["output_tok_s"] for r in measured)
+        got = h100[key]
+        n = len(measured)
+        assert got.rounds == n and got.tok_s_range == (toks[0], toks[-1]) and got.output_tok_s == toks[(n - 1) // 2]
+    assert newest[("cuda_graphs_compile_mla_lean", 1)][0]["options"].get("router") is None  # the lean gate's baseline
     assert (
-        h100[("cuda_graphs_compile_mla_lean_router", 1)].step_ms_p50 < h100[("cuda_graphs_compile_mla", 1)].step_ms_p50
+        h100[("cuda_graphs_compile_mla_lean_router", 1)].step_ms_p50
+        < h100[("cuda_graphs_compile_mla_lean", 1)].step_ms_p50
     )
     assert h100[("cuda_graphs_compile_mla_lean", 128)].rounds == 4  # from the earlier ABBA: not re-measured
     newer = [r for r in rows if r.group.endswith("5.19.0")]

@@ -359,6 +359,8 @@ def test_a_shape_past_torchs_recompile_limit_is_captured_uncompiled_and_counted(
         model, pad, steps = engine.model, engine._tokenizer.pad_token_id or 0, 6
         monkeypatch.setattr(native, "COMPILE_SHAPES", 1)
         torch._dynamo.reset()  # other tests' compiled steps (the same function) would count here
+        lowered = torch._dynamo.config.patch(recompile_limit=1)  # the engine never lowers a limit set higher
+        lowered.__enter__()
         decoder = GraphedDecoder(model, compile_mode="default")
         decoder._forward = torch.compile(decoder._step_logits, backend="eager", dynamic=False, fullgraph=False)
         _fake_capture(decoder)
@@ -372,11 +374,19 @@ def test_a_shape_past_torchs_recompile_limit_is_captured_uncompiled_and_counted(
                 got: list[list[int]] = []
                 decoder.decode(prompts, pad, steps, got.append, suppress=[])
             assert [list(r) for r in zip(*got, strict=True)] == ref[:, len(ids[0]) :].tolist()
-            assert decoder.uncompiled == uncompiled
+            assert len(decoder.uncompiled) == uncompiled
         assert decoder._shapes[(1, 64)].forward is decoder._forward  # the first shape: compiled
         assert decoder._shapes[(4, 64)].forward == decoder._step_logits  # past the limit: eager, counted
-        assert decoder.captures == 2
+        assert decoder.uncompiled == {(4, 64)} and decoder.captures == 2
+        engine._graphed = decoder  # what the engine reports (and every run records) of it
+        assert engine.tuning()["cuda_graphs_uncompiled"] == 1
+        decoder._shapes.clear()  # as when more shapes than max_graphs came: evicted, then seen again
+        with torch.inference_mode():
+            decoder.decode(PROMPTS[:4], pad, steps, lambda t: None, suppress=[])
+        assert decoder.uncompiled == {(4, 64)} and decoder.captures == 3  # captured again, one shape still
     finally:
+        lowered.__exit__(None, None, None)
+        engine._graphed = None
         engine.stop()
 
 

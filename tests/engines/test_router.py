@@ -105,3 +105,17 @@ def test_lean_gate_under_a_captured_step_gives_transformers_tokens_on_cuda(one_g
         finally:
             engine.stop()
     assert runs[0] == runs[1] and [t for t, _, _ in runs[1][:3]] == [8, 12, 8]
+
+
+def test_lean_gate_is_refused_where_transformers_gate_itself_cannot_run(one_group: Path) -> None:
+    """topk_group above n_group (or groups of one expert) is a gate transformers' top-k fails on:
+    lean, which skips that top-k, would run it, so there is nothing to be identical to."""
+    import torch
+
+    from engines.models import load_model
+
+    model, _ = load_model(one_group, "cpu", torch.float32)
+    for gate in router._gates(model):
+        gate.topk_group = 2  # of n_group=1
+    reason = router.unsupported(model)
+    assert reason is not None and "is not a gate transformers runs" in reason and "\n" not in reason
