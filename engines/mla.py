@@ -26,8 +26,9 @@ Refused (one line, :func:`unsupported`) for attention that is not transformers' 
 from __future__ import annotations
 
 import sys
-import types
 from typing import Any
+
+from engines import forward_patch
 
 _PATCHED = "_moebench_absorbed_mla"
 
@@ -61,28 +62,18 @@ def unsupported(model: Any) -> str | None:
         )
     if m.kv_b_proj.bias is not None:
         return "mla=absorbed: kv_b_proj has a bias, which absorption does not carry"
-    if "forward" in m.__dict__ and not getattr(m, _PATCHED, False):
+    if forward_patch.wrapped_by_others(m, _PATCHED):
         return "mla=absorbed: the attention's forward is wrapped (e.g. accelerate's offloading hooks); it would skip it"
     return None
 
 
 def set_absorbed(model: Any, on: bool) -> int:
     """Turn the absorbed decode step on or off on every MLA module; how many were changed."""
-    changed = 0
-    for m in _attention_modules(model):
-        if on and not getattr(m, _PATCHED, False):  # unsupported() refuses a forward already set here
-            m.forward = types.MethodType(_absorbed_forward, m)
-            setattr(m, _PATCHED, True)
-            changed += 1
-        elif not on and getattr(m, _PATCHED, False):
-            del m.forward  # the class's forward again
-            setattr(m, _PATCHED, False)
-            changed += 1
-    return changed
+    return forward_patch.set_forward(_attention_modules(model), _absorbed_forward, _PATCHED, on)
 
 
 def is_absorbed(model: Any) -> bool:
-    return any(getattr(m, _PATCHED, False) for m in _attention_modules(model))
+    return forward_patch.is_set(_attention_modules(model), _PATCHED)
 
 
 def _absorbed_forward(

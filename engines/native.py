@@ -321,10 +321,8 @@ class NativeEngine(Engine):
             import torch._dynamo.config as dc
             from transformers import CompileConfig
 
-            for name in ("recompile_limit", "cache_size_limit"):
-                if hasattr(dc, name):
-                    setattr(dc, name, max(int(getattr(dc, name)), COMPILE_SHAPES))
-                    break
+            if name := _dynamo_name(dc, "recompile_limit", "cache_size_limit"):
+                setattr(dc, name, max(int(getattr(dc, name)), COMPILE_SHAPES))
             cc = CompileConfig(mode=o.compile, fullgraph=False)
             cc._compile_all_devices = self.accelerator.name != "cuda"  # generate compiles only on GPUs by default
             gc.compile_config = cc
@@ -646,6 +644,11 @@ CACHE_LEN_STEP = 64  # graphs are keyed by (batch, cache length rounded up to th
 COMPILE_SHAPES = 64
 
 
+def _dynamo_name(config: Any, *names: str) -> str | None:
+    """The first of ``names`` torch's dynamo config has (newer torch renamed the limits)."""
+    return next((n for n in names if hasattr(config, n)), None)
+
+
 @dataclass(eq=False)
 class _Captured:
     """One batch shape's static cache, static input and output buffers, and its captured step."""
@@ -808,19 +811,13 @@ class GraphedDecoder:
             return contextlib.nullcontext()
         import torch._dynamo.config as dc
 
-        names = (
-            ("recompile_limit", "cache_size_limit"),  # the newer name first
-            ("accumulated_recompile_limit", "accumulated_cache_size_limit"),
-            ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"),
-        )
-        have = [next((n for n in pair if hasattr(dc, n)), None) for pair in names]
         patch: dict[str, Any] = {}
-        if have[0]:
-            patch[have[0]] = max(int(getattr(dc, have[0])), COMPILE_SHAPES)
-        if have[1]:
-            patch[have[1]] = max(int(getattr(dc, have[1])), 4 * COMPILE_SHAPES)
-        if have[2]:
-            patch[have[2]] = True
+        if limit := _dynamo_name(dc, "recompile_limit", "cache_size_limit"):
+            patch[limit] = max(int(getattr(dc, limit)), COMPILE_SHAPES)
+        if total := _dynamo_name(dc, "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+            patch[total] = max(int(getattr(dc, total)), 4 * COMPILE_SHAPES)
+        if fail := _dynamo_name(dc, "fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):
+            patch[fail] = True
         return dc.patch(**patch)
 
     def _warm(self, c: _Captured) -> None:

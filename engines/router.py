@@ -20,8 +20,9 @@ transformers' (``tests/engines/test_router.py``).
 
 from __future__ import annotations
 
-import types
 from typing import Any
+
+from engines import forward_patch
 
 _PATCHED = "_moebench_lean_router"
 
@@ -51,28 +52,18 @@ def unsupported(model: Any) -> str | None:
             f"router=lean: topk_group={g.topk_group} with n_group={g.num_group} over {g.num_experts} experts is not "
             "a gate transformers runs"
         )
-    if "forward" in g.__dict__ and not getattr(g, _PATCHED, False):
+    if forward_patch.wrapped_by_others(g, _PATCHED):
         return "router=lean: the gate's forward is wrapped (e.g. accelerate's offloading hooks); it would skip it"
     return None
 
 
 def set_lean(model: Any, on: bool) -> int:
     """Turn the lean gate on or off on every DeepSeek-V3 gate; how many were changed."""
-    changed = 0
-    for g in _gates(model):
-        if on and not getattr(g, _PATCHED, False):  # unsupported() refuses a forward already set here
-            g.forward = types.MethodType(_lean_forward, g)
-            setattr(g, _PATCHED, True)
-            changed += 1
-        elif not on and getattr(g, _PATCHED, False):
-            del g.forward  # the class's forward again
-            setattr(g, _PATCHED, False)
-            changed += 1
-    return changed
+    return forward_patch.set_forward(_gates(model), _lean_forward, _PATCHED, on)
 
 
 def is_lean(model: Any) -> bool:
-    return any(getattr(g, _PATCHED, False) for g in _gates(model))
+    return forward_patch.is_set(_gates(model), _PATCHED)
 
 
 def _lean_forward(self: Any, hidden_states: Any) -> tuple[Any, Any, Any]:

@@ -123,9 +123,14 @@ def _routing(
     return last, seen
 
 
+def _flipped(a: Any, b: Any) -> Any:
+    """Per decision (row): whether its chosen experts differ as sets."""
+    return (a.sort(-1).values != b.sort(-1).values).any(-1)
+
+
 def _flips(a: Any, b: Any) -> int:
     """Decisions (rows) whose chosen experts differ as sets."""
-    return int((a.sort(-1).values != b.sort(-1).values).any(-1).sum())
+    return int(_flipped(a, b).sum())
 
 
 def _compare(alone: list[tuple[Any, dict[int, Any]]], other: dict[int, Any], n: int, groups: int) -> dict[str, Any]:
@@ -145,8 +150,9 @@ def _compare(alone: list[tuple[Any, dict[int, Any]]], other: dict[int, Any], n: 
             gaps.append(gap)
             moved.append(o_gap - gap)
             shrinks.setdefault(i, []).append((gap - o_gap).clamp(min=0))  # only a shrinking margin can flip
-            diff = (idx.sort(-1).values != o_idx.sort(-1).values).any(-1)
-            flipped += [(i, j, int(t), float(gap[t]), float(o_gap[t] - gap[t])) for t in diff.nonzero()[:, 0]]
+            flipped += [
+                (i, j, int(t), float(gap[t]), float(o_gap[t] - gap[t])) for t in _flipped(idx, o_idx).nonzero()[:, 0]
+            ]
     return {"gap": torch.cat(gaps), "moved": torch.cat(moved), "shrinks": shrinks, "flipped": flipped}
 
 
