@@ -202,6 +202,45 @@ def tuning_rows(store: Store) -> list[TuningRow]:
     return sorted(picked, key=lambda r: (r.group, r.config, r.batch))
 
 
+@dataclass(frozen=True)
+class Headline:
+    """One group's best measured row by one measure, set against the same group's baseline at
+    the same batch and against the hardware's limit there (None where the group has neither)."""
+
+    row: TuningRow
+    baseline: TuningRow | None  # the "baseline" config at the row's batch, in the same group
+    vs_baseline: float | None  # fastest: the baseline's step / this step; throughput: this tok/s / the baseline's
+    limit_ms: float | None  # the HBM limit at the row's batch: the shortest step the memory allows
+
+
+def headlines(rows: Sequence[TuningRow]) -> dict[str, Headline]:
+    """The rows a demo leads with, from one group's rows (:attr:`TuningRow.group`): ``fastest``,
+    the shortest decode step (p50) at the group's smallest batch; ``throughput``, the most output
+    tokens/s at any batch. Rows that ran shapes uncompiled count as measured (the page flags
+    them). A measure no row has is left out."""
+    found: dict[str, Headline] = {}
+    if not rows:
+        return found
+    smallest = min(r.batch for r in rows)
+    timed = [r for r in rows if r.batch == smallest and r.step_ms_p50]
+    picks = {"throughput": max(rows, key=lambda r: (r.output_tok_s, r.config))}
+    if timed:
+        picks["fastest"] = min(timed, key=lambda r: (r.step_ms_p50, r.config))
+    for key in ("fastest", "throughput"):
+        if (row := picks.get(key)) is None:
+            continue
+        base = next((r for r in rows if r.config == "baseline" and r.batch == row.batch and r is not row), None)
+        ratio = None
+        if base is not None and key == "fastest" and base.step_ms_p50:
+            ratio = base.step_ms_p50 / row.step_ms_p50
+        elif base is not None and key == "throughput" and base.output_tok_s > 0:
+            ratio = row.output_tok_s / base.output_tok_s
+        at_batch = (r.hbm_limit_ms for r in rows if r.batch == row.batch and r.hbm_limit_ms)
+        limit = row.hbm_limit_ms or next(at_batch, None)
+        found[key] = Headline(row, base, ratio, limit)
+    return found
+
+
 def import_results(store: Store, bundles: Path, results: Path | None) -> list[str]:
     """Import the runs of one ablation (its ``bundles.tar.gz``) with each row's check from its
     ``results.json``; runs already in the store (same name, device, dtype, times) are skipped.

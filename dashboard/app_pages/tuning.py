@@ -78,6 +78,35 @@ if rows:
             ]
         return pd.DataFrame(frame)
 
+    best = tuning.headlines(mine)
+    cards = st.columns(3)
+    if fast := best.get("fastest"):
+        r = fast.row
+        cards[0].metric(
+            f"Fastest decode step · batch {r.batch}", f"{r.step_ms_p50:.2f} ms",
+            delta=f"{fast.vs_baseline:.1f}x faster than baseline ({fast.baseline.step_ms_p50:.1f} ms)"
+            if fast.vs_baseline and fast.baseline and fast.baseline.step_ms_p50 else None,
+            help=f"p50 of the gaps between a sequence's tokens; configuration {r.config} (run {r.run_id})",
+        )  # fmt: skip
+        cards[0].caption(f"**{r.config}**" + ("" if fast.vs_baseline else " · no baseline row in this group"))
+        if fast.limit_ms:
+            cards[2].metric(
+                f"Hardware limit · batch {r.batch}", f"{fast.limit_ms:.2f} ms",
+                delta=f"fastest step is {r.step_ms_p50 / fast.limit_ms:.1f}x the limit",
+                delta_color="off", delta_arrow="off",
+                help="the shortest step the memory bandwidth allows: the bytes one step must read / HBM bandwidth "
+                "(README: Physical limits)",
+            )  # fmt: skip
+    if top := best.get("throughput"):
+        r = top.row
+        cards[1].metric(
+            f"Most output tokens/s · batch {r.batch}", f"{r.output_tok_s:,.0f} tok/s",
+            delta=f"{top.vs_baseline:.1f}x baseline ({top.baseline.output_tok_s:,.0f} tok/s)"
+            if top.vs_baseline and top.baseline else None,
+            help=f"output tokens / the run's wall-clock time; configuration {r.config} (run {r.run_id})",
+        )  # fmt: skip
+        cards[1].caption(f"**{r.config}**" + ("" if top.vs_baseline else " · no baseline row in this group"))
+
     limits = {b: next((r.hbm_limit_ms for r in mine if r.batch == b and r.hbm_limit_ms), None) for b in batches}
     st.markdown("**ms per decode step, p50** (p99 in the detail table below)")
     step = _grid(".1f", "step_ms_p50")

@@ -104,6 +104,50 @@ def test_tuning_page_shows_the_imported_ablation(app_test: Callable[..., Any], f
     batched = step[step["config"] == "experts_batched_mm"].iloc[0]
     assert batched["batch 32"] == "-"  # out of memory there: no made-up figure
     assert len(at.get("plotly_chart")) == 2
+    # the headline cards: the group's shortest step at batch 1 and its most tokens/s, each against
+    # the baseline at the same batch; the limit beside them
+    fastest = min((r for (_, b), r in rows.items() if b == 1), key=lambda r: r.step_ms_p50)
+    most = max(rows.values(), key=lambda r: r.output_tok_s)
+    assert (fastest.config, most.config, most.batch) == ("cuda_graphs", "cuda_graphs", 128)
+    cards = {m.label: m for m in at.metric}
+    card = cards["Fastest decode step · batch 1"]
+    base = rows[("baseline", 1)].step_ms_p50
+    assert card.value == f"{fastest.step_ms_p50:.2f} ms"
+    assert card.delta == f"{base / fastest.step_ms_p50:.1f}x faster than baseline ({base:.1f} ms)"
+    card = cards["Most output tokens/s · batch 128"]
+    base = rows[("baseline", 128)].output_tok_s
+    assert card.value == f"{most.output_tok_s:,.0f} tok/s"
+    assert card.delta == f"{most.output_tok_s / base:.1f}x baseline ({base:,.0f} tok/s)"
+    assert cards["Hardware limit · batch 1"].value == f"{fastest.hbm_limit_ms:.2f} ms"
+    # a group without a baseline row says so instead of a ratio
+    h100 = "NVIDIA H100 80GB HBM3 · bfloat16 · transformers 5.17.0"
+    at.selectbox(key="t.group").set_value(h100).run()
+    _no_exception(at)
+    cards = {m.label: m for m in at.metric}
+    card = cards["Fastest decode step · batch 1"]
+    assert card.value == "4.44 ms" and not card.delta
+    assert "cuda_graphs_compile_mla_lean_router** · no baseline row in this group" in _texts(at)
+
+
+def test_the_headlines_are_a_groups_best_rows(store: Store) -> None:
+    tuning.import_saved(store)
+    rows = tuning.tuning_rows(store)
+    assert tuning.headlines([]) == {}
+    for group in {r.group for r in rows}:
+        mine = [r for r in rows if r.group == group]
+        best = tuning.headlines(mine)
+        smallest = min(r.batch for r in mine)
+        assert best["fastest"].row.batch == smallest
+        assert all(best["fastest"].row.step_ms_p50 <= r.step_ms_p50 for r in mine if r.batch == smallest)
+        assert all(best["throughput"].row.output_tok_s >= r.output_tok_s for r in mine)
+        for h in best.values():
+            base = h.baseline
+            assert (base is None) == (h.vs_baseline is None)
+            assert base is None or (base.config, base.batch, base.group) == ("baseline", h.row.batch, group)
+            assert h.limit_ms and h.limit_ms < h.row.step_ms_p50  # no measured step beats the memory's limit
+    # a group that measured only the baseline has no ratio to show: the baseline is not its own reference
+    only = [r for r in rows if r.config == "baseline" and r.group.startswith("NVIDIA H200 · float32")]
+    assert tuning.headlines(only)["fastest"].baseline is None
 
 
 def test_the_saved_decode_step_study_is_shown_as_measured(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
