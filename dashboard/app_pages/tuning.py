@@ -78,6 +78,14 @@ if rows:
             ]
         return pd.DataFrame(frame)
 
+    def _against(h: tuning.Headline) -> str:
+        """The card's configuration, and why it has no ratio where it has none."""
+        if h.vs_baseline:
+            return f"**{h.row.config}**"
+        if h.row.config == "baseline":
+            return "**baseline**: no configuration beat it"
+        return f"**{h.row.config}** · no baseline row at batch {h.row.batch} in this group"
+
     best = tuning.headlines(mine)
     cards = st.columns(3)
     if fast := best.get("fastest"):
@@ -88,7 +96,7 @@ if rows:
             if fast.vs_baseline and fast.baseline and fast.baseline.step_ms_p50 else None,
             help=f"p50 of the gaps between a sequence's tokens; configuration {r.config} (run {r.run_id})",
         )  # fmt: skip
-        cards[0].caption(f"**{r.config}**" + ("" if fast.vs_baseline else " · no baseline row in this group"))
+        cards[0].caption(_against(fast))
         if fast.limit_ms:
             cards[2].metric(
                 f"Hardware limit · batch {r.batch}", f"{fast.limit_ms:.2f} ms",
@@ -105,7 +113,7 @@ if rows:
             if top.vs_baseline and top.baseline else None,
             help=f"output tokens / the run's wall-clock time; configuration {r.config} (run {r.run_id})",
         )  # fmt: skip
-        cards[1].caption(f"**{r.config}**" + ("" if top.vs_baseline else " · no baseline row in this group"))
+        cards[1].caption(_against(top))
 
     limits = {b: next((r.hbm_limit_ms for r in mine if r.batch == b and r.hbm_limit_ms), None) for b in batches}
     st.markdown("**ms per decode step, p50** (p99 in the detail table below)")

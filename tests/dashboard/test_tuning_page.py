@@ -126,7 +126,7 @@ def test_tuning_page_shows_the_imported_ablation(app_test: Callable[..., Any], f
     cards = {m.label: m for m in at.metric}
     card = cards["Fastest decode step · batch 1"]
     assert card.value == "4.44 ms" and not card.delta
-    assert "cuda_graphs_compile_mla_lean_router** · no baseline row in this group" in _texts(at)
+    assert "cuda_graphs_compile_mla_lean_router** · no baseline row at batch 1 in this group" in _texts(at)
 
 
 def test_the_headlines_are_a_groups_best_rows(store: Store) -> None:
@@ -219,6 +219,15 @@ def test_an_ablation_runs_from_the_page_on_this_cpu(
         step.iloc[0]["batch 2"] == f"{next(r for r in rows if r.config == 'baseline' and r.batch == 2).step_ms_p50:.1f}"
     )
     assert any("ablation · completed" in m.value for m in at.markdown)
+    # the headline cards on this CPU's own rows: whichever configuration was faster, said as measured
+    fastest = min((r for r in rows if r.batch == 1), key=lambda r: (r.step_ms_p50, r.config))
+    card = next(m for m in at.metric if m.label == "Fastest decode step · batch 1")
+    assert card.value == f"{fastest.step_ms_p50:.2f} ms"
+    if fastest.config == "baseline":
+        assert not card.delta and "**baseline**: no configuration beat it" in _texts(at)
+    else:
+        base = next(r for r in rows if r.config == "baseline" and r.batch == 1).step_ms_p50
+        assert card.delta == f"{base / fastest.step_ms_p50:.1f}x faster than baseline ({base:.1f} ms)"
 
 
 def test_each_configuration_says_what_it_changed(store: Store) -> None:
