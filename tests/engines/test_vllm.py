@@ -5,6 +5,8 @@ One server is started per module for the measuring tests; the crash test starts 
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import signal
 import sys
@@ -290,6 +292,9 @@ def test_profile_run_through_vllms_profiler_endpoints(vllm_engine: Any, store: S
     trace = store.artifact(snap.run_id, "profile_trace")
     assert trace is not None and Path(trace["path"]).stat().st_size > 1000
     assert str(Path(trace["path"])).startswith(vllm_engine.vopts.profiler_dir)
+    with gzip.open(trace["path"], "rt") as fh:  # the worker's trace: the model's operators, no stacks
+        names = {e.get("name", "") for e in json.load(fh)["traceEvents"]}
+    assert any(n.startswith("aten::") for n in names) and not any(".py(" in n for n in names)
     assert store.artifact(snap.run_id, "profile_breakdown") is None  # vLLM gives a trace, not our breakdown
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -91,6 +92,19 @@ def test_server_argv() -> None:
     assert "--gpu-memory-utilization" not in text  # cpu
     gpu = server_argv("/py", "/m", "m", "h", 1, VLLMOptions(accelerator="cuda", gpu_memory_utilization=0.8))
     assert "--gpu-memory-utilization 0.8" in " ".join(gpu) and "--dtype auto" in " ".join(gpu)
+
+
+def test_profiler_config_leaves_stacks_off_unless_asked(tmp_path: Path) -> None:
+    """With stacks, vLLM's CPU worker traces its idle wait loop (~140,000 events a second) and a
+    1 s profile took 3 minutes to write, past the profile test's limit on a loaded machine."""
+
+    def config(**kw: object) -> dict:
+        argv = server_argv("/py", "/m", "m", "h", 1, VLLMOptions(profiler_dir=str(tmp_path), **kw))
+        return json.loads(argv[argv.index("--profiler-config") + 1])
+
+    assert config() == {"profiler": "torch", "torch_profiler_dir": str(tmp_path), "torch_profiler_with_stack": False}
+    assert config(profiler_with_stack=True)["torch_profiler_with_stack"] is True
+    assert "--profiler-config" not in server_argv("/py", "/m", "m", "h", 1, VLLMOptions())
 
 
 METRICS = """# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
