@@ -21,10 +21,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -41,9 +44,14 @@ ProgressFn = Callable[[str, float], None]
 # it can hold a pidfd of the launcher; it leaves the server's process group, and exits on
 # its own once that group is empty.
 _TRAMPOLINE = r"""
-import os, select, signal, sys, time
+import os, select, shutil, signal, sys, time
 launcher = int(sys.argv[1])
 cmd = sys.argv[2:]
+scratch = os.environ.get("MOEBENCH_SERVER_TMP")
+def gone():
+    if scratch:
+        shutil.rmtree(scratch, ignore_errors=True)
+    os._exit(0)
 if os.getppid() != launcher:
     sys.exit(70)  # the launcher died before we started
 try:
@@ -71,7 +79,7 @@ if os.fork() == 0:
             try:
                 os.killpg(pgid, 0)
             except ProcessLookupError:
-                os._exit(0)
+                gone()
             except PermissionError:
                 pass
             if dead:
@@ -79,15 +87,16 @@ if os.fork() == 0:
                     try:
                         os.killpg(pgid, sig)
                     except ProcessLookupError:
-                        os._exit(0)
+                        gone()
                     deadline = time.monotonic() + wait
                     while time.monotonic() < deadline:
                         time.sleep(0.1)
                         try:
                             os.killpg(pgid, 0)
                         except ProcessLookupError:
-                            os._exit(0)
-                os._exit(0)
+                            gone()
+                time.sleep(0.5)
+                gone()
     finally:
         os._exit(0)
 if pidfd is not None:
@@ -97,6 +106,18 @@ os.execvp(cmd[0], cmd)
 
 _LIVE: set[ManagedProcess] = set()
 _LIVE_LOCK = threading.Lock()
+
+
+def _inductor_cache_dir() -> str:
+    """torch inductor's default cache folder (``<tmp>/torchinductor_<user>``), computed here
+    so that a server given its own TMPDIR keeps compiling into the shared one."""
+    import getpass
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -160,6 +181,7 @@ class ManagedProcess:
         env: Mapping[str, str] | None = None,
         cwd: str | os.PathLike[str] | None = None,
         log_path: Path | None = None,
+        private_tmp: bool = True,
     ) -> None:
         if isinstance(argv, str) or not argv:
             raise ValueError("argv must be a non-empty list of strings, not a shell string")
@@ -172,6 +194,10 @@ class ManagedProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at: float | None = None
         self._stopped = False
+        # The server's own TMPDIR, removed once its process group is gone (here or by the
+        # watchdog): vLLM alone leaves a dozen ZMQ sockets and rendezvous files per start.
+        self.private_tmp = private_tmp
+        self.tmp_dir: Path | None = None
 
     # --- lifecycle --------------------------------------------------------------------
     def start(self) -> ManagedProcess:
@@ -181,6 +207,12 @@ class ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if self.private_tmp and not (self.env and "TMPDIR" in self.env):
+            # Short prefix: AF_UNIX socket paths under it must stay below 108 bytes.
+            self.tmp_dir = Path(tempfile.mkdtemp(prefix=f"mb-{re.sub(r'[^A-Za-z0-9_.-]', '-', self.name)[:12]}-"))
+            env["TMPDIR"] = env["MOEBENCH_SERVER_TMP"] = str(self.tmp_dir)
+            # Caches that outlive a server stay where torch keeps them by default.
+            env.setdefault("TORCHINDUCTOR_CACHE_DIR", _inductor_cache_dir())
         full = [sys.executable, "-I", "-c", _TRAMPOLINE, str(os.getpid()), *self.argv]
         with open(self.log_path, "ab") as log:
             log.write(f"$ {' '.join(self.argv)}\n".encode())
@@ -197,6 +229,7 @@ class ManagedProcess:
                     close_fds=True,
                 )
             except OSError as exc:
+                self._remove_tmp()
                 raise EngineUnavailable(f"could not start {self.name}: {exc}") from exc
         self.started_at = time.time()
         with _LIVE_LOCK:
@@ -303,6 +336,8 @@ class ManagedProcess:
         if self.proc is None:
             raise RuntimeError(f"{self.name} was never started")
         code = self.proc.wait(timeout)
+        if not _group_alive(self.proc.pid):
+            self._remove_tmp()
         self._forget()
         return code
 
@@ -326,7 +361,12 @@ class ManagedProcess:
             end = time.monotonic() + 5.0
             while _group_alive(pid) and time.monotonic() < end:
                 time.sleep(0.05)
+        self._remove_tmp()
         self._forget()
+
+    def _remove_tmp(self) -> None:
+        if self.tmp_dir is not None:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
     def _forget(self) -> None:
         with _LIVE_LOCK:

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from engines.errors import EngineUnavailable
-from engines.launch import ManagedProcess, free_port, live_processes
+from engines.launch import ManagedProcess, _inductor_cache_dir, free_port, live_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,6 +98,50 @@ def test_stop_kills_the_whole_tree() -> None:
     assert _wait_gone(pids), [p for p in pids if not _gone(p)]
 
 
+# Leaves what vLLM leaves: a Unix socket and a file in its temp dir, then waits.
+LITTERING_SERVER = textwrap.dedent(
+    """
+    import os, socket, tempfile, time
+    base = tempfile.gettempdir()
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(os.path.join(base, "0d2a34fc-0730-4a89-9f97-ed15ff4dfa55"))
+    open(os.path.join(base, "vllm_dist_0123456789abcdef0123456789abcdef"), "w").write("x")
+    print("ready", base, os.environ["TORCHINDUCTOR_CACHE_DIR"], flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.parametrize("ending", ["stop", "exit"])
+def test_a_server_litters_only_its_own_temp_dir_and_it_goes_with_it(ending: str) -> None:
+    code = LITTERING_SERVER if ending == "stop" else LITTERING_SERVER.replace("time.sleep(600)", "")
+    proc = ManagedProcess([sys.executable, "-c", code], name="litter/bug").start()
+    scratch = proc.tmp_dir
+    assert scratch is not None and scratch.name.startswith("mb-litter-bug-")
+    try:
+        deadline = time.monotonic() + 20
+        while f"ready {scratch}" not in proc.log_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sorted(p.name[:9] for p in scratch.iterdir()) == ["0d2a34fc-", "vllm_dist"]
+        # ... while caches that outlive it stay in the shared folder torch uses by default
+        shared = os.environ.get("TORCHINDUCTOR_CACHE_DIR", _inductor_cache_dir())
+        assert f"ready {scratch} {shared}\n" in proc.log_path.read_text()
+        assert not shared.startswith(str(scratch))
+        if ending == "exit":  # exited on its own: gone once the launcher sees it
+            assert proc.wait(20) == 0
+            assert not scratch.exists()
+    finally:
+        proc.stop()
+    assert not scratch.exists()
+
+
+def test_a_temp_dir_the_caller_set_is_left_alone(tmp_path: Path) -> None:
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    proc = ManagedProcess([sys.executable, "-c", "import time; time.sleep(600)"], name="own", env=env).start()
+    proc.stop()
+    assert proc.tmp_dir is None and tmp_path.is_dir()
+
+
 def test_exit_before_ready_shows_the_last_log_lines() -> None:
     code = "import sys; print('loading weights'); print('boom: no such model', file=sys.stderr); sys.exit(3)"
     proc = ManagedProcess([sys.executable, "-c", code], name="bad").start()
@@ -136,7 +180,7 @@ PARENT = textwrap.dedent(
     def start():
         holder.append(ManagedProcess([sys.executable, "-c", {tree!r}, sys.argv[1]], name="orphan").start())
     t = threading.Thread(target=start); t.start(); t.join()
-    print(holder[0].pid, flush=True)
+    print(holder[0].pid, holder[0].tmp_dir, flush=True)
     if sys.argv[2] == "wait":
         time.sleep(600)
     time.sleep(2)
@@ -144,7 +188,7 @@ PARENT = textwrap.dedent(
 )
 
 
-def _run_parent(mode: str, tmp_path: Path) -> tuple[subprocess.Popen[str], list[int]]:
+def _run_parent(mode: str, tmp_path: Path) -> tuple[subprocess.Popen[str], list[int], Path]:
     port = free_port()
     env = dict(os.environ, MOEBENCH_DATA_DIR=str(tmp_path))
     parent = subprocess.Popen(
@@ -154,7 +198,8 @@ def _run_parent(mode: str, tmp_path: Path) -> tuple[subprocess.Popen[str], list[
         env=env,
     )
     assert parent.stdout is not None
-    server_pid = int(parent.stdout.readline())
+    pid_text, scratch = parent.stdout.readline().split()
+    server_pid = int(pid_text)
     deadline = time.monotonic() + 20
     pids: list[int] = []
     while time.monotonic() < deadline:  # wait for the two grandchildren
@@ -162,18 +207,27 @@ def _run_parent(mode: str, tmp_path: Path) -> tuple[subprocess.Popen[str], list[
         if len(pids) >= 4:
             break
         time.sleep(0.1)
-    return parent, pids
+    return parent, pids, Path(scratch)
+
+
+def _wait_removed(path: Path, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while path.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not path.exists()
 
 
 def test_server_dies_when_the_parent_is_killed(tmp_path: Path) -> None:
-    parent, pids = _run_parent("wait", tmp_path)
+    parent, pids, scratch = _run_parent("wait", tmp_path)
     try:
         assert len(pids) >= 4
         time.sleep(1.0)
         assert not _gone(pids[0]), "the server must outlive the thread that started it"
+        assert scratch.is_dir()
         parent.kill()
         parent.wait(10)
         assert _wait_gone(pids, timeout=20), [p for p in pids if not _gone(p)]
+        assert _wait_removed(scratch), "the watchdog removes the server's temp dir once its group is gone"
     finally:
         parent.kill()
         for pid in pids:
@@ -182,11 +236,12 @@ def test_server_dies_when_the_parent_is_killed(tmp_path: Path) -> None:
 
 
 def test_server_stopped_at_interpreter_exit(tmp_path: Path) -> None:
-    parent, pids = _run_parent("exit", tmp_path)
+    parent, pids, scratch = _run_parent("exit", tmp_path)
     try:
         assert len(pids) >= 4
         assert parent.wait(30) == 0
         assert _wait_gone(pids, timeout=20)
+        assert _wait_removed(scratch)
     finally:
         for pid in pids:
             if not _gone(pid):
