@@ -97,7 +97,11 @@ class RunConfig(BaseModel):
     sample_interval_s: float = Field(1.0, gt=0.0, le=60.0, description="Seconds between live samples")
     # Each scrape costs the server CPU (about 15 ms on the vLLM CPU server), which off avoids.
     server_metrics: bool = Field(True, description="Scrape the engine's own /metrics once a second")
-    profile_with_stack: bool = Field(True, description="Profile runs: Python stacks per operator (slower analysis)")
+    profile_with_stack: bool = Field(
+        True,
+        description="Profile runs on the native engine: Python stacks per operator (slower analysis); a vLLM "
+        "server records them if started with profiler_with_stack",
+    )
     device_telemetry: bool = Field(
         True,
         description="Read the accelerator's own telemetry once a second (NVML on cuda, npu-smi on npu, cnmon on "

@@ -85,7 +85,9 @@ def _form() -> dict:
     c4.checkbox(
         "Record Python stacks",
         key="p.with_stack",
-        help="with_stack=True: the trace shows the Python call stack of every operator (slower to analyse).",
+        help="with_stack=True: the trace shows the Python call stack of every operator (slower to analyse). "
+        "Native engine only: a vLLM server's trace has stacks if it was started with the engine option "
+        "profiler_with_stack.",
     )
     st.text_input("Run name (optional)", key="p.name", max_chars=80)
     return {
