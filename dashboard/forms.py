@@ -162,6 +162,7 @@ OPTION_META: dict[str, tuple[str, str]] = {
     "model_name": ("Triton model name", GROUP_SERVER),
     "record_routing": ("Record expert routing", GROUP_SERVER),
     "profiler_dir": ("Profiler output folder", GROUP_SERVER),
+    "profiler_with_stack": ("Profiler records Python stacks", GROUP_SERVER),
     # where the server is and what a request asks for
     "base_url": ("Server URL (empty: MoE Bench starts one)", GROUP_CONNECT),
     "endpoint": ("API endpoint", GROUP_CONNECT),
