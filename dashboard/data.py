@@ -723,6 +723,7 @@ OPERATOR_SORTS: dict[str, str] = {
     "self CPU memory": "cpu_memory_mib",
 }
 OPERATOR_NUMERIC: tuple[str, ...] = tuple(c for c in OPERATOR_CSV_COLUMNS if c not in ("operator", "input_shapes"))
+OPERATOR_MEMORY: tuple[str, ...] = ("cpu_memory_mib", "device_memory_mib")
 
 
 def profile_runs(store: Store, limit: int = 500) -> list[RunRow]:
@@ -812,10 +813,18 @@ def operators_frame(ops: Sequence[dict[str, Any]] | None) -> pd.DataFrame:
     """The operator table (:data:`OPERATOR_CSV_COLUMNS`; times in ms, memory in MiB)."""
     df = pd.DataFrame(list(ops or []), columns=list(OPERATOR_CSV_COLUMNS))
     for col in OPERATOR_NUMERIC:
-        df[col] = pd.to_numeric(df[col], errors="coerce").fillna(0.0)
+        df[col] = pd.to_numeric(df[col], errors="coerce")
+        if col not in OPERATOR_MEMORY:  # memory a trace does not hold stays unknown, not 0
+            df[col] = df[col].fillna(0.0)
     df["calls"] = df["calls"].astype(int)
     df["input_shapes"] = df["input_shapes"].fillna("").astype(str)
     return df
+
+
+def has_memory(df: pd.DataFrame) -> bool:
+    """Whether an operator table carries memory figures (torch's own table; a table read
+    from a server's trace has none)."""
+    return not df.empty and bool(df[list(OPERATOR_MEMORY)].notna().any().any())
 
 
 def has_device_times(df: pd.DataFrame) -> bool:

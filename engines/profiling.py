@@ -22,6 +22,8 @@ So the categories always add up to the total: the sum over requests of their
 from __future__ import annotations
 
 import contextlib
+import gzip
+import json
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -280,6 +282,123 @@ def operator_table(prof: Any) -> list[dict[str, Any]]:
         )
     rows.sort(key=lambda r: (r["self_device_ms"], r["self_cpu_ms"]), reverse=True)
     return rows
+
+
+# Chrome-trace categories torch's profiler writes: host operators and annotations (a server's
+# ``record_function`` scopes, e.g. vLLM's per-step ones), device work, and the runtime calls
+# that launch device work (their ``correlation`` names the work they launched).
+_HOST_OPS = frozenset({"cpu_op", "user_annotation", "overhead"})
+_DEVICE_WORK = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+_LAUNCHES = frozenset({"cuda_runtime", "cuda_driver", "privateuse1_runtime", "privateuse1_driver"})
+
+
+def operator_table_from_trace(path: str | Path) -> list[dict[str, Any]]:
+    """The operator table of a torch profiler trace file (Chrome JSON, gzipped or not) that
+    another process wrote, e.g. a vLLM server's: rows as :func:`operator_table`'s, built the
+    way torch builds its own table from the same events.
+
+    Host events (operators, and the runtime calls that launch device work) nest by time on
+    their thread, except that a launch belongs to the operator its ``External id`` names.
+    Self CPU time is an event's time minus its children's; an operator's device time is that
+    of the work its launches started (``correlation``); total: its own and its descendants'.
+    An operator nested in one of the same name as its only child is merged into it, as torch
+    does. Device work (kernels, copies) has rows of its own, as in torch's table. Grouped by
+    name only (input shapes are in a trace only when the server recorded them); memory is not
+    in such a trace: None.
+    """
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as fh:
+        events = json.load(fh).get("traceEvents", [])
+    spans = [e for e in events if e.get("ph") == "X" and isinstance(e.get("dur"), (int, float))]
+    rows: dict[str, dict[str, Any]] = {}
+
+    def row(name: str) -> dict[str, Any]:
+        if name not in rows:
+            rows[name] = {
+                "operator": name,
+                "input_shapes": "",
+                "calls": 0,
+                "self_cpu_ms": 0.0,
+                "cpu_total_ms": 0.0,
+                "self_device_ms": 0.0,
+                "device_total_ms": 0.0,
+                "cpu_memory_mib": None,
+                "device_memory_mib": None,
+            }
+        return rows[name]
+
+    device_by_launch: dict[Any, float] = {}
+    host: list[dict[str, Any]] = []  # nodes: name, start, end, ms, launch, ext, corr, parent, children, dev
+    for e in spans:
+        cat, args = e.get("cat"), e.get("args") or {}
+        if cat in _DEVICE_WORK:
+            ms = float(e["dur"]) / 1000.0
+            r = row(str(e.get("name", "")))
+            r["calls"] += 1
+            r["self_device_ms"] += ms
+            r["device_total_ms"] += ms
+            if (corr := args.get("correlation")) is not None:
+                device_by_launch[corr] = device_by_launch.get(corr, 0.0) + ms
+        elif cat in _HOST_OPS or cat in _LAUNCHES:
+            t0 = float(e["ts"])
+            host.append(
+                {
+                    "name": str(e.get("name", "")),
+                    "thread": (e.get("pid"), e.get("tid")),
+                    "start": t0,
+                    "end": t0 + float(e["dur"]),
+                    "ms": float(e["dur"]) / 1000.0,
+                    "launch": cat in _LAUNCHES,
+                    "ext": args.get("External id"),
+                    "corr": args.get("correlation"),
+                    "parent": None,
+                    "children": [],
+                    "dev": 0.0,
+                    "gone": False,
+                }
+            )
+    host.sort(key=lambda n: (n["start"], -n["end"]))
+    op_by_ext = {n["ext"]: n for n in host if not n["launch"] and n["ext"] is not None}
+    stacks: dict[Any, list[dict[str, Any]]] = {}
+    for n in host:
+        stack = stacks.setdefault(n["thread"], [])
+        while stack and stack[-1]["end"] + 0.01 < n["end"]:  # times in µs, rounded to ns
+            stack.pop()
+        parent = stack[-1] if stack else None
+        if n["launch"]:
+            parent = op_by_ext.get(n["ext"], parent)
+            if parent is not None:
+                parent["dev"] += device_by_launch.get(n["corr"], 0.0)
+        else:
+            stack.append(n)
+        if parent is not None:
+            n["parent"] = parent
+            parent["children"].append(n)
+    changed = True
+    while changed:  # torch's _remove_dup_nodes: an only child of the same name is its parent
+        changed = False
+        for n in host:
+            p = n["parent"]
+            if not n["gone"] and p is not None and p["name"] == n["name"] and len(p["children"]) == 1:
+                p["children"], p["dev"] = n["children"], p["dev"] + n["dev"]
+                for child in n["children"]:
+                    child["parent"] = p
+                n["gone"] = changed = True
+    live = [n for n in host if not n["gone"]]
+    for n in reversed(live):  # children before their parents
+        n["dev_total"] = n["dev"] + sum(c.get("dev_total", c["dev"]) for c in n["children"])
+    for n in live:
+        r = row(n["name"])
+        r["calls"] += 1
+        r["self_cpu_ms"] += n["ms"] - sum(c["ms"] for c in n["children"])
+        r["cpu_total_ms"] += n["ms"]
+        r["self_device_ms"] += n["dev"]
+        r["device_total_ms"] += n["dev_total"]
+    out = [
+        r for r in rows.values() if not (r["operator"].startswith(SCOPE_PREFIX) or _PYTHON_EVENT.search(r["operator"]))
+    ]
+    out.sort(key=lambda r: (r["self_device_ms"], r["self_cpu_ms"]), reverse=True)
+    return out
 
 
 def compute_breakdown(events: list[Any]) -> tuple[list[dict[str, Any]], str, float]:

@@ -20,6 +20,7 @@ worker process and reports throughput as ``vllm bench throughput`` does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -623,7 +624,8 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
 
 class VLLMProfileSession:
     """Context manager around a workload: POST /start_profile, then /stop_profile, then the
-    newest trace file the server wrote (``result``: a ProfileResult with only the trace)."""
+    newest trace file the server wrote (``result``: a ProfileResult with the trace and the
+    operator table read from it; no breakdown: the server's modules are not ours to scope)."""
 
     def __init__(self, client: Any, root: str, profiler_dir: str | None, wait_s: float = 60.0) -> None:
         self.client, self.root, self.wait_s = client, root, wait_s
@@ -651,7 +653,7 @@ class VLLMProfileSession:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from engines.profiling import ProfileResult
+        from engines.profiling import ProfileResult, operator_table_from_trace
 
         if self.on_step is not None:
             self.on_step("vLLM is writing its trace (/stop_profile)")
@@ -660,6 +662,9 @@ class VLLMProfileSession:
         deadline = time.monotonic() + self.wait_s
         while self.dir is not None and trace is None and time.monotonic() < deadline:
             fresh = [p for p in self.dir.rglob("*.json*") if p.is_file() and p.stat().st_mtime >= self._t0 - 1]
+            # The model's work is in the workers' traces (dp0_pp0_tp0_..._rank0.*), not in the
+            # API server's own (<host>_<pid>.async_llm.*), which can be written last.
+            fresh = [p for p in fresh if ".async_llm." not in p.name] or fresh
             if fresh:
                 newest = max(fresh, key=lambda p: p.stat().st_mtime)
                 size = newest.stat().st_size
@@ -668,7 +673,15 @@ class VLLMProfileSession:
                     trace = str(newest)
                     break
             time.sleep(0.5)
-        self.result = ProfileResult(operators=[], breakdown=[], trace_path=trace, time_basis="server", total_ms=0.0)
+        operators: list[dict[str, Any]] = []
+        if trace is not None:
+            if self.on_step is not None:
+                self.on_step("the operator table from vLLM's trace")
+            with contextlib.suppress(OSError, ValueError, EOFError):  # unreadable: the trace alone
+                operators = operator_table_from_trace(trace)
+        self.result = ProfileResult(
+            operators=operators, breakdown=[], trace_path=trace, time_basis="server", total_ms=0.0
+        )
 
 
 # --- offline mode: LLM.generate in a worker process -----------------------------------------

@@ -19,7 +19,8 @@ st.caption(
     "A short run under the PyTorch profiler — the book's `profile_inference` (section 8.1.1): which operators "
     "take the time, how it splits into attention, MoE routing, experts, ... (8.1.2's bottlenecks), how evenly "
     "tokens reach the experts, and where the memory goes. The native engine gives all of it; a vLLM server "
-    "started with a profiler folder (`profiler_dir`) records only its trace; other engines cannot be profiled."
+    "started with a profiler folder (`profiler_dir`) records its trace, read back into the operator table; other "
+    "engines cannot be profiled."
 )
 
 # Profile runs stay small (see _form): at most this many requests and output tokens each.
@@ -281,31 +282,46 @@ with ops_tab:
             + (
                 "this run ended before the profiler finished."
                 if run.engine == "native"
-                else f"a {run.engine} server's profiler writes only a trace (download it below)."
+                else f"this {run.engine} run's server trace was not found or could not be read "
+                "(runs recorded before MoE Bench read vLLM traces have the trace alone; download it below)."
             ),
             icon=":material/info:",
         )
     else:
-        device = data.has_device_times(ops)
-        sorts = [s for s in data.OPERATOR_SORTS if device or "device" not in s]
+        device, memory = data.has_device_times(ops), data.has_memory(ops)
+        sorts = [s for s in data.OPERATOR_SORTS if (device or "device" not in s) and (memory or "memory" not in s)]
         if ss.get("p.op-sort") not in sorts:
             ss["p.op-sort"] = sorts[0]
         o1, o2, o3 = st.columns([2, 3, 2])
         sort = o1.selectbox("Sort by", sorts, key="p.op-sort", help="largest first")
-        top_n = o2.slider("Top N operators", min_value=5, max_value=min(200, max(5, len(ops))), key="p.top_n")
+        most = min(200, max(5, len(ops)))
+        ss["p.top_n"] = min(int(ss.get("p.top_n", 25)), most)  # a shorter table than the last one
+        if len(ops) > 5:
+            top_n = o2.slider("Top N operators", min_value=5, max_value=most, key="p.top_n")
+        else:  # nothing to choose: every row is shown
+            top_n = len(ops)
+            o2.caption(f"All {len(ops)} operators.")
         search = o3.text_input("Filter", key="p.op-filter", placeholder="e.g. aten::mm, gemm")
         shown = ops[ops["operator"].str.contains(search.strip(), case=False, regex=False)] if search.strip() else ops
         top = data.top_operators(shown, sort, top_n)
         st.caption(
-            f"{len(top)} of {len(ops):,} operator rows (grouped by input shape). Times in ms, memory in MiB "
-            "(self memory can be negative: an op that frees more than it allocates). "
+            f"{len(top)} of {len(ops):,} operator rows "
+            + (
+                "(grouped by input shape). Times in ms, memory in MiB "
+                "(self memory can be negative: an op that frees more than it allocates). "
+                if memory
+                else f"read from the {run.engine} server's trace (by name: a trace holds no input shapes or "
+                "memory). Times in ms. "
+            )
             + ("Device times are kernel times on the accelerator." if device else "CPU run: no device times.")
         )
         num = st.column_config.NumberColumn
         order = ["rank", "operator", "input_shapes", "calls", "self_cpu_ms", "cpu_total_ms"]
+        if not memory:
+            order.remove("input_shapes")
         if device:
-            order += ["self_device_ms", "device_total_ms", "device_memory_mib"]
-        order += ["cpu_memory_mib", "share_pct"]
+            order += ["self_device_ms", "device_total_ms"] + (["device_memory_mib"] if memory else [])
+        order += (["cpu_memory_mib"] if memory else []) + ["share_pct"]
         st.dataframe(
             top,
             hide_index=True,

@@ -457,3 +457,44 @@ def test_served_expert_views_are_listed_beside_the_native_ones(tmp_path: Path) -
     assert data.eplb_balancedness(store, plain).empty
     empty = charts.eplb_balancedness(data.eplb_balancedness(store, plain))
     assert "no EPLB balancedness" in str(empty.layout.annotations[0].text)
+
+
+def test_a_servers_operator_table_shows_no_made_up_memory(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+    """A vLLM profile's table is read from the server's trace: no input shapes and no memory
+    there, so the page shows neither column nor a memory sort, and never a 0 for them."""
+    import torch
+
+    from engines.profiling import operator_table_from_trace
+    from tests.dashboard.synthetic import add_synthetic_run
+
+    fresh_data_dir.mkdir(parents=True, exist_ok=True)
+    trace = fresh_data_dir / "server.trace.json"
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with torch.profiler.record_function("execute_context_1(8)_generation_0(0)"):
+            x = torch.randn(64, 64)
+            for _ in range(3):
+                x = torch.relu(x @ x)
+    prof.export_chrome_trace(str(trace))
+    ops = operator_table_from_trace(trace)
+    store = Store(get_settings().db_path)
+    run_id = add_synthetic_run(store, engine="vllm", mode="profile", name="served profile")
+    store.put_artifact(run_id, ARTIFACT_OPERATORS, ops)
+    store.put_artifact(run_id, ARTIFACT_TRACE, {"path": str(trace)})
+
+    frame = data.operators_frame(ops)
+    assert not data.has_memory(frame) and frame["cpu_memory_mib"].isna().all()
+    assert frame.set_index("operator").loc["aten::mm", "calls"] == 3
+    assert data.has_memory(data.operators_frame([{**ops[0], "cpu_memory_mib": 0.5}]))
+
+    at = app_test(PAGE)
+    at.selectbox(key="p.run").set_value(run_id).run()
+    _no_exception(at)
+    assert 5 < len(ops) < 25 and at.slider(key="p.top_n").value == len(ops)  # shorter than the default top 25
+    assert not any("memory" in option for option in at.selectbox(key="p.op-sort").options)
+    table = next(df for df in at.dataframe if "self_cpu_ms" in df.value.columns)
+    shown = list(table.proto.column_order)
+    assert shown[:2] == ["rank", "operator"] and "self_cpu_ms" in shown
+    assert not {"input_shapes", "cpu_memory_mib", "device_memory_mib"} & set(shown)
+    assert "read from the vllm server's trace" in _texts(at)
+    assert "execute_context_1(8)_generation_0(0)" in set(table.value["operator"])
+    store.close()

@@ -81,3 +81,35 @@ def test_profile_on_cuda_when_present(tiny_model: object) -> None:
         assert any(o["self_device_ms"] > 0 for o in session.result.operators)
     finally:
         engine.stop()
+
+
+def test_an_operator_table_read_from_a_trace_file_is_torchs_own() -> None:
+    """The saved H200 profile has both torch's table (key_averages, at record time) and the
+    trace torch exported from the same profile: the table read back from the trace alone
+    (as for a vLLM server's trace) must be torch's, row for row: calls, self and total CPU,
+    self and total device time (kernels reached through their launches' ids), nested
+    duplicates merged (aten::sort calls aten::sort)."""
+    import collections
+    import json
+    from pathlib import Path
+
+    from engines.profiling import operator_table_from_trace
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    bundle = json.loads((examples / "h200-profile.json").read_text())
+    keys = ("calls", "self_cpu_ms", "cpu_total_ms", "self_device_ms", "device_total_ms")
+    torch_rows: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for op in bundle["artifacts"]["profile_operators"]:  # grouped by input shape there: by name here
+        for k in keys:
+            torch_rows[op["operator"]][k] += op[k]
+    mine = {r["operator"]: r for r in operator_table_from_trace(examples / "h200-profile.trace.json.gz")}
+    assert set(mine) == set(torch_rows)
+    off = [
+        (name, k, torch_rows[name][k], mine[name][k])
+        for name in torch_rows
+        for k in keys
+        if abs(mine[name][k] - torch_rows[name][k]) > max(0.01, 0.01 * abs(torch_rows[name][k]))
+    ]
+    assert not off, off[:5]
+    assert mine["aten::mm"]["self_device_ms"] > 20 and mine["aten::sort"]["calls"] == torch_rows["aten::sort"]["calls"]
+    assert mine["aten::mm"]["cpu_memory_mib"] is None  # not in a trace: not made up

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -296,6 +297,30 @@ def test_profile_run_through_vllms_profiler_endpoints(vllm_engine: Any, store: S
         names = {e.get("name", "") for e in json.load(fh)["traceEvents"]}
     assert any(n.startswith("aten::") for n in names) and not any(".py(" in n for n in names)
     assert store.artifact(snap.run_id, "profile_breakdown") is None  # vLLM gives a trace, not our breakdown
+    # The operator table read from that trace is the one vLLM's own torch profiler printed
+    # beside it (its top 50 rows by self CPU time; annotations like vLLM's steps included).
+    ops = {o["operator"]: o for o in store.artifact(snap.run_id, "profile_operators")}
+    printed = _profiler_table(
+        Path(trace["path"]).with_name(Path(trace["path"]).name.split(".")[0] + ".profiler_out.txt")
+    )
+    assert len(printed) >= 20 and any(name.startswith("execute_") for name in printed)
+    for name, (calls, self_ms, total_ms) in printed.items():
+        assert ops[name]["calls"] == calls, name
+        assert ops[name]["self_cpu_ms"] == pytest.approx(self_ms, rel=0.01, abs=0.002), name
+        assert ops[name]["cpu_total_ms"] == pytest.approx(total_ms, rel=0.01, abs=0.002), name
+
+
+def _profiler_table(path: Path) -> dict[str, tuple[int, float, float]]:
+    """name -> (calls, self CPU ms, CPU total ms) from torch's printed ``key_averages`` table."""
+    unit = {"s": 1000.0, "ms": 1.0, "us": 0.001}
+    row = re.compile(
+        r"\s*(\S.*?)\s{2,}[\d.]+%\s+([\d.]+)(s|ms|us)\s+[\d.]+%\s+([\d.]+)(s|ms|us)\s+[\d.]+(?:s|ms|us)\s+(\d+)\s*$"
+    )
+    out = {}
+    for line in path.read_text().splitlines():
+        if m := row.match(line):
+            out[m[1]] = (int(m[6]), float(m[2]) * unit[m[3]], float(m[4]) * unit[m[5]])
+    return out
 
 
 def test_server_without_profiler_says_so(tmp_path: Path) -> None:
