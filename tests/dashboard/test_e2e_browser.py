@@ -35,7 +35,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-REQUESTS, CONCURRENCY, OUTPUT_LEN = 48, 2, 32  # a run of several seconds: time to leave and come back
+REQUESTS, CONCURRENCY, OUTPUT_LEN = 96, 2, 32  # a run of 10 s or so: time to watch it, leave and come back
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -146,11 +146,12 @@ def test_load_run_watch_download(browser_page: Any, server: str, moebench_data: 
         if not shot_live and seen_points[-1] > 2:
             _shot(page, "concurrency-live")
             shot_live = True
-        if not detoured and len(seen_done) >= 2:
+        if not detoured and len(seen_done) >= 2 and any(b > a for a, b in itertools.pairwise(seen_points)):
             # Leaving the page mid-run and coming back keeps the run form (the live fragment's
             # reruns while the page was away once put every field back to its default). Only
-            # once the progress was seen moving: a run that ended during the detour left the
-            # check below with nothing but the warm-up seen (CI, once).
+            # once the progress was seen moving and the chart growing: a run that ended during
+            # the detour left the checks below with nothing but the warm-up seen (CI, once), or
+            # with the chart seen only empty (CI, 2026-12-06: points [0, 0, 0]).
             detoured = True
             goto_page(page, "Results")
             page.wait_for_timeout(1500)
