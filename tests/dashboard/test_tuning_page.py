@@ -35,7 +35,7 @@ def _study_grid(at: Any, source: str, column: str) -> Any:
 def test_the_saved_h200_ablation_imports_with_its_checks(store: Store) -> None:
     names = tuning.import_saved(store)
     ran = [r for f in sorted(SAVED.glob("*.results.json")) for r in json.loads(f.read_text())["rows"] if "run_id" in r]
-    assert len(names) == len(ran) == 93
+    assert len(names) == len(ran) == 117
     assert tuning.import_saved(store) == []  # a second import adds nothing
     rows = tuning.tuning_rows(store)
     assert {r.group for r in rows} == {
@@ -48,11 +48,17 @@ def test_the_saved_h200_ablation_imports_with_its_checks(store: Store) -> None:
     # beside it; a later ablation of the same (config, batch) replaces an earlier one's rounds:
     # the grid (lean gate) measured transformers' step at batch 1 again, the lean gate's own run
     # the lean experts at batch 1; the grid's left-out rows (past torch's recompile limit) leave
-    # the earlier measurement standing; transformers' compiled step at batch 32 came last, in its
-    # own run (the names below: oldest first)
+    # the earlier measurement standing; transformers' compiled step at batch 32 came in its own run;
+    # last, the whole grid again with every shape compiled (the names below: oldest first)
     h100 = {(r.config, r.batch): r for r in rows if r.group == "NVIDIA H100 80GB HBM3 · bfloat16 · transformers 5.17.0"}
     newest: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for name in ("h100-bf16-lean-abba", "h100-bf16-grid-lean-router", "h100-bf16-lean-router-b1", "h100-bf16-mla-b32"):
+    for name in (
+        "h100-bf16-lean-abba",
+        "h100-bf16-grid-lean-router",
+        "h100-bf16-lean-router-b1",
+        "h100-bf16-mla-b32",
+        "h100-bf16-grid-compiled",
+    ):
         saved = json.loads((SAVED / f"{name}.results.json").read_text())["rows"]
         for key in {(r["config"], r["batch"]) for r in saved}:
             newest[key] = [r for r in saved if (r["config"], r["batch"]) == key]
@@ -71,7 +77,10 @@ def test_the_saved_h200_ablation_imports_with_its_checks(store: Store) -> None:
     )
     assert h100[("cuda_graphs_compile_mla_lean", 128)].rounds == 4  # from the earlier ABBA: not re-measured
     newer = [r for r in rows if r.group.endswith("5.19.0")]
-    assert {(r.config, r.batch) for r in newer} == {("cuda_graphs_compile_mla", 1), ("cuda_graphs_compile_mla", 128)}
+    assert {(r.config, r.batch) for r in newer} == {
+        (c, b) for c in ("cuda_graphs_compile_mla", "cuda_graphs_compile_mla_lean_router") for b in (1, 128)
+    }
+    assert all(r.rounds == 2 for r in newer)  # the later 5.19 run (ABBA) replaced the single runs
     # baseline at batch 1 was measured twice in bf16: the newer measurement wins
     newer = json.loads((SAVED / "h200-bf16-cache-compile.results.json").read_text())["rows"]
     base = next(r for r in newer if r["config"] == "baseline" and r["batch"] == 1)
@@ -127,7 +136,13 @@ def test_tuning_page_shows_the_imported_ablation(app_test: Callable[..., Any], f
     _no_exception(at)
     cards = {m.label: m for m in at.metric}
     card = cards["Fastest decode step · batch 1"]
-    assert card.value == "4.44 ms" and not card.delta
+    lean = next(
+        r
+        for r in tuning.tuning_rows(Store(get_settings().db_path))
+        if r.group == h100 and (r.config, r.batch) == ("cuda_graphs_compile_mla_lean_router", 1)
+    )
+    assert lean.step_ms_p50 < 4.5  # the issue's 4.4 ms aim, to two figures
+    assert card.value == f"{lean.step_ms_p50:.2f} ms" and not card.delta
     assert "cuda_graphs_compile_mla_lean_router** · no baseline row at batch 1 in this group" in _texts(at)
 
 
@@ -254,7 +269,7 @@ def test_a_row_whose_compiled_step_ran_shapes_uncompiled_is_flagged(
         for r in tuning.tuning_rows(store)
         if r.group == h100 and (r.config, r.batch) == ("cuda_graphs_compile_mla", 8)
     )
-    assert row.uncompiled_shapes is None  # measured before the count existed
+    assert row.uncompiled_shapes == 0  # the last grid: every shape compiled
     check = store.artifact(row.run_id, tuning.ARTIFACT_TUNING_CHECK)
     store.put_artifact(row.run_id, tuning.ARTIFACT_TUNING_CHECK, {**check, "uncompiled_shapes": 2})
     at = app_test("app_pages/tuning.py")
