@@ -241,6 +241,33 @@ def headlines(rows: Sequence[TuningRow]) -> dict[str, Headline]:
     return found
 
 
+def group_overview(rows: Sequence[TuningRow]) -> list[dict[str, Any]]:
+    """One line per group (:attr:`TuningRow.group`) from its :func:`headlines`: where each
+    ablation got to, so a page that shows one group at a time still says where another's best
+    figure is. Groups stepping at batch 1 come first, the fastest step first; a group with no
+    timed step last. Cells a group has no row for are None (never 0)."""
+    lines: list[dict[str, Any]] = []
+    for group in sorted({r.group for r in rows}):
+        mine = [r for r in rows if r.group == group]
+        best = headlines(mine)
+        fast, top = best.get("fastest"), best.get("throughput")
+        lines.append(
+            {
+                "group": group,
+                "configs": len({r.config for r in mine}),
+                "rows": len(mine),
+                "step_ms": fast.row.step_ms_p50 if fast else None,
+                "step_batch": fast.row.batch if fast else None,
+                "step_config": fast.row.config if fast else None,
+                "limit_ms": fast.limit_ms if fast else None,
+                "tok_s": top.row.output_tok_s if top else None,
+                "tok_s_batch": top.row.batch if top else None,
+                "tok_s_config": top.row.config if top else None,
+            }
+        )
+    return sorted(lines, key=lambda d: (d["step_ms"] is None, d["step_batch"] or 0, d["step_ms"] or 0.0))
+
+
 def import_results(store: Store, bundles: Path, results: Path | None) -> list[str]:
     """Import the runs of one ablation (its ``bundles.tar.gz``) with each row's check from its
     ``results.json``; runs already in the store (same name, device, dtype, times) are skipped.

@@ -59,6 +59,31 @@ if msg := ss.pop("t.imported", None):
 
 if rows:
     groups = sorted({r.group for r in rows})
+    if len(groups) > 1:
+        st.markdown(
+            "**Every group at a glance** (each group's best rows; the most tokens/s names its config where it is "
+            "not the fastest step's; pick a group below for its tables)"
+        )
+        st.dataframe(
+            pd.DataFrame(
+                [
+                    {
+                        "device · dtype · transformers": d["group"],
+                        "fastest decode step (p50)": f"{d['step_ms']:.2f} ms · batch {d['step_batch']}"
+                        if d["step_ms"] is not None else "-",
+                        "config of the fastest": d["step_config"] or "-",
+                        "HBM limit there": f"{d['limit_ms']:.2f} ms" if d["limit_ms"] else "-",
+                        "most output tok/s": f"{d['tok_s']:,.0f} · batch {d['tok_s_batch']}"
+                        + (f" · {d['tok_s_config']}" if d["tok_s_config"] != d["step_config"] else "")
+                        if d["tok_s"] is not None else "-",
+                    }
+                    for d in tuning.group_overview(rows)
+                ]
+            ),
+            hide_index=True,
+            width="stretch",
+            key="t.overview",
+        )  # fmt: skip
     fullest = max(groups, key=lambda g: sum(r.group == g for r in rows))  # shown first: the widest ablation
     group = st.selectbox("Device, dtype and transformers", groups, index=groups.index(fullest), key="t.group")
     mine = [r for r in rows if r.group == group]

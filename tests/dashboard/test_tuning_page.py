@@ -167,6 +167,47 @@ def test_the_headlines_are_a_groups_best_rows(store: Store) -> None:
     assert tuning.headlines(only)["fastest"].baseline is None
 
 
+def test_every_group_at_a_glance_names_each_groups_best_rows(
+    app_test: Callable[..., Any], fresh_data_dir: Path
+) -> None:
+    """The page shows one group's tables at a time, the widest ablation first (the H200's eager
+    options); above them one line per group says where each got to, so the fastest step (an
+    H100 group's) is on the page a demo opens on."""
+    store = Store(get_settings().db_path)
+    assert tuning.group_overview([]) == []
+    tuning.import_saved(store)
+    rows = tuning.tuning_rows(store)
+    lines = tuning.group_overview(rows)
+    assert lines[0]["group"] == "NVIDIA H100 80GB HBM3 · bfloat16 · transformers 5.17.0"
+    assert sorted(d["group"] for d in lines) == sorted({r.group for r in rows})
+    for d in lines:
+        mine = [r for r in rows if r.group == d["group"]]
+        best = tuning.headlines(mine)
+        assert (d["step_ms"], d["step_batch"], d["step_config"]) == (
+            best["fastest"].row.step_ms_p50, best["fastest"].row.batch, best["fastest"].row.config
+        )  # fmt: skip
+        assert (d["tok_s"], d["tok_s_batch"]) == (best["throughput"].row.output_tok_s, best["throughput"].row.batch)
+        assert d["rows"] == len(mine) and d["limit_ms"] == best["fastest"].limit_ms
+    at_1 = [d["step_ms"] for d in lines if d["step_batch"] == 1]
+    assert at_1 == sorted(at_1) and lines[0]["step_config"] == "cuda_graphs_compile_mla_lean_router"
+    at = app_test("app_pages/tuning.py")
+    _no_exception(at)
+    shown = next(d.value for d in at.dataframe if "fastest decode step (p50)" in d.value.columns)
+    assert list(shown["device · dtype · transformers"]) == [d["group"] for d in lines]
+    steps = [f"{d['step_ms']:.2f} ms · batch {d['step_batch']}" for d in lines]
+    assert list(shown["fastest decode step (p50)"]) == steps
+    assert shown.iloc[0]["fastest decode step (p50)"] == "4.43 ms · batch 1"  # the H100 grid's median round
+    most = [
+        f"{d['tok_s']:,.0f} · batch {d['tok_s_batch']}"
+        + (f" · {d['tok_s_config']}" if d["tok_s_config"] != d["step_config"] else "")
+        for d in lines
+    ]
+    assert list(shown["most output tok/s"]) == most
+    assert "142 · batch 8 · attn_eager" in most  # the H200's float32 ablation: another config than its fastest step
+    h200 = [r for r in rows if r.group == "NVIDIA H200 · bfloat16 · transformers 5.17.0"]
+    assert [d["group"] for d in tuning.group_overview(h200)] == [h200[0].group]
+
+
 def test_the_saved_decode_step_study_is_shown_as_measured(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
     """The H200's decode step alone (eager / graph / compile+graph) and its profile, on a page with
     no stored runs: each cell is the saved file's figure, nothing else."""
@@ -236,6 +277,7 @@ def test_an_ablation_runs_from_the_page_on_this_cpu(
         step.iloc[0]["batch 2"] == f"{next(r for r in rows if r.config == 'baseline' and r.batch == 2).step_ms_p50:.1f}"
     )
     assert any("ablation · completed" in m.value for m in at.markdown)
+    assert not any("fastest decode step (p50)" in d.value.columns for d in at.dataframe)  # one group: no overview
     # the headline cards on this CPU's own rows: whichever configuration was faster, said as measured
     fastest = min((r for r in rows if r.batch == 1), key=lambda r: (r.step_ms_p50, r.config))
     card = next(m for m in at.metric if m.label == "Fastest decode step · batch 1")
