@@ -254,7 +254,6 @@ def group_overview(rows: Sequence[TuningRow]) -> list[dict[str, Any]]:
         lines.append(
             {
                 "group": group,
-                "configs": len({r.config for r in mine}),
                 "rows": len(mine),
                 "step_ms": fast.row.step_ms_p50 if fast else None,
                 "step_batch": fast.row.batch if fast else None,
