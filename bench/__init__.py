@@ -1,4 +1,6 @@
-"""What is measured: workloads, runs, metrics, the results store and the CLI.
+"""What is measured: workloads, runs, metrics, sweeps, analysis, reports and the CLI, in wings.
 
-Nothing in this package imports streamlit.
+Bottom to top (a wing imports only wings below it; ``tests/test_layering.py`` holds the order):
+``metrics`` < ``workloads`` < ``config`` < ``store`` < ``bundle`` < ``stub_server`` < ``send`` < ``run``
+< ``sweep`` < ``analysis`` < ``report`` < ``cli``. Nothing in this package imports streamlit.
 """

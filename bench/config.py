@@ -149,7 +149,7 @@ class RunConfig(BaseModel):
     @field_validator("slos")
     @classmethod
     def _slos(cls, v: list[str]) -> list[str]:
-        from bench.slo import SloError, parse_slos
+        from bench.metrics.slo import SloError, parse_slos
 
         try:
             return [s.text for s in parse_slos(v)]

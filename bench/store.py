@@ -1,4 +1,4 @@
-"""SQLite store: runs, per-request samples and per-second time series; CSV export.
+"""SQLite store: runs, per-request samples and per-second time series, sweeps and artifacts.
 
 Rows are written as they arrive (WAL mode, one connection per thread), so a reader
 (the dashboard) sees a run grow and a crash loses nothing already measured. A run
@@ -9,8 +9,6 @@ a store is opened. Time series are kept long (``t_s, name, value``) so new serie
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import socket
@@ -22,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.metrics import RequestRecord, RunSummary
+from bench.metrics.records import RequestRecord
+from bench.metrics.summary import RunSummary
 
 SCHEMA_VERSION = 2
 SWEEP_STATUSES = ("running", "completed", "failed", "cancelled", "interrupted")
@@ -434,7 +433,7 @@ class Store:
     def _summarize_stored(self, run_id: int) -> None:
         """The exact summary of a run's stored requests, in place of the last live one it wrote
         (up to a second older than what was measured when its process died)."""
-        from bench.metrics import summarize
+        from bench.metrics.summary import summarize
 
         records = self.records(run_id)
         run = self.get_run(run_id)
@@ -766,25 +765,6 @@ class Store:
         rows = self._conn().execute("SELECT * FROM runs WHERE sweep_id=? ORDER BY id", (sweep_id,)).fetchall()
         return [self._row(r) for r in rows]
 
-    # --- export -----------------------------------------------------------------------
-    def requests_csv(self, run_ids: int | Sequence[int]) -> bytes:
-        """Per-request CSV of one or more runs (columns: :data:`REQUEST_CSV_COLUMNS`)."""
-        return rows_to_csv(REQUEST_CSV_COLUMNS, self.sample_rows(run_ids))
-
-    def operators_csv(self, run_id: int) -> bytes:
-        """A profile run's operator table (columns: :data:`OPERATOR_CSV_COLUMNS`)."""
-        from engines.errors import MoEBenchError
-
-        ops = self.artifact(run_id, "profile_operators")
-        if ops is None:
-            raise MoEBenchError(f"run {run_id} has no operator table (only profile runs have one)")
-        return rows_to_csv(OPERATOR_CSV_COLUMNS, ops)
-
-    def summary_csv(self, run_ids: Sequence[int] | None = None) -> bytes:
-        """One row per run (columns: :data:`SUMMARY_CSV_COLUMNS`); all runs when ``run_ids`` is None."""
-        runs = self.list_runs() if run_ids is None else [r for i in run_ids if (r := self.get_run(int(i)))]
-        return rows_to_csv(SUMMARY_CSV_COLUMNS, [r.summary_row() for r in runs])
-
 
 def _json_text(value: Any, kind: type | tuple[type, ...]) -> bool:
     """``value`` is JSON text holding a ``kind`` (a bundle's stored JSON columns)."""
@@ -794,69 +774,3 @@ def _json_text(value: Any, kind: type | tuple[type, ...]) -> bool:
         return isinstance(json.loads(value), kind)
     except (ValueError, RecursionError):
         return False
-
-
-def import_bundle_file(store: Store, path: str | os.PathLike[str]) -> int:
-    """Import a bundle file; a trace beside it (``NAME.trace.json[.gz]``) becomes the run's trace."""
-    from engines.errors import MoEBenchError
-
-    path = Path(path)
-    try:
-        bundle = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise MoEBenchError(f"cannot read run bundle {path}: {exc}") from exc
-    except RecursionError as exc:
-        raise MoEBenchError(f"cannot read run bundle {path}: JSON nested too deeply") from exc
-    if not isinstance(bundle, dict) or bundle.get("format") != "moebench-run/1":
-        raise MoEBenchError(f"{path.name} is not a MoE Bench run bundle (format moebench-run/1)")
-    if not isinstance(bundle.get("artifacts", {}), dict):
-        raise MoEBenchError("run bundle: 'artifacts' must be an object")
-    for suffix in (".trace.json.gz", ".trace.json"):
-        trace = path.with_name(path.name.removesuffix(".json") + suffix)
-        if trace.exists():
-            bundle.setdefault("artifacts", {})["profile_trace"] = {"path": str(trace.resolve())}
-            break
-    else:
-        old = bundle.get("artifacts", {}).get("profile_trace")
-        if old and not Path(old.get("path", "")).exists():
-            bundle["artifacts"].pop("profile_trace")  # recorded on another machine; not here
-    return store.import_bundle(bundle)
-
-
-# A text cell starting with one of these is a formula to a spreadsheet (OWASP "CSV injection").
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-
-
-def _fmt(v: Any) -> Any:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return f"{v:.6g}" if abs(v) < 1e-3 and v != 0 else f"{v:.4f}".rstrip("0").rstrip(".")
-    if isinstance(v, str) and v.startswith(_FORMULA_START):
-        # Text (a run name, an error) that a spreadsheet would evaluate: a leading quote keeps
-        # it text, as OWASP recommends. Numbers are not str here, so -0.5 stays a number.
-        return "'" + v
-    return v
-
-
-OPERATOR_CSV_COLUMNS: tuple[str, ...] = (
-    "operator",
-    "input_shapes",
-    "calls",
-    "self_cpu_ms",
-    "cpu_total_ms",
-    "self_device_ms",
-    "device_total_ms",
-    "cpu_memory_mib",
-    "device_memory_mib",
-)
-
-
-def rows_to_csv(columns: Sequence[str], rows: Iterable[dict[str, Any]]) -> bytes:
-    """Pure: rows -> UTF-8 CSV bytes with exactly ``columns``."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(columns)
-    for row in rows:
-        w.writerow([_fmt(row.get(c)) for c in columns])
-    return buf.getvalue().encode("utf-8")

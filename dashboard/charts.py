@@ -17,11 +17,11 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from bench.metrics import CANCELLED
-from bench.plot_style import COLORS, MODE_SYMBOLS, P50_COLOR, P99_COLOR, PRIMARY, engine_color, register_template
+from bench.metrics.records import CANCELLED
+from bench.report.style import COLORS, MODE_SYMBOLS, P50_COLOR, P99_COLOR, PRIMARY, engine_color, register_template
 
 if TYPE_CHECKING:
-    from bench.slo import Slo
+    from bench.metrics.slo import Slo
 
 BOOK_COLOR = "#94A3B8"  # slate: the book's figures
 MEASURED_COLOR = PRIMARY  # this project's measurements
@@ -45,7 +45,7 @@ _register_template()
 def _figure(title: str, height: int = 320) -> go.Figure:
     # The template goes in with the layout: a bare go.Figure() would first deep-copy plotly's
     # default template (every trace type's defaults), then replace it (half of a live
-    # redraw's build time at 100k requests: bench.benchmarks.dashboard_render).
+    # redraw's build time at 100k requests: studies/dashboard_render.py).
     return go.Figure(layout={"template": TEMPLATE_NAME, "title": title, "height": height})
 
 

@@ -21,12 +21,15 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
-from bench import gc_watch
+from bench.bundle import import_bundle_file
 from bench.config import RunConfig
-from bench.job import BackgroundTask, error_reason
-from bench.metrics import METRIC_DEFINITIONS, RunSummary, Spread
-from bench.run_limits import RunLimits, for_run_or_reason
-from bench.runner import (
+from bench.metrics.records import METRIC_DEFINITIONS
+from bench.metrics.run_limits import RunLimits, for_run_or_reason
+from bench.metrics.slo import Slo, SloError, parse_slos
+from bench.metrics.summary import RunSummary, Spread
+from bench.report.csv_export import OPERATOR_CSV_COLUMNS
+from bench.run import gc_watch
+from bench.run.artifacts import (
     ARTIFACT_BREAKDOWN,
     ARTIFACT_DEVICE_TELEMETRY,
     ARTIFACT_GC,
@@ -35,6 +38,8 @@ from bench.runner import (
     ARTIFACT_OPERATORS,
     ARTIFACT_ROUTING,
     ARTIFACT_TRACE,
+)
+from bench.run.recorder import (
     SERIES_DONE,
     SERIES_IN_FLIGHT,
     SERIES_MEM_ALLOCATED,
@@ -42,8 +47,8 @@ from bench.runner import (
     SERIES_MEM_RESERVED,
     SERIES_OUTPUT_TOK_S,
 )
-from bench.slo import Slo, SloError, parse_slos
-from bench.store import OPERATOR_CSV_COLUMNS, REQUEST_CSV_COLUMNS, RunRow, Store, SweepRow, import_bundle_file
+from bench.run.task import BackgroundTask, error_reason
+from bench.store import REQUEST_CSV_COLUMNS, RunRow, Store, SweepRow
 from dashboard import charts
 from engines.errors import ConfigError, MoEBenchError
 from engines.profiling import CATEGORIES, CATEGORY_RULES
@@ -133,7 +138,7 @@ def replay_frame(rec: RunRecording, t_s: float, window: int = LIVE_WINDOW) -> Re
     """The run as it stood at ``t_s`` seconds: the requests finished by then (the newest
     ``window`` of them drawn), the series sampled by then, and the summary of those requests.
     Nothing is interpolated: every point drawn is one the run recorded."""
-    from bench.metrics import summarize
+    from bench.metrics.summary import summarize
 
     t_s = max(0.0, min(t_s, rec.duration_s))
     done_n = int(rec.samples["end_s"].searchsorted(t_s, side="right"))
@@ -206,7 +211,7 @@ def senders_line(store: Store, run_id: int) -> str | None:
     found = store.artifact(run_id, ARTIFACT_LOAD_GENERATORS)
     if not isinstance(found, dict):
         return None
-    from bench.ray_sender import placement_line
+    from bench.send.ray import placement_line
 
     return "Sent from " + placement_line(found)
 
@@ -1071,7 +1076,7 @@ class CompareTask:
         run.start(lambda: self._compare(run, config, options))
 
     def _compare(self, run: CompareRun, config: RunConfig, vllm_options: dict[str, Any]) -> None:
-        from bench.compare import compare_engines
+        from bench.analysis.compare import compare_engines
 
         cancel = run.cancel_event
         try:

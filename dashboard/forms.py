@@ -21,7 +21,7 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from bench.slo import Slo, SloError, parse_slos
+from bench.metrics.slo import Slo, SloError, parse_slos
 from engines.base import EngineOptions
 from engines.errors import ConfigError
 

@@ -20,11 +20,12 @@ from typing import Any, ClassVar
 
 import streamlit as st
 
-from bench import engine_host
-from bench.job import BackgroundTask, error_reason
-from bench.runner import JobManager
+from bench.run import engine_host
+from bench.run.manager import JobManager
+from bench.run.task import BackgroundTask, error_reason
 from bench.store import Store
-from bench.sweep import CapacitySpec, SweepSnapshot, SweepSpec, SweepTask
+from bench.sweep.spec import CapacitySpec, SweepSpec
+from bench.sweep.task import SweepSnapshot, SweepTask
 from engines.accelerators import MemoryStats, get_accelerator
 from engines.base import Engine, engine_class, parse_options
 from engines.errors import AcceleratorUnavailable, ConfigError, EngineUnavailable

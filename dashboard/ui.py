@@ -15,12 +15,15 @@ from typing import Any
 import streamlit as st
 
 from bench.config import RunConfig, field_bounds
-from bench.metrics import METRIC_DEFINITIONS, RunSummary, spread
-from bench.run_limits import RunLimits
-from bench.runner import SERIES_OUTPUT_TOK_S, Job, JobSnapshot
-from bench.slo import SLO_PRESETS, Slo
+from bench.metrics.records import METRIC_DEFINITIONS
+from bench.metrics.run_limits import RunLimits
+from bench.metrics.slo import SLO_PRESETS, Slo
+from bench.metrics.summary import RunSummary, spread
+from bench.run.job import Job, JobSnapshot
+from bench.run.recorder import SERIES_OUTPUT_TOK_S
 from bench.store import RunRow, SweepRow
-from bench.sweep import SweepSnapshot, SweepSpec
+from bench.sweep.spec import SweepSpec
+from bench.sweep.task import SweepSnapshot
 from bench.workloads import LENGTH_DISTS, WorkloadSpec, parse_jsonl
 from dashboard import data, forms, services
 from engines.errors import ConfigError, MoEBenchError, WorkloadError

@@ -1,33 +1,93 @@
-"""Prometheus text-format parsing for server telemetry (vLLM, Triton, LMDeploy), and the
-step that turns cumulative counters into per-second rates."""
+"""Prometheus text-format parsing for server telemetry (vLLM, Triton, LMDeploy) and device
+exporters (dcgm-exporter, npu-exporter, mlu-exporter), and the step that turns cumulative
+counters into per-second rates.
+
+There is one parser, :func:`parse_prometheus_samples`, built on ``prometheus_client``'s
+:func:`~prometheus_client.parser.text_string_to_metric_families`; the sums and lookups the
+engines need are views over its samples. Names are the ones the page writes, so callers look
+up ``vllm:prompt_tokens_total``, ``nv_inference_request_success`` (a Triton counter without
+``_total``) and ``vllm:e2e_request_latency_seconds_bucket`` exactly as a scrape shows them.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+@dataclass(frozen=True)
+class PromSample:
+    """One sample line of the Prometheus text format."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+def parse_prometheus_samples(text: str) -> list[PromSample]:
+    """Every well-formed sample with its labels, in page order (comments, blank and malformed
+    lines skipped; timestamps dropped).
+
+    A sample is named as the page writes it: ``prometheus_client`` renames the samples of a
+    counter declared without ``_total`` (Triton's ``nv_inference_request_success``, DCGM's
+    ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION``) to ``<name>_total``; that is undone here.
+    """
+    # Fallback, one line at a time through the same library parser: the library stops at the
+    # first line it cannot read and the page is lost, while a telemetry scrape must keep every
+    # device whose lines are sound. No exporter page we have (tests/data/telemetry, vLLM's and
+    # Triton's pages in tests/engines/test_prometheus.py) needs it; a garbled line, e.g. a label
+    # value with an unescaped quote or a truncated body, does. Without the page's TYPE lines
+    # every sample is untyped, so its name is already the one written.
+    try:
+        return _page_samples(text)
+    except (ValueError, IndexError):  # IndexError: the library's own on some garbled label sets
+        return [sample for line in text.split("\n") for sample in _line_samples(line)]
+
+
+def _page_samples(text: str) -> list[PromSample]:
+    declared = _declared_counters(text)
+    out = []
+    for family in text_string_to_metric_families(text):
+        # The family is "foo" both for "# TYPE foo counter" (samples "foo", renamed) and for
+        # "# TYPE foo_total counter" (samples "foo_total", as written).
+        renamed = family.type == "counter" and family.name in declared and family.name + "_total" not in declared
+        for s in family.samples:
+            name = family.name if renamed and s.name == family.name + "_total" else s.name
+            out.append(PromSample(name, s.labels, float(s.value)))
+    return out
+
+
+def _line_samples(line: str) -> list[PromSample]:
+    try:
+        return [
+            PromSample(s.name, s.labels, float(s.value))
+            for family in text_string_to_metric_families(line)
+            for s in family.samples
+        ]
+    except (ValueError, IndexError):
+        return []
+
+
+def _declared_counters(text: str) -> set[str]:
+    """The names in the page's ``# TYPE <name> counter`` lines."""
+    out = set()
+    for line in text.split("\n"):
+        if "TYPE" in line and "counter" in line:
+            parts = line.split()
+            if len(parts) >= 4 and parts[0] == "#" and parts[1] == "TYPE" and parts[3] == "counter":
+                out.add(parts[2].strip('"'))
+    return out
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
     """Sum each metric's samples over their labels: ``{name: value}`` (comments skipped)."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_part, _, rest = line.rpartition("}") if "}" in line else ("", "", line)
-        if name_part:
-            name = name_part.split("{", 1)[0]
-            fields = rest.split()
-        else:
-            parts = line.split()
-            name, fields = parts[0], parts[1:]
-        if not fields:
-            continue
-        try:
-            value = float(fields[0])
-        except ValueError:
-            continue
-        out[name] = out.get(name, 0.0) + value
+    for s in parse_prometheus_samples(text):
+        out[s.name] = out.get(s.name, 0.0) + s.value
     return out
 
 
@@ -35,26 +95,18 @@ def parse_prometheus_by(text: str, label: str, names: Iterable[str]) -> dict[tup
     """For the metrics in ``names``: ``{(name, value of label): value}``, summed over the other
     labels (e.g. vLLM's per data-parallel engine series by the ``engine`` label)."""
     wanted = set(names)
-    key = f'{label}="'
     out: dict[tuple[str, str], float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#") or "{" not in line:
-            continue
-        name, _, rest = line.partition("{")
-        if name not in wanted:
-            continue
-        labels, _, tail = rest.rpartition("}")
-        at = labels.find(key)
-        if at < 0:
-            continue
-        value_of = labels[at + len(key) :].split('"', 1)[0]
-        fields = tail.split()
-        try:
-            value = float(fields[0])
-        except (IndexError, ValueError):
-            continue
-        out[(name, value_of)] = out.get((name, value_of), 0.0) + value
+    for s in parse_prometheus_samples(text):
+        if s.name in wanted and label in s.labels:
+            key = (s.name, s.labels[label])
+            out[key] = out.get(key, 0.0) + s.value
     return out
+
+
+def sample_labels(text: str, metric: str) -> dict[str, str]:
+    """The labels of the first sample of ``metric`` (e.g. ``vllm:cache_config_info``); ``{}``
+    when the page has none."""
+    return next((dict(s.labels) for s in parse_prometheus_samples(text) if s.name == metric), {})
 
 
 class CounterRates:

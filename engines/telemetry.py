@@ -12,7 +12,7 @@ class per way of reading a device:
   by :func:`parse_cnmon_json`).
 - :class:`ExporterSource`: a Prometheus endpoint of NVIDIA's dcgm-exporter, Ascend's
   MindCluster npu-exporter or Cambricon's mlu-exporter, on this host or another
-  (:func:`parse_exporter_text`).
+  (:func:`parse_exporter_text`, over :func:`engines.prometheus.parse_prometheus_samples`).
 
 :func:`detect` says which sources an accelerator has here and, for each one missing, why.
 
@@ -60,6 +60,8 @@ from urllib.parse import urlsplit
 
 from engines.errors import MoEBenchError, RequestFailed, one_line
 from engines.http_errors import http_errors, redacted
+from engines.prometheus import PromSample as PromSample  # re-exported: the exporter parsers' sample
+from engines.prometheus import parse_prometheus_samples
 
 VENDORS: tuple[str, ...] = ("nvidia", "ascend", "cambricon")
 MIB = 1 << 20
@@ -555,51 +557,6 @@ class CambriconSource(TelemetrySource):
 
 
 # --- Prometheus exporters --------------------------------------------------------------
-
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+-?\d+)?\s*$")
-_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
-_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
-
-
-@dataclass(frozen=True)
-class PromSample:
-    """One sample line of the Prometheus text format."""
-
-    name: str
-    labels: dict[str, str]
-    value: float
-
-
-def parse_prometheus_samples(text: str) -> list[PromSample]:
-    """Every well-formed sample with its labels (comments, blank and malformed lines skipped).
-
-    :func:`engines.prometheus.parse_prometheus` sums a metric over its labels, which suits a
-    server's totals; device metrics need each label set on its own, hence this parser."""
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if match is None:
-            continue
-        name, label_text, raw = match.groups()
-        labels: dict[str, str] = {}
-        if label_text:
-            pos = 0
-            for pair in _LABEL.finditer(label_text):
-                if pair.start() != pos:
-                    break
-                labels[pair.group(1)] = re.sub(r"\\[\\\"n]", lambda m: _UNESCAPE[m.group(0)], pair.group(2))
-                pos = pair.end()
-            if label_text[pos:].strip():
-                continue
-        try:
-            value = float(raw)
-        except ValueError:
-            continue
-        out.append(PromSample(name, labels, value))
-    return out
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.metrics import METRIC_DEFINITIONS
+from bench.metrics.records import METRIC_DEFINITIONS
 from bench.store import REQUEST_CSV_COLUMNS, SUMMARY_CSV_COLUMNS
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")

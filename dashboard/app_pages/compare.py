@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from bench import reference as ref
-from bench.compare import (
+from bench.analysis import reference as ref
+from bench.analysis.compare import (
     EFFICIENCY_DEVICE_TELEMETRY,
     MEMORY_EFFICIENCY_DEFINITION,
     MEMORY_EFFICIENCY_TELEMETRY_DEFINITION,

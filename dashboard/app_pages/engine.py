@@ -7,8 +7,9 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from bench import limits as lim
-from bench import run_limits
+from bench.metrics import run_limits
+from bench.metrics.accelerator_specs import SPECS, AcceleratorSpec
+from bench.metrics.cpu_limits import cpu_measured, cpu_spec, measure_cpu
 from dashboard import data, forms, services, ui
 from engines.accelerators import list_accelerators
 from engines.base import engine_class, list_engines
@@ -245,7 +246,7 @@ def _details(state: services.EngineState) -> None:
 def _measure_cpu() -> None:
     if services.viewer() or services.busy_reason() is not None:
         return  # never load the CPU while a run measures on it
-    lim.measure_cpu(refresh=True)
+    measure_cpu(refresh=True)
 
 
 def _limits_panel(model: str, accelerator: str, dtype: str, info: dict[str, Any]) -> None:
@@ -260,7 +261,7 @@ def _limits_panel(model: str, accelerator: str, dtype: str, info: dict[str, Any]
         l1, l2 = st.columns(2)
         spec_key = l1.selectbox(
             "On", keys, key="e.limit-spec",
-            format_func=lambda k: "this machine's CPU (measured)" if k == "cpu" else lim.SPECS[k].name,
+            format_func=lambda k: "this machine's CPU (measured)" if k == "cpu" else SPECS[k].name,
             help="The accelerator whose datasheet figures bound the model; defaults to the chosen accelerator.",
         )  # fmt: skip
         ss.setdefault("e.limit-ctx", 1024)
@@ -271,10 +272,10 @@ def _limits_panel(model: str, accelerator: str, dtype: str, info: dict[str, Any]
         if not model:
             st.caption("Pick a model to see its limits.")
             return
-        spec: lim.AcceleratorSpec | None
+        spec: AcceleratorSpec | None
         if spec_key == "cpu":
-            kept = lim.cpu_measured()
-            spec = lim.cpu_spec(kept) if kept is not None else None
+            kept = cpu_measured()
+            spec = cpu_spec(kept) if kept is not None else None
             if spec is None:
                 st.caption("This CPU's memory bandwidth and matmul rate are not measured yet (about 1 s).")
                 st.button(
@@ -283,7 +284,7 @@ def _limits_panel(model: str, accelerator: str, dtype: str, info: dict[str, Any]
                 )  # fmt: skip
                 return
         else:
-            spec = lim.SPECS[spec_key]
+            spec = SPECS[spec_key]
         try:
             limits, rows = run_limits.model_limits_table(
                 model, spec, dtype, int(context), engine_info=info if info.get("model") == model else None

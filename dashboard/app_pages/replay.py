@@ -12,7 +12,7 @@ import time
 
 import streamlit as st
 
-from bench.run_limits import RunLimits
+from bench.metrics.run_limits import RunLimits
 from dashboard import charts, data, services, ui
 from engines.errors import MoEBenchError
 

@@ -15,11 +15,15 @@ from typing import Any
 
 import streamlit as st
 
-from bench import report
-from bench.cli import length_pairs, number_list
+from bench.analysis.sweep_analysis import point_label, recommendations, sweep_slos, sweep_table, table_columns
 from bench.config import RunConfig, field_bounds
+from bench.report.csv_export import sweep_csv
+from bench.report.figures import capacity_figure, goodput_figure, latency_throughput_figure, pareto_figure
+from bench.report.html import html_report
 from bench.store import SweepRow
-from bench.sweep import CapacitySpec, SweepSnapshot, SweepSpec, sweep_points
+from bench.sweep.axes import length_pairs, number_list
+from bench.sweep.spec import CapacitySpec, SweepSpec, sweep_points
+from bench.sweep.task import SweepSnapshot
 from bench.workloads import WorkloadSpec
 from dashboard import data, services, ui
 from engines.errors import ConfigError, MoEBenchError, WorkloadError
@@ -374,7 +378,7 @@ def _header(sweep: SweepRow, runs: int) -> None:
     sid = sweep.id
     d1.download_button(
         "Sweep CSV",
-        data=lambda: report.sweep_csv(store, sid),
+        data=lambda: sweep_csv(store, sid),
         file_name=f"moebench-sweep-{sid}.csv",
         mime="text/csv",
         icon=":material/download:",
@@ -385,7 +389,7 @@ def _header(sweep: SweepRow, runs: int) -> None:
     )
     d2.download_button(
         "HTML report",
-        data=lambda: report.html_report(store, f"sweep:{sid}"),
+        data=lambda: html_report(store, f"sweep:{sid}"),
         file_name=f"moebench-sweep-{sid}.html",
         mime="text/html",
         icon=":material/description:",
@@ -418,7 +422,7 @@ def _describe(sweep: SweepRow, runs: int) -> str:
         parts.append(f"{base['duration_s']:g} s per run")
     elif base.get("requests"):
         parts.append(f"{base['requests']:,} requests per run")
-    slos = report.sweep_slos(sweep)
+    slos = sweep_slos(sweep)
     parts.append("SLOs: " + ", ".join(s.label for s in slos) if slos else "no SLOs")
     return " · ".join(p for p in parts if p)
 
@@ -436,7 +440,7 @@ def _progress(snap: SweepSnapshot) -> None:
         js = job.snapshot() if job is not None else None
         if js is not None and js.active and snap.current_point:
             st.caption(
-                f"Now: {report.point_label(snap.current_point)} · run #{js.run_id} · {js.status} · "
+                f"Now: {point_label(snap.current_point)} · run #{js.run_id} · {js.status} · "
                 f"{js.done:,}/{js.total:,} requests · {js.failed} failed · {data.fmt_duration(js.elapsed_s)}"
             )
     c2.button(
@@ -472,13 +476,13 @@ def _recommendations(rec: dict[str, Any], stopped: list[dict[str, Any]]) -> None
             with col:
                 st.markdown(f"{icon} **{title}**", help=pick["text"])
                 if pick["point"] is not None:
-                    st.markdown(f":blue-badge[{report.point_label(pick['point'])}]")
+                    st.markdown(f":blue-badge[{point_label(pick['point'])}]")
                     st.caption(_pick_caption(key, pick["row"]))
                 else:
                     (st.warning if key == "best" and rec.get("met_any") is False else st.caption)(pick["text"])
         if stopped:
             lines = "\n".join(
-                f"- after **{report.point_label(s.get('after') or {})}**: {s.get('reason')}" for s in stopped
+                f"- after **{point_label(s.get('after') or {})}**: {s.get('reason')}" for s in stopped
             )
             st.warning(f"Lines stopped early:\n{lines}", icon=":material/front_hand:")
 
@@ -500,27 +504,27 @@ def _column(header: str) -> Any:
 
 def _sweep_body(sweep: SweepRow, live: bool) -> None:
     points = sweep_points(store, sweep.id)
-    slos = report.sweep_slos(sweep)
+    slos = sweep_slos(sweep)
     if not any(p.summaries for p in points):
         st.info(
             "Waiting for the first point to finish…" if live else "No run of this sweep completed.",
             icon=":material/hourglass_top:" if live else ":material/info:",
         )
         return
-    rec = report.recommendations(points, slos)
+    rec = recommendations(points, slos)
     _recommendations(rec, list((sweep.result or {}).get("stopped") or []))
     left, right = st.columns(2)
     with left:
-        ui.chart(report.latency_throughput_figure(points, slos, "ttft_ms"), "w.chart.ttft")
-        ui.chart(report.goodput_figure(points), "w.chart.goodput")
+        ui.chart(latency_throughput_figure(points, slos, "ttft_ms"), "w.chart.ttft")
+        ui.chart(goodput_figure(points), "w.chart.goodput")
     with right:
-        ui.chart(report.latency_throughput_figure(points, slos, "tpot_ms"), "w.chart.tpot")
-        ui.chart(report.pareto_figure(points), "w.chart.pareto")
+        ui.chart(latency_throughput_figure(points, slos, "tpot_ms"), "w.chart.tpot")
+        ui.chart(pareto_figure(points), "w.chart.pareto")
     t1, t2 = st.columns([4, 1], vertical_alignment="bottom")
     t1.markdown("##### Points")
     every = t2.toggle("All columns", key="w.table_all", help="Also the p50s, the request rate and the repeats")
-    rows = report.sweep_table(points, slos)
-    frame = data.sweep_frame(rows, report.table_columns(rows))
+    rows = sweep_table(points, slos)
+    frame = data.sweep_frame(rows, table_columns(rows))
     shown = [h for h in frame.columns if every or h not in TABLE_DETAIL_COLUMNS]
     st.dataframe(
         frame,
@@ -559,7 +563,7 @@ def _capacity_body(sweep: SweepRow, live: bool) -> None:
             st.caption(f"The bracket is one step ({sweep.config.get('step', 1):g}) wide.")
         elif converged is False:
             st.caption("The bracket is wider than one step: the budget or the maximum was reached first.")
-    ui.chart(report.capacity_figure(sweep, runs), "w.chart.capacity")
+    ui.chart(capacity_figure(sweep, runs), "w.chart.capacity")
     probes = data.probes_frame(res, runs)
     if not probes.empty:
         st.markdown("##### Probes")

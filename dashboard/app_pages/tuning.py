@@ -7,7 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from bench import tuning
+from bench.analysis import tuning
 from dashboard import charts, data, services, ui
 from engines.accelerators import list_accelerators
 from engines.errors import MoEBenchError

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.config import RunConfig
-from bench.schedule import arrival_offsets
+from bench.send.schedule import arrival_offsets
 from bench.store import REQUEST_CSV_COLUMNS, SUMMARY_CSV_COLUMNS, Store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,7 +113,8 @@ def test_workers_and_default_warmup_reach_the_stored_config(tmp_path: Path, tiny
 
 
 def test_run_flags_take_their_defaults_and_help_from_run_config(capsys: pytest.CaptureFixture[str]) -> None:
-    from bench.cli import _rate, build_parser, run_config_data
+    from bench.cli.common import rate_or_none, run_config_data
+    from bench.cli.main import build_parser
 
     args = build_parser().parse_args(["run"])
     assert args.workers == RunConfig.model_fields["workers"].default == 1
@@ -122,7 +123,8 @@ def test_run_flags_take_their_defaults_and_help_from_run_config(capsys: pytest.C
     assert RunConfig.build(**run_config_data(args)).requests == RunConfig.model_fields["requests"].default
     timed = RunConfig.build(**run_config_data(build_parser().parse_args(["run", "--duration", "2m"])))
     assert timed.duration_s == 120.0 and timed.requests == 1_000_000
-    assert _rate("0") is None and _rate("inf") is None and _rate("2.5") == 2.5  # 0 and inf: closed loop
+    assert rate_or_none("0") is None and rate_or_none("inf") is None  # 0 and inf: closed loop
+    assert rate_or_none("2.5") == 2.5
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--help"])
     text = " ".join(capsys.readouterr().out.split())
@@ -166,13 +168,14 @@ def test_engines_and_accelerators_list_reasons(tmp_path: Path) -> None:
 
 
 def test_engine_options_from_flags() -> None:
-    from bench.cli import _engine_opts, build_parser
+    from bench.cli.common import engine_opts
+    from bench.cli.main import build_parser
 
     args = build_parser().parse_args(
         ["run", "--engine", "vllm", "--base-url", "http://127.0.0.1:8000/v1", "--engine-opt", "max_num_seqs=64",
          "--engine-opt", "enable_prefix_caching=true", "--engine-opt", "quantization=fp8"]
     )  # fmt: skip
-    opts = _engine_opts(args)
+    opts = engine_opts(args)
     assert opts["base_url"] == "http://127.0.0.1:8000/v1" and opts["kind"] == "vllm"
     assert opts["max_num_seqs"] == 64 and opts["enable_prefix_caching"] is True and opts["quantization"] == "fp8"
 
@@ -186,7 +189,7 @@ def test_a_run_with_failed_requests_exits_1_unless_failures_are_allowed(
     tmp_path: Path, fake_engine_kind: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The run completed, but 2 of its 8 requests failed: the status line and the exit code say so."""
-    from bench.cli import main
+    from bench.cli.main import main
 
     argv = ["run", "--engine", fake_engine_kind, "--engine-opt", "fail_every=4", "--prompts", "builtin",
             "--requests", "8", "--concurrency", "2", "--output-len", "3", "--quiet",

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench.compare import (
+from bench.analysis.compare import (
     EFFICIENCY_DEVICE_TELEMETRY,
     EFFICIENCY_KV_CACHE,
     KV_USAGE_SERIES,
@@ -31,9 +31,11 @@ from bench.compare import (
     run_offline_workload,
     workload_key,
 )
-from bench.metrics import RequestRecord, summarize
-from bench.runner import RunConfig
-from bench.store import RunRow, Store, import_bundle_file
+from bench.bundle import import_bundle_file
+from bench.config import RunConfig
+from bench.metrics.records import RequestRecord
+from bench.metrics.summary import summarize
+from bench.store import RunRow, Store
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -2,7 +2,6 @@
 what each reported figure covers."""
 
 import torch
-
 from bench.benchmarks.cuda_graphs_check import _compare, _rows
 
 

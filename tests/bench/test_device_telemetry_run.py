@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.runner import ARTIFACT_DEVICE_TELEMETRY
+from bench.run.artifacts import ARTIFACT_DEVICE_TELEMETRY
 from bench.store import SUMMARY_CSV_COLUMNS, Store
 from engines.telemetry import GIB, parse_exporter_text, parse_npu_smi_info
 from tests.bench.test_cli import cli
@@ -69,7 +69,7 @@ def test_a_run_reads_exporters_and_says_which_one_it_could_not_read(
 
 @pytest.fixture
 def stub() -> Iterator[str]:
-    from bench.benchmarks.stub_server import start_stub_server
+    from bench.stub_server import start_stub_server
 
     url, server = start_stub_server(itl_ms=2.0)
     yield url

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench import engine_host
 from bench.config import RunConfig
-from bench.engine_host import HostedEngine, RemoteJob
-from bench.runner import start_run
+from bench.run import engine_host
+from bench.run.engine_host import HostedEngine, RemoteJob
+from bench.run.manager import start_run
 from engines.base import EngineOptions, parse_options
 from engines.native import NativeEngine
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.runner import ARTIFACT_BREAKDOWN, ARTIFACT_DEVICE_TELEMETRY, ARTIFACT_ROUTING, ARTIFACT_TRACE
-from bench.store import Store, import_bundle_file
+from bench.bundle import import_bundle_file
+from bench.run.artifacts import ARTIFACT_BREAKDOWN, ARTIFACT_DEVICE_TELEMETRY, ARTIFACT_ROUTING, ARTIFACT_TRACE
+from bench.store import Store
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -94,7 +95,7 @@ def test_the_ablations_stall_finder_names_the_h200_batch_128_stall(store: Store,
     beginning 2.70-2.75 s into the run), and nothing else."""
     import tarfile
 
-    from bench.benchmarks.native_tuning import _stall_text, _stalls
+    from bench.analysis.tuning_ablation import _stall_text, _stalls
 
     with tarfile.open(EXAMPLES / "tuning" / "h200-bf16-cuda-graphs.bundles.tar.gz") as tar:
         tar.extractall(tmp_path, filter="data")

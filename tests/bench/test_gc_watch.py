@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 
-from bench.gc_watch import GcWatch, note
-from bench.runner import ARTIFACT_GC, RunConfig, start_run
+from bench.config import RunConfig
+from bench.run.artifacts import ARTIFACT_GC
+from bench.run.gc_watch import GcWatch, note
+from bench.run.manager import start_run
 from bench.store import Store
 
 

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import pytest
 
-from bench.job import BackgroundTask, TaskState, TransitionError, error_reason
+from bench.run.task import BackgroundTask, TaskState, TransitionError, error_reason
 from engines.errors import ConfigError
 
 WAIT_S = 10.0

@@ -13,23 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from bench.limits import (
-    SPECS,
-    AcceleratorSpec,
-    CpuMeasurement,
+from bench.metrics.accelerator_specs import SPECS, AcceleratorSpec, dtype_bytes
+from bench.metrics.cpu_limits import CpuMeasurement, cpu_spec, measure_cpu, measure_cpu_uncached
+from bench.metrics.model_shape import (
     ModelShape,
     bytes_per_step,
-    compute_bound_tok_s,
     count_params,
-    cpu_spec,
-    dtype_bytes,
     expected_distinct_experts,
     flops_per_token,
-    get_spec,
     kv_cache_bytes_per_seq,
+)
+from bench.metrics.roofline import (
+    compute_bound_tok_s,
+    get_spec,
     limits,
-    measure_cpu,
-    measure_cpu_uncached,
     min_tpot_ms,
     pct_of_limit,
     preset_config,

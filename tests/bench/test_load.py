@@ -7,8 +7,8 @@ import statistics
 
 import pytest
 
-from bench.load import CLIENT_BOUND_MIN_MS, client_bound_reason
-from bench.schedule import arrival_offsets
+from bench.metrics.client_bound import CLIENT_BOUND_MIN_MS, client_bound_reason
+from bench.send.schedule import arrival_offsets
 
 
 def test_poisson_schedule_has_the_requested_mean_rate_and_is_seeded() -> None:

@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from bench.metrics import METRIC_DEFINITIONS, RequestRecord, RunSummary, describe, percentile, summarize
+from bench.metrics.records import METRIC_DEFINITIONS, RequestRecord, describe, percentile
+from bench.metrics.summary import RunSummary, summarize
 
 
 def test_request_metrics_follow_vllm_conventions() -> None:
@@ -87,7 +88,7 @@ def test_every_metric_has_a_definition() -> None:
 def test_burst_streamed_outputs_are_named_not_shown_as_a_speed() -> None:
     """689 of 1,201 vLLM requests got all 16 tokens in one chunk (issue 14): TPOT p50 read 0.006 ms.
     The summary says how the output was chunked and flags the run."""
-    from bench.metrics import summarize
+    from bench.metrics.summary import summarize
 
     burst = [RequestRecord(f"b{i}", 0.0, 0.2, [0.2], 4, 16) for i in range(6)]  # 16 tokens, one chunk
     steady = [RequestRecord(f"s{i}", 0.0, 0.5, [0.1 + 0.02 * k for k in range(16)], 4, 16) for i in range(4)]
@@ -103,7 +104,7 @@ def test_burst_streamed_outputs_are_named_not_shown_as_a_speed() -> None:
 
 
 def test_spread_of_repeated_runs_gives_min_median_max_and_cv() -> None:
-    from bench.metrics import HEADLINE_FIGURES, spread
+    from bench.metrics.summary import HEADLINE_FIGURES, spread
 
     base = summarize([RequestRecord("a", 0.0, 1.0, [0.1, 0.2, 0.3], 4, 3)])
     runs = [dataclasses.replace(base, output_throughput_tok_s=v) for v in (90.0, 100.0, 110.0)]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bench import tuning
+from bench.analysis import tuning
 from bench.store import Store
 
 TINY_RUN = ["--accelerator", "cpu", "--dtype", "float32", "--input-len", "12", "--output-len", "6"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from bench.benchmarks.parity_vllm import _stalls, _worst_stall
 
 

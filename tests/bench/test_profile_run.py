@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.runner import ARTIFACT_BREAKDOWN, ARTIFACT_OPERATORS, ARTIFACT_ROUTING, ARTIFACT_TRACE, RunConfig, start_run
-from bench.store import OPERATOR_CSV_COLUMNS, Store
+from bench.config import RunConfig
+from bench.report.csv_export import OPERATOR_CSV_COLUMNS
+from bench.run.artifacts import ARTIFACT_BREAKDOWN, ARTIFACT_OPERATORS, ARTIFACT_ROUTING, ARTIFACT_TRACE
+from bench.run.manager import start_run
+from bench.store import Store
 from engines.errors import MoEBenchError
 
 

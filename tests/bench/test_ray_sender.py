@@ -19,7 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench.runner import ARTIFACT_LOAD_GENERATORS, RunConfig, start_run
+from bench.config import RunConfig
+from bench.run.artifacts import ARTIFACT_LOAD_GENERATORS
+from bench.run.manager import start_run
 from bench.store import Store
 from engines.errors import ConfigError
 from engines.launch import free_port
@@ -58,7 +60,7 @@ def ray_cluster() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def stub_url() -> Iterator[str]:
-    from bench.benchmarks.stub_server import start_stub_server
+    from bench.stub_server import start_stub_server
 
     url, stub = start_stub_server(itl_ms=2.0)
     try:
@@ -88,7 +90,7 @@ def test_ray_actors_and_local_processes_send_the_same_run(
 ) -> None:
     """Same workload, local sender processes vs 2 Ray actors, the second on a clock an hour
     ahead: same requests and tokens, every time on the driver's clock, the cap held."""
-    from bench.ray_sender import RaySender
+    from bench.send.ray import RaySender
 
     monkeypatch.setattr(RaySender, "simulated_skews_s", (0.0, 3600.0))
     snaps, took = {}, {}
@@ -137,7 +139,7 @@ def _actor_processes() -> list[psutil.Process]:
 def test_a_killed_actor_fails_the_run_with_its_reason_and_keeps_what_was_measured(
     ray_cluster: str, store: Store
 ) -> None:
-    from bench.benchmarks.stub_server import start_stub_server
+    from bench.stub_server import start_stub_server
 
     url, stub = start_stub_server(itl_ms=20.0)
     try:

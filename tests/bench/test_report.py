@@ -11,28 +11,21 @@ from typing import Any
 
 import pytest
 
-from bench.metrics import RequestRecord, summarize
-from bench.recorder import SERIES_OUTPUT_TOK_S
-from bench.report import (
-    SWEEP_CSV_LEAD_COLUMNS,
+from bench.analysis.sweep_analysis import knee, load_axis_of, pareto_front, recommendations, sweep_slos, sweep_table
+from bench.metrics.records import RequestRecord
+from bench.metrics.summary import summarize
+from bench.report.csv_export import SWEEP_CSV_LEAD_COLUMNS, sweep_csv, sweep_csv_columns
+from bench.report.figures import (
     capacity_figure,
     goodput_figure,
-    html_report,
-    knee,
     latency_throughput_figure,
-    load_axis_of,
     pareto_figure,
-    pareto_front,
-    parse_target,
-    recommendations,
     run_throughput_figure,
-    sweep_csv,
-    sweep_csv_columns,
-    sweep_slos,
-    sweep_table,
 )
+from bench.report.html import html_report, parse_target
+from bench.run.recorder import SERIES_OUTPUT_TOK_S
 from bench.store import SUMMARY_CSV_COLUMNS, Store
-from bench.sweep import CapacitySpec, PointResult, SweepSpec, sweep_points
+from bench.sweep.spec import CapacitySpec, PointResult, SweepSpec, sweep_points
 from engines.errors import MoEBenchError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -286,7 +279,7 @@ def test_latency_throughput_figures(curve: tuple[Store, int]) -> None:
 
 
 def sweep_slos_tpot() -> list[Any]:
-    from bench.slo import parse_slos
+    from bench.metrics.slo import parse_slos
 
     return parse_slos(["tpot_ms:p99<=80"])
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-
 from bench.benchmarks.routing_near_ties import _compare, _flips, _margin, _path_figures, _routing
+
 from engines.models import load_model
 
 

@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from bench import limits as lim
-from bench.run_limits import NoLimit, for_run, for_run_or_reason
-from bench.runner import ARTIFACT_LIMITS
-from bench.store import Store, import_bundle_file
+from bench.bundle import import_bundle_file
+from bench.metrics.cpu_limits import CPU_CACHE_FILE, cpu_spec, forget_measurement, measure_cpu
+from bench.metrics.model_shape import ModelShape
+from bench.metrics.roofline import get_spec, preset_config, roofline
+from bench.metrics.run_limits import NoLimit, for_run, for_run_or_reason
+from bench.run.artifacts import ARTIFACT_LIMITS
+from bench.store import Store
 from engines.models import TINY_CONFIG
 from tests.bench.test_cli import cli
 
@@ -29,8 +32,8 @@ def test_the_h200_examples_are_held_against_the_h200_datasheet(store: Store, nam
     s = run.summary
     context = round(s.prompt_tokens / s.completed + s.output_tokens / s.completed / 2)
     assert (got.spec_key, got.batch, got.context_len, got.dtype) == ("h200", batch, context, "bfloat16")
-    shape = lim.ModelShape.from_config(lim.preset_config("random-v2-lite-shape"))
-    point = lim.roofline(shape, lim.get_spec("h200"), batch, context, "bf16")
+    shape = ModelShape.from_config(preset_config("random-v2-lite-shape"))
+    point = roofline(shape, get_spec("h200"), batch, context, "bf16")
     assert got.tpot_limit_ms == pytest.approx(point.step_ms) and got.output_tok_s_limit == pytest.approx(point.tok_s)
     assert got.bound == "memory"
     if batch == 1:
@@ -60,14 +63,14 @@ def test_a_cpu_run_stores_its_limit_in_summary_csv_and_artifact(
     saved = store.artifact(run.id, ARTIFACT_LIMITS)
     assert saved["spec_key"] == "cpu" and saved["batch"] == 2 and saved["confidence"] == "measured"
     # The CPU figures are this machine's measured ones, as the data folder keeps them.
-    kept = json.loads((moebench_data / lim.CPU_CACHE_FILE).read_text())["measurement"]
+    kept = json.loads((moebench_data / CPU_CACHE_FILE).read_text())["measurement"]
     assert saved["bandwidth_gb_s"] == kept["read_gb_s"]["median"]
     assert saved["context_len"] == round((s.prompt_tokens + s.output_tokens / 2) / s.completed)
     recorded = run.engine_info["model_config"]
     assert recorded["n_routed_experts"] == TINY_CONFIG["n_routed_experts"]
-    shape = lim.ModelShape.from_config(recorded)
-    spec = lim.cpu_spec(bandwidth_gb_s=saved["bandwidth_gb_s"], peak_gflops=saved["peak_tflops"] * 1000)
-    point = lim.roofline(shape, spec, 2, saved["context_len"], saved["dtype"])
+    shape = ModelShape.from_config(recorded)
+    spec = cpu_spec(bandwidth_gb_s=saved["bandwidth_gb_s"], peak_gflops=saved["peak_tflops"] * 1000)
+    point = roofline(shape, spec, 2, saved["context_len"], saved["dtype"])
     assert s.tpot_limit_ms == pytest.approx(point.step_ms) and s.output_tok_s_limit == pytest.approx(point.tok_s)
     assert s.tpot_pct_of_limit == pytest.approx(point.step_ms / s.tpot_ms.p50 * 100)
     assert s.throughput_pct_of_limit == pytest.approx(s.output_throughput_tok_s / point.tok_s * 100)
@@ -78,19 +81,19 @@ def test_a_cpu_run_stores_its_limit_in_summary_csv_and_artifact(
 
 
 def test_the_cpu_measurement_is_kept_in_the_data_folder(moebench_data: Path) -> None:
-    lim._cpu_cached = None  # an earlier test of this process may have measured (another data folder)
-    first = lim.measure_cpu()
-    kept = json.loads((moebench_data / lim.CPU_CACHE_FILE).read_text())
+    forget_measurement()  # an earlier test of this process may have measured (another data folder)
+    first = measure_cpu()
+    kept = json.loads((moebench_data / CPU_CACHE_FILE).read_text())
     assert kept["measurement"]["read_gb_s"]["median"] == first.read_gb_s.median
-    lim._cpu_cached = None  # a new process: it reads the kept figures instead of measuring again
-    again = lim.measure_cpu()
+    forget_measurement()  # a new process: it reads the kept figures instead of measuring again
+    again = measure_cpu()
     assert again == first  # float-for-float: a new measurement would differ
     kept["host"] = "another|1|cpu"
-    (moebench_data / lim.CPU_CACHE_FILE).write_text(json.dumps(kept))
-    lim._cpu_cached = None
-    other = lim.measure_cpu()  # another host's figures are not used: measured afresh
+    (moebench_data / CPU_CACHE_FILE).write_text(json.dumps(kept))
+    forget_measurement()
+    other = measure_cpu()  # another host's figures are not used: measured afresh
     assert other.read_gb_s.median != first.read_gb_s.median
-    assert json.loads((moebench_data / lim.CPU_CACHE_FILE).read_text())["host"] != "another|1|cpu"
+    assert json.loads((moebench_data / CPU_CACHE_FILE).read_text())["host"] != "another|1|cpu"
 
 
 def test_no_limit_is_one_line_naming_why() -> None:

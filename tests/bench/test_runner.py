@@ -9,15 +9,9 @@ import time
 
 import pytest
 
-from bench.runner import (
-    SERIES_DONE,
-    SERIES_IN_FLIGHT,
-    SERIES_MEM_PEAK,
-    SERIES_OUTPUT_TOK_S,
-    JobManager,
-    RunConfig,
-    start_run,
-)
+from bench.config import RunConfig
+from bench.run.manager import JobManager, start_run
+from bench.run.recorder import SERIES_DONE, SERIES_IN_FLIGHT, SERIES_MEM_PEAK, SERIES_OUTPUT_TOK_S
 from bench.store import Store
 from engines.errors import ConfigError
 
@@ -129,7 +123,7 @@ def test_job_manager_allows_one_run_at_a_time(store: Store, native_engine: objec
 
 
 def test_open_loop_run_follows_its_schedule_and_records_send_lag(store: Store, native_engine: object) -> None:
-    from bench.schedule import arrival_offsets
+    from bench.send.schedule import arrival_offsets
 
     cfg = _config(
         requests=6,

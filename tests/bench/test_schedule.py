@@ -6,16 +6,8 @@ import itertools
 
 import pytest
 
-from bench.schedule import (
-    ClosedLoop,
-    LocalTickets,
-    OpenLoop,
-    Sequential,
-    arrival_offsets,
-    simulate,
-    strategy_for,
-)
-from bench.sender import split_slots
+from bench.send.core import split_slots
+from bench.send.schedule import ClosedLoop, LocalTickets, OpenLoop, Sequential, arrival_offsets, simulate, strategy_for
 from tests.fakes import peak_overlap
 
 
@@ -86,14 +78,14 @@ def test_slots_are_dealt_over_workers() -> None:
 
 
 def test_closed_loop_ramp_opens_slots_one_by_one() -> None:
-    from bench.schedule import ClosedLoop, simulate
+    from bench.send.schedule import ClosedLoop, simulate
 
     plan = simulate(ClosedLoop(4, ramp_s=2.0), [10.0] * 4)
     assert sorted(p.sent for p in plan) == pytest.approx([0.0, 0.5, 1.0, 1.5])
 
 
 def test_open_loop_ramp_climbs_linearly_then_holds() -> None:
-    from bench.schedule import OpenLoop, ramped
+    from bench.send.schedule import OpenLoop, ramped
 
     assert ramped(0.0, 10) == 0.0 and ramped(5.0, 10) == pytest.approx(10.0) and ramped(8.0, 10) == 13.0
     flat = OpenLoop.make(4000, 100.0, 1.0, 1000, seed=1)
@@ -109,7 +101,7 @@ def test_open_loop_ramp_climbs_linearly_then_holds() -> None:
 
 
 def test_duration_bound_schedules_send_nothing_after_the_end() -> None:
-    from bench.schedule import ClosedLoop, OpenLoop, simulate, strategy_for
+    from bench.send.schedule import ClosedLoop, OpenLoop, simulate, strategy_for
 
     plan = simulate(ClosedLoop(2, duration_s=1.0), [0.3] * 100)
     assert len(plan) == 8  # each slot sends at 0, 0.3, 0.6, 0.9; the next would start at 1.2

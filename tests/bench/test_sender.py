@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.metrics import RequestRecord, percentile, summarize
-from bench.recorder import Distribution, Recorder
-from bench.runner import RunConfig, start_run
-from bench.schedule import arrival_offsets
-from bench.sender import Completion
+from bench.config import RunConfig
+from bench.metrics.records import RequestRecord, percentile
+from bench.metrics.summary import summarize
+from bench.run.manager import start_run
+from bench.run.recorder import Distribution, Recorder
+from bench.send.core import Completion
+from bench.send.schedule import arrival_offsets
 from bench.store import Store
 from tests.fakes import peak_overlap
 
@@ -243,7 +245,7 @@ def test_sender_processes_stop_when_their_parent_is_killed(tmp_path: Path, tiny_
 
     import psutil
 
-    from bench.benchmarks.stub_server import start_stub_server
+    from bench.stub_server import start_stub_server
 
     url, stub = start_stub_server(itl_ms=20.0)
     try:
@@ -278,7 +280,7 @@ def test_a_server_that_goes_away_is_not_hammered_and_fails_the_run(store: Store)
     """Once the server refuses connections, each slot backs off (50 ms doubling to 1 s)
     instead of burning through the run's requests in milliseconds, until the health
     check ends the run with its reason."""
-    from bench.benchmarks.stub_server import start_stub_server
+    from bench.stub_server import start_stub_server
 
     url, stub = start_stub_server(itl_ms=5.0)
     try:
@@ -363,7 +365,7 @@ def test_a_busy_other_process_is_named_as_the_runs_disturbance(store: Store, fak
     import subprocess
     import sys
 
-    from bench.host import HOST_SERIES
+    from bench.run.host_load import HOST_SERIES
 
     # Not a child of this process (that would be MoE Bench's own tree): the shell that starts it exits.
     started = subprocess.run(
@@ -400,8 +402,8 @@ def test_an_in_process_engines_send_threads_are_up_before_the_clock(tiny_model: 
     30-50 ms of the clock, and the runs were flagged client-bound)."""
     import threading
 
-    from bench.schedule import ClosedLoop
-    from bench.sender import InProcessSender
+    from bench.send.processes import InProcessSender
+    from bench.send.schedule import ClosedLoop
     from engines.base import GenerationRequest, SamplingParams, create_engine
 
     engine = create_engine({"kind": "native", "model": "tiny-deepseek-v3", "accelerator": "cpu"})

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench.recorder import SERIES_SERVER_DEVICE_MEM, Sampler
+from bench.run.recorder import SERIES_SERVER_DEVICE_MEM, Sampler
 from bench.store import Store
 from engines.base import create_engine
 from engines.launch import ManagedProcess

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from bench.config import RunConfig
-from bench.metrics import RequestRecord, summarize
-from bench.slo import SLO_PRESETS, SloError, judge, parse_slo, parse_slos
+from bench.metrics.records import RequestRecord
+from bench.metrics.slo import SLO_PRESETS, SloError, judge, parse_slo, parse_slos
+from bench.metrics.summary import summarize
 from engines.errors import ConfigError
 
 

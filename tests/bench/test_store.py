@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.metrics import RequestRecord, summarize
+from bench.metrics.records import RequestRecord
+from bench.metrics.summary import summarize
 from bench.store import REQUEST_CSV_COLUMNS, SUMMARY_CSV_COLUMNS, Store
 
 
@@ -150,7 +151,8 @@ def test_csv_text_cells_cannot_be_formulas_but_numbers_stay_numbers(tmp_path: Pa
     import csv
     import io
 
-    from bench.metrics import RequestRecord, summarize
+    from bench.metrics.records import RequestRecord
+    from bench.metrics.summary import summarize
 
     store = Store(tmp_path / "db.sqlite")
     evil = '=HYPERLINK("http://evil.example","click")'

@@ -14,10 +14,12 @@ from typing import Any
 
 import pytest
 
-from bench.cli import number_list
-from bench.runner import RunConfig, start_run
+from bench.config import RunConfig
+from bench.run.manager import start_run
 from bench.store import Store
-from bench.sweep import CapacitySpec, SweepSpec, SweepTask, sweep_points
+from bench.sweep.axes import number_list
+from bench.sweep.spec import CapacitySpec, SweepSpec, sweep_points
+from bench.sweep.task import SweepTask
 from engines.errors import ConfigError
 
 # Each stream waits LOAD_MS more per other stream in flight: at concurrency c the first
@@ -29,7 +31,7 @@ SLO = "ttft_ms:p99<=50"
 
 @pytest.fixture(scope="module")
 def stub_url() -> Iterator[str]:
-    from bench.benchmarks.stub_server import start_stub_server
+    from bench.stub_server import start_stub_server
 
     url, proc = start_stub_server(itl_ms=1.0, load_ms=LOAD_MS)
     try:

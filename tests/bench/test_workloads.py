@@ -12,7 +12,7 @@ from typing import Any, get_args
 import pytest
 from pydantic import ValidationError
 
-from bench.workload_args import add_workload_arguments, workload_overrides
+from bench.cli.workload_args import add_workload_arguments, workload_overrides
 from bench.workloads import (
     SEED_PROMPT,
     WORKLOAD_SOURCES,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import random
 
-from bench.metrics import RequestRecord, summarize
-from bench.runner import (
+from bench.metrics.records import RequestRecord
+from bench.metrics.summary import summarize
+from bench.run.recorder import (
     SERIES_IN_FLIGHT,
     SERIES_MEM_ALLOCATED,
     SERIES_MEM_PEAK,

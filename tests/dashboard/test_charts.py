@@ -7,8 +7,8 @@ import time
 import pandas as pd
 import pytest
 
-from bench.metrics import summarize
-from bench.runner import SERIES_IN_FLIGHT, SERIES_MEM_PEAK, SERIES_OUTPUT_TOK_S
+from bench.metrics.summary import summarize
+from bench.run.recorder import SERIES_IN_FLIGHT, SERIES_MEM_PEAK, SERIES_OUTPUT_TOK_S
 from bench.store import Store
 from dashboard import charts, data
 from tests.dashboard.synthetic import add_synthetic_run, synthetic_records
@@ -312,7 +312,7 @@ def _slo_marks(fig: object) -> tuple[dict[str, list[float]], dict[str, list[str]
 
 
 def test_histograms_draw_the_slos_of_their_own_metric_only() -> None:
-    from bench.slo import parse_slos
+    from bench.metrics.slo import parse_slos
 
     samples = _samples(101)  # TTFT 10-30 ms, TPOT 2-4 ms
     slos = parse_slos(["ttft_ms:p99<=25", "ttft_ms:mean<=20", "tpot_ms:p99<=3.5", "e2e_ms:p50<=40"])
@@ -330,7 +330,7 @@ def test_histograms_draw_the_slos_of_their_own_metric_only() -> None:
 
 
 def test_an_slo_far_from_the_data_is_a_note_at_the_edge_not_a_squashing_line() -> None:
-    from bench.slo import parse_slos
+    from bench.metrics.slo import parse_slos
 
     samples = _samples(50)  # TTFT 10-30 ms: a 2 s limit would leave them a sliver of the axis
     fig = charts.distribution(samples, "ttft_ms", "TTFT", slos=parse_slos(["mlperf-server"]))
@@ -349,7 +349,7 @@ def test_an_slo_far_from_the_data_is_a_note_at_the_edge_not_a_squashing_line() -
 
 
 def test_latency_over_time_draws_e2e_and_ttft_slos_as_horizontal_lines() -> None:
-    from bench.slo import parse_slos
+    from bench.metrics.slo import parse_slos
 
     samples = _samples(40, fail_every=5)
     slos = parse_slos(["e2e_ms:p99<=50", "ttft_ms:p99<=25", "tpot_ms:p99<=3", "itl_ms:p99<=3"])
@@ -363,7 +363,7 @@ def test_latency_over_time_draws_e2e_and_ttft_slos_as_horizontal_lines() -> None
 
 
 def test_live_figures_draw_the_runs_slos(store: Store) -> None:
-    from bench.slo import parse_slos
+    from bench.metrics.slo import parse_slos
 
     records = synthetic_records(60)
     summary = summarize(records, slos=["ttft_ms:p99<=25", "tpot_ms:p99<=3.5"])
@@ -391,7 +391,7 @@ def test_live_figures_draw_the_runs_slos(store: Store) -> None:
 
 
 def test_run_progress_counts_time_for_a_duration_bound_run() -> None:
-    from bench.job import JobSnapshot
+    from bench.run.job import JobSnapshot
     from dashboard.ui import run_progress
 
     def snap(**kw: object) -> JobSnapshot:

@@ -8,8 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.metrics import summarize
-from bench.store import RunRow, Store, import_bundle_file
+from bench.bundle import import_bundle_file
+from bench.metrics.summary import summarize
+from bench.store import RunRow, Store
 from dashboard.data import fmt_unit
 from engines.settings import get_settings
 from tests.dashboard.synthetic import add_synthetic_run, synthetic_records

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from bench.benchmarks.dashboard_live import goto_page, set_number, wait_idle
 from bench.store import REQUEST_CSV_COLUMNS
+from tests.dashboard.browser import goto_page, set_number, wait_idle
 from tests.dashboard.conftest import running_dashboard
 
 ROOT = Path(__file__).resolve().parents[2]

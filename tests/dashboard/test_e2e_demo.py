@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from bench.benchmarks.dashboard_live import goto_page, set_number, wait_idle
 from bench.store import Store
+from tests.dashboard.browser import goto_page, set_number, wait_idle
 from tests.dashboard.conftest import running_dashboard
 from tests.dashboard.synthetic import add_synthetic_run
 

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from bench import limits as lim
-from bench.run_limits import RunLimits, model_limits_table
-from bench.runner import ARTIFACT_DEVICE_TELEMETRY
-from bench.store import Store, import_bundle_file
+from bench.bundle import import_bundle_file
+from bench.metrics.cpu_limits import cpu_measured, cpu_spec
+from bench.metrics.run_limits import RunLimits, model_limits_table
+from bench.run.artifacts import ARTIFACT_DEVICE_TELEMETRY
+from bench.store import Store
 from dashboard import charts, data
 from engines.settings import get_settings
 from tests.dashboard.test_pages import _no_exception, _submit_form, _texts
@@ -86,8 +87,8 @@ def test_results_page_notes_a_runs_long_gc_pauses(app_test: Callable[..., Any], 
     import gc
     import time
 
-    from bench.gc_watch import GcWatch
-    from bench.runner import ARTIFACT_GC
+    from bench.run.artifacts import ARTIFACT_GC
+    from bench.run.gc_watch import GcWatch
 
     def slow(phase: str, info: dict[str, Any]) -> None:  # a collection that takes 20 ms more
         if phase == "stop":
@@ -119,13 +120,13 @@ def test_engine_page_shows_the_model_limits_on_the_chosen_accelerator(
     at = app_test()
     _no_exception(at)
     assert at.selectbox(key="e.limit-spec").value == "cpu"  # the chosen accelerator: this CPU
-    if lim.cpu_measured() is None:
+    if cpu_measured() is None:
         assert "not measured yet" in _texts(at)
         at.button(key="e.btn.measure-cpu").click().run()
         _no_exception(at)
-    assert lim.cpu_measured() is not None
+    assert cpu_measured() is not None
     table = _limit_table(at)
-    kept = lim.cpu_spec(lim.cpu_measured())
+    kept = cpu_spec(cpu_measured())
     _, rows = model_limits_table("tiny-deepseek-v3", kept, "auto", 1024)
     assert list(table["batch"]) == [1, 8, 32, 128, 256]
     assert list(table["min step (ms)"]) == pytest.approx([r["min step (ms)"] for r in rows])

@@ -22,15 +22,11 @@ import pandas as pd
 import plotly.io as pio
 import pytest
 
-from bench.runner import (
-    ARTIFACT_BREAKDOWN,
-    ARTIFACT_OPERATORS,
-    ARTIFACT_ROUTING,
-    ARTIFACT_TRACE,
-    RunConfig,
-    start_run,
-)
-from bench.store import OPERATOR_CSV_COLUMNS, Store
+from bench.config import RunConfig
+from bench.report.csv_export import OPERATOR_CSV_COLUMNS
+from bench.run.artifacts import ARTIFACT_BREAKDOWN, ARTIFACT_OPERATORS, ARTIFACT_ROUTING, ARTIFACT_TRACE
+from bench.run.manager import start_run
+from bench.store import Store
 from dashboard import charts, data
 from engines.profiling import CATEGORIES, CATEGORY_RULES
 from engines.settings import get_settings

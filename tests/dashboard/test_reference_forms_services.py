@@ -8,8 +8,8 @@ from typing import Literal
 import pytest
 from pydantic import Field
 
-from bench import reference as ref
-from bench.metrics import summarize
+from bench.analysis import reference as ref
+from bench.metrics.summary import summarize
 from dashboard import forms
 from engines.base import EngineOptions
 from engines.errors import AcceleratorUnavailable, ConfigError, UnknownEngine

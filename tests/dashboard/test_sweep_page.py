@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from bench.store import Store
-from bench.sweep import CapacitySpec, SweepSpec, SweepTask, sweep_points
+from bench.sweep.spec import CapacitySpec, SweepSpec, sweep_points
+from bench.sweep.task import SweepTask
 from dashboard.data import fmt_unit
 from engines.settings import get_settings
 from tests.dashboard.synthetic import add_synthetic_run
@@ -29,7 +30,7 @@ SLO = "ttft_ms:p99<=50"  # the stub adds 20 ms of TTFT per other stream: passes 
 @pytest.fixture(scope="module")
 def sweep_data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A data folder holding one finished concurrency sweep, one capacity search and a plain run."""
-    from bench.benchmarks.stub_server import start_stub_server
+    from bench.stub_server import start_stub_server
 
     folder = tmp_path_factory.mktemp("sweep-data")
     store = Store(folder / "moebench.sqlite")
@@ -236,7 +237,7 @@ def test_results_page_filters_runs_by_sweep(app_test: Callable[..., Any], use_sw
 
 def _judge(store: Store, run_id: int, slos: list[str], seed: int) -> Any:
     """Re-summarize a synthetic run with ``slos`` (as a run with SLOs is summarized)."""
-    from bench.metrics import summarize
+    from bench.metrics.summary import summarize
     from tests.dashboard.synthetic import synthetic_records
 
     summary = summarize(synthetic_records(40, seed=seed), peak_memory_gib=0.5, max_concurrency=4, slos=slos)

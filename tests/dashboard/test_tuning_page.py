@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bench import tuning
+from bench.analysis import tuning
 from bench.store import Store
 from engines.settings import get_settings
 from tests.dashboard.test_pages import _no_exception, _texts

@@ -252,7 +252,7 @@ def test_server_logs_live_beside_the_store_they_belong_to(tmp_path: Path, monkey
     """A db elsewhere keeps its servers' logs beside it, as its traces are (issue 14, item 8)."""
     import argparse
 
-    from bench.cli import _store
+    from bench.cli.common import open_store
     from engines.launch import logs_dir
     from engines.settings import Settings
 
@@ -267,7 +267,7 @@ def test_server_logs_live_beside_the_store_they_belong_to(tmp_path: Path, monkey
 
     elsewhere = tmp_path / "elsewhere" / "x.sqlite"
     elsewhere.parent.mkdir()
-    store = _store(argparse.Namespace(db=str(elsewhere)))  # what `bench run --db elsewhere/x.sqlite` does
+    store = open_store(argparse.Namespace(db=str(elsewhere)))  # what `bench run --db elsewhere/x.sqlite` does
     assert store.path == elsewhere
     proc = ManagedProcess([sys.executable, "-c", "print('hello from the server')"], name="echo").start()
     assert proc.proc is not None

@@ -410,7 +410,7 @@ def test_sse_decoder_splits_bytes_across_chunk_edges() -> None:
 
 
 def _run_config(url: str, model: str, client: str, **kw: Any) -> Any:
-    from bench.runner import RunConfig
+    from bench.config import RunConfig
 
     engine = {"kind": "openai", "model": model, "base_url": url, "check_model": False}
     base: dict[str, Any] = {
@@ -430,7 +430,7 @@ def _run_config(url: str, model: str, client: str, **kw: Any) -> Any:
 def test_runner_sends_from_a_sender_process(server: str, store: Any, client: str) -> None:
     import multiprocessing
 
-    from bench.runner import start_run
+    from bench.run.manager import start_run
 
     default_interval = sys.getswitchinterval()
     job = start_run(_run_config(server, "slow", client, requests=4), store)
@@ -471,7 +471,7 @@ def test_runner_sends_from_a_sender_process(server: str, store: Any, client: str
 def test_async_run_cancel_ends_in_flight_requests(server: str, store: Any, model: str) -> None:
     """Streaming requests stop at their next chunk; requests still waiting for a silent
     server (``slow`` answers after 2 s) are ended by cancelling their tasks."""
-    from bench.runner import start_run
+    from bench.run.manager import start_run
 
     workload = {"source": "builtin", "output_len": 200}
     job = start_run(_run_config(server, model, "asyncio", requests=6, concurrency=2, workload=workload), store)
@@ -490,7 +490,7 @@ def test_async_run_cancel_ends_in_flight_requests(server: str, store: Any, model
 
 
 def test_async_run_records_mid_run_failures_and_goes_on(server: str, store: Any) -> None:
-    from bench.runner import start_run
+    from bench.run.manager import start_run
 
     job = start_run(_run_config(server, "malformed", "asyncio", requests=5, concurrency=2), store)
     snap = job.wait(30)

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from bench.runner import RunConfig, start_run
+from bench.config import RunConfig
+from bench.run.manager import start_run
 from bench.store import Store
 from engines.base import create_engine
 from engines.errors import EngineUnavailable
@@ -40,7 +41,7 @@ class SGLangStandIn:
     def app(self) -> Any:
         from aiohttp import web
 
-        from bench.benchmarks.stub_server import make_app
+        from bench.stub_server import make_app
 
         app = make_app(model="tiny-deepseek-v3")
 
@@ -146,7 +147,7 @@ def test_a_run_records_the_servers_shape_and_its_expert_distribution(
 
 
 def test_what_cannot_record_is_refused_in_one_line(serve: Any, tmp_path: Path) -> None:
-    from bench.benchmarks.stub_server import start_stub_server
+    from bench.stub_server import start_stub_server
 
     plain_url, stub = start_stub_server()
     try:

@@ -9,7 +9,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench.runner import RunConfig, start_run
+from bench.config import RunConfig
+from bench.run.manager import start_run
 from bench.store import Store
 from engines.base import create_engine
 from engines.errors import EngineUnavailable

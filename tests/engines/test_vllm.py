@@ -19,8 +19,9 @@ from typing import Any
 import psutil
 import pytest
 
-from bench.runner import RunConfig, start_run
-from bench.schedule import arrival_offsets
+from bench.config import RunConfig
+from bench.run.manager import start_run
+from bench.send.schedule import arrival_offsets
 from bench.store import Store
 from engines.base import GenerationRequest, SamplingParams, create_engine, timed_stream
 from engines.errors import EngineUnavailable
@@ -401,7 +402,8 @@ def test_prefix_cache_hit_rate_warns_when_the_prompts_were_seen_before(
 
 
 def test_a_concurrency_sweep_on_the_vllm_server(vllm_engine: Any, store: Store) -> None:
-    from bench.sweep import SweepSpec, SweepTask, sweep_points
+    from bench.sweep.spec import SweepSpec, sweep_points
+    from bench.sweep.task import SweepTask
 
     base = _config(requests=8, slos=["ttft_ms:p99<=60000"]).model_dump()
     task = SweepTask(SweepSpec.build(base=base, concurrency=[1, 4]), store, engine=vllm_engine).begin()

@@ -1,0 +1,222 @@
+"""``python -m bench run | runs | export | import | model | engines | accelerators``: one run with a
+progress bar and its summary, the stored runs, their CSVs and bundles, and what can run here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.cli.common import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_RUN_FAILED,
+    fmt_ms,
+    format_summary,
+    open_store,
+    run_config_data,
+)
+from bench.config import RunConfig
+from bench.metrics.run_limits import RunLimits
+from bench.run.artifacts import ARTIFACT_DEVICE_TELEMETRY, ARTIFACT_GC, ARTIFACT_LIMITS, ARTIFACT_LOAD_GENERATORS
+from bench.run.gc_watch import note as gc_note
+from bench.run.job import Job
+from bench.run.manager import start_run
+from bench.store import Store
+from engines.errors import MoEBenchError
+
+
+def _bar(snap: Any, width: int = 30) -> str:
+    frac = snap.fraction
+    filled = int(width * frac)
+    s = snap.summary
+    extra = ""
+    if s is not None and s.completed:
+        extra = f"  {s.output_throughput_tok_s:7.1f} tok/s  TTFT p50 {fmt_ms(s.ttft_ms.p50)}"
+    if snap.status == "loading":
+        return f"\r{snap.phase[:70]:<70}"
+    return f"\r[{'#' * filled}{'.' * (width - filled)}] {snap.done}/{snap.total}  failed {snap.failed}{extra}   "
+
+
+def format_profile(store: Store, run_id: int, top: int = 12) -> str:
+    """The bottleneck breakdown and the top operators of a profile run, as text."""
+    from bench.run.artifacts import ARTIFACT_BREAKDOWN, ARTIFACT_OPERATORS, ARTIFACT_TRACE
+
+    lines = []
+    bd = store.artifact(run_id, ARTIFACT_BREAKDOWN)
+    if bd:
+        lines.append(f"\nbottleneck breakdown (share of {bd['basis']} time, total {bd['total_ms']:.1f} ms)")
+        lines.append(f"  {'category':<16}{'cpu ms':>10}{'device ms':>11}{'share':>9}")
+        for row in bd["rows"]:
+            dev = "-" if row.get("device_ms") is None else f"{row['device_ms']:.2f}"
+            lines.append(f"  {row['category']:<16}{row['cpu_ms']:>10.2f}{dev:>11}{row['share_pct']:>8.1f}%")
+    ops = store.artifact(run_id, ARTIFACT_OPERATORS) or []
+    if ops:
+        key = "self_device_ms" if any(o["self_device_ms"] for o in ops) else "self_cpu_ms"
+        lines.append(f"\ntop operators by {key}")
+        lines.append(f"  {'operator':<40}{'calls':>8}{'self cpu ms':>13}{'self dev ms':>13}  input shapes")
+        for o in sorted(ops, key=lambda o: o[key], reverse=True)[:top]:
+            lines.append(
+                f"  {o['operator'][:40]:<40}{o['calls']:>8}{o['self_cpu_ms']:>13.2f}{o['self_device_ms']:>13.2f}"
+                f"  {o['input_shapes'][:60]}"
+            )
+    trace = store.artifact(run_id, ARTIFACT_TRACE)
+    if trace:
+        lines.append(f"\ntrace         {trace['path']}  (open in Perfetto or chrome://tracing)")
+    return "\n".join(lines)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.repeat > 1:
+        from bench.cli.sweep import repeat_run
+
+        return repeat_run(args)
+    config = RunConfig.build(**run_config_data(args))
+    store = open_store(args)
+    job: Job = start_run(config, store)
+    tty = sys.stderr.isatty() and not args.quiet
+    try:
+        while not job.wait(0.25 if tty else 1.0).status not in ("pending", "loading", "running"):
+            if tty:
+                sys.stderr.write(_bar(job.snapshot()))
+                sys.stderr.flush()
+            elif not args.quiet:
+                snap = job.snapshot()
+                if snap.status == "running":
+                    sys.stderr.write(f"progress {snap.done}/{snap.total} failed {snap.failed}\n")
+    except KeyboardInterrupt:
+        job.cancel()
+        snap = job.wait(10)
+        if snap.active and snap.run_id is not None:
+            # Still busy in a phase that does not look at the cancel flag (building a million
+            # prompts): record the run as cancelled now; what was stored stays.
+            store.finish_run(snap.run_id, "cancelled", error=f"cancelled (Ctrl-C) during: {snap.phase}")
+        sys.stderr.write("\ncancelled; what was measured is kept\n")
+        return EXIT_INTERRUPTED
+    snap = job.snapshot()
+    if tty:
+        sys.stderr.write(_bar(snap) + "\n")
+    run_id = snap.run_id
+    assert run_id is not None
+    if snap.summary is not None:
+        print(format_summary(snap.summary))
+    telemetry = store.artifact(run_id, ARTIFACT_DEVICE_TELEMETRY)
+    if isinstance(telemetry, dict):
+        for reason in telemetry.get("missing") or []:
+            print(f"note          device telemetry: {reason}")
+    gc_found = store.artifact(run_id, ARTIFACT_GC)
+    if isinstance(gc_found, dict) and (line := gc_note(gc_found)):
+        print(f"note          {line}")
+    senders = store.artifact(run_id, ARTIFACT_LOAD_GENERATORS)
+    if isinstance(senders, dict):
+        from bench.send.ray import placement_line
+
+        print(f"senders       {placement_line(senders)}")
+    limits = store.artifact(run_id, ARTIFACT_LIMITS)
+    if isinstance(limits, dict):
+        if "reason" in limits:
+            print(f"note          no hardware limit: {limits['reason']}")
+        else:
+            print(f"limit         {RunLimits.from_dict(limits).line()}")
+    if args.mode == "profile" and snap.status == "completed":
+        print(format_profile(store, run_id))
+    if args.csv:
+        Path(args.csv).write_bytes(store.requests_csv(run_id))
+    if args.summary_csv:
+        Path(args.summary_csv).write_bytes(store.summary_csv([run_id]))
+    failed = snap.summary.failed if snap.summary is not None else 0
+    total = snap.summary.requests if snap.summary is not None else 0
+    failures = f", {failed} of {total} requests failed" if failed else ""
+    print(f"run id        {run_id}  ({snap.status}{failures})")
+    if snap.status != "completed":
+        print(f"error: run {run_id} {snap.status}: {snap.error}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    if failed and not args.allow_failures:
+        first = next((r.error for r in store.records(run_id) if r.error), "")
+        print(
+            f"error: run {run_id}: {failed} of {total} requests failed (first: {first}); --allow-failures accepts that",
+            file=sys.stderr,
+        )
+        return EXIT_RUN_FAILED
+    return EXIT_OK
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    runs = open_store(args).list_runs()
+    if not runs:
+        print("no runs yet")
+        return EXIT_OK
+    print(
+        f"{'id':>4}  {'status':<11} {'mode':<11} {'engine':<8} {'model':<20} {'acc':<5} {'req':>5}"
+        f" {'tok/s':>9} {'ttft p50':>9}  created"
+    )
+    for r in runs:
+        s = r.summary
+        print(
+            f"{r.id:>4}  {r.status:<11} {r.mode:<11} {r.engine:<8} {r.model[:20]:<20} {r.accelerator:<5} "
+            f"{(s.completed if s else 0):>5} {(f'{s.output_throughput_tok_s:.1f}' if s else '-'):>9} "
+            f"{(f'{s.ttft_ms.p50:.1f}' if s and s.ttft_ms.p50 is not None else '-'):>9}  "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r.created_at))}"
+        )
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    if store.get_run(args.run_id) is None:
+        raise MoEBenchError(f"no run with id {args.run_id} in {store.path}")
+    if args.bundle:
+        data = json.dumps(store.export_bundle(args.run_id)).encode()
+        Path(args.csv).write_bytes(data)
+        print(f"wrote {args.csv} (run {args.run_id} bundle)")
+        return EXIT_OK
+    if args.operators:
+        data = store.operators_csv(args.run_id)
+    elif args.summary:
+        data = store.summary_csv([args.run_id])
+    else:
+        data = store.requests_csv(args.run_id)
+    Path(args.csv).write_bytes(data)
+    rows = data.count(b"\n") - 1
+    print(f"wrote {args.csv} ({rows} rows)")
+    return EXIT_OK
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from bench.bundle import import_bundle_file
+
+    run_id = import_bundle_file(open_store(args), args.path)
+    print(f"imported {args.path} as run {run_id}")
+    return EXIT_OK
+
+
+def cmd_model(args: argparse.Namespace) -> int:
+    from engines.models import tiny_path
+
+    print(tiny_path())
+    return EXIT_OK
+
+
+def cmd_engines(args: argparse.Namespace) -> int:
+    from engines.base import list_engines
+
+    for kind, label, avail in list_engines():
+        print(
+            f"{kind:<10} {'available' if avail.ok else 'unavailable':<12} {label}"
+            + (f": {avail.reason}" if not avail.ok else "")
+        )
+    return EXIT_OK
+
+
+def cmd_accelerators(args: argparse.Namespace) -> int:
+    from engines.accelerators import list_accelerators
+
+    for name, label, avail in list_accelerators():
+        print(
+            f"{name:<5} {'available' if avail.ok else 'unavailable':<12} {label}"
+            + (f": {avail.reason}" if not avail.ok else "")
+        )
+    return EXIT_OK

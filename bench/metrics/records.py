@@ -1,0 +1,231 @@
+"""Per-request records, percentiles and the metric definitions, written once.
+
+Conventions follow ``vllm bench serve``:
+
+- TTFT: time from sending the request to the first chunk that carries output.
+- TPOT: (E2E - TTFT) / (output tokens - 1), per request; requests with one output
+  token have no TPOT.
+- ITL: every gap between consecutive output chunks, across all requests.
+- E2E: time from sending the request to its last chunk.
+- Throughputs divide by the wall-clock duration of the run (first send to last
+  completion), never by a sum of latencies.
+
+Only successful requests enter latency statistics and token counts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engines.base import REQUEST_CANCELLED
+
+PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
+CANCELLED = REQUEST_CANCELLED  # the error of a request in flight when its run was cancelled
+PREFIX_CACHE_WARN = 0.10  # a prefix-cache hit rate above this gets a warning
+# Chunks arriving in bursts: above these, TPOT and ITL time the bursts, not the tokens.
+BURST_SINGLE_CHUNK_SHARE = 0.2  # share of multi-token outputs that arrived in one chunk
+BURST_TOKENS_PER_CHUNK = 2.0  # mean output tokens per chunk
+
+METRIC_DEFINITIONS: dict[str, str] = {
+    "ttft_ms": "Time to first token: from sending the request to receiving the first chunk that carries output, in ms.",
+    "tpot_ms": "Time per output token after the first: (E2E - TTFT) / (output_tokens - 1), per request, in ms; "
+    "undefined for requests with a single output token.",
+    "itl_ms": "Inter-token latency: each gap between two consecutive output chunks of a request, in ms; "
+    "statistics pool the gaps of all requests.",
+    "e2e_ms": "End-to-end latency: from sending the request to receiving its last chunk, in ms.",
+    "cancelled": "Requests in flight when the run was cancelled (Stop, Ctrl-C): cut short by the client, so "
+    "counted neither as completed nor as failed; requests = completed + failed + cancelled.",
+    "duration_s": "Wall-clock run time: from the first request sent to the last request finished, in s "
+    "(warm-up excluded).",
+    "request_throughput_rps": "Completed requests / duration_s.",
+    "output_throughput_tok_s": "Output tokens of completed requests / duration_s.",
+    "total_throughput_tok_s": "(Prompt + output tokens of completed requests) / duration_s.",
+    "ttft_any_ms": "Time to the first chunk of any kind, reasoning_content included (reasoning models), in ms; "
+    "equals ttft_ms for models without a reasoning stream.",
+    "usage_output_tokens": "Output tokens as the server's usage report counts them (HTTP engines); output_tokens is "
+    "the client's own count, and a run counts the requests where the two differ in usage_mismatches. TPOT, token "
+    "totals and throughputs use the server's count where there is one (as vllm bench serve does), else the client's.",
+    "send_lag_ms": "Actual send time minus due send time, per request, in ms. Open loop (request_rate): due at its "
+    "scheduled arrival; closed loop: due when its slot freed (the slot's previous request ended). Not clamped: a "
+    "request sent early shows a negative lag. A p90 above "
+    "max(10 ms, a quarter of the mean arrival interval) marks the run client-bound.",
+    "request_rate": "Target arrival rate of an open-loop run, requests/s (empty: closed loop); arrival gaps are "
+    "gamma-distributed with shape burstiness (1 = Poisson).",
+    "goodput_rps": "Completed requests that met every per-request SLO (TTFT, TPOT, E2E, mean ITL of the "
+    "request) / duration_s, as vllm bench serve --goodput counts them; empty when the run has no SLO.",
+    "slo_met": "Whether every SLO's statistic over the run (e.g. TTFT p99 over all completed requests) is within "
+    "its limit; the verdict sweeps and the capacity search use. Empty when the run has no SLO.",
+    "prefix_cache_hit_rate": "Prompt tokens the server's prefix cache served / prompt tokens it looked up during "
+    "the run (vLLM's prefix_cache_hits / prefix_cache_queries counters; empty when the server reports none). Above "
+    "10 % the run carries a warning: a warm cache can inflate TTFT and throughput.",
+    "single_chunk_share": "Share of completed requests with 2+ output tokens whose whole output arrived in one "
+    "chunk (0..1). Such a request has a TPOT of about 0 and no ITL gap: it shows how the server batches its "
+    "stream, not how fast it generates.",
+    "tokens_per_chunk": "Output tokens of completed requests / the chunks that carried them (1.0 when every chunk "
+    "holds one token). Above 2, or with single_chunk_share above 20 %, the run carries a burst note: TPOT and ITL "
+    "then time the gaps between bursts.",
+    "other_cpu_cores": "CPU cores used by processes other than MoE Bench's own tree (client, sender processes, "
+    "managed servers), mean over the run's one-second samples. From 0.5 cores, or with steal from 5 %, or when the "
+    "client fell behind (send lag), the run carries a disturbance note: its figures describe a shared machine.",
+    "client_cpu_cores": "CPU cores used by MoE Bench's own process tree (the client, its sender processes and the "
+    "servers it manages), mean over the run.",
+    "steal_pct": "CPU time the hypervisor gave to other guests (Linux steal), % of the host's CPU, mean over the run.",
+    "disturbance": "Empty, or one line saying what disturbed the run: other busy processes (named), hypervisor "
+    "steal, or a client that fell behind its schedule.",
+    "device_util_pct": "Accelerator utilisation from the device's own telemetry (NVML GPU utilisation, Ascend AI "
+    "Core %, Cambricon MLU %, or the exporters at --telemetry-url), mean over the devices read and the run's "
+    "one-second samples. Empty when no device telemetry was read (CPU, or the tool is missing: the run says why).",
+    "device_power_w": "Board power from device telemetry (W), summed over the devices read, mean over the run.",
+    "device_mem_used_gib": "Device memory in use from device telemetry (GiB), summed over the devices read, highest "
+    "sample of the run: every process on the devices counts (a served engine's weights and KV cache included).",
+    "tpot_limit_ms": "The hardware's limit on TPOT: the shortest decode step for the run's batch (max_concurrency "
+    "sequences, 1 for latency runs) at its mean context, max(bytes moved per step / memory bandwidth, FLOPs / peak "
+    "FLOP/s) from the model's config and the accelerator's spec (README: Physical limits). Empty when the model or "
+    "the device has no figures.",
+    "output_tok_s_limit": "The hardware's limit on output throughput at the run's batch: batch / tpot_limit_ms.",
+    "tpot_pct_of_limit": "tpot_limit_ms / TPOT p50 x 100: how close the engine's decode step came to the hardware's "
+    "limit (100 % = at the limit).",
+    "throughput_pct_of_limit": "output_throughput_tok_s / output_tok_s_limit x 100.",
+    "peak_memory_gib": "Highest memory seen during the run: the device allocator's peak on CUDA/NPU/MLU, "
+    "the process's peak RSS on CPU (native engine); for a server MoE Bench launched, the device memory its process "
+    "tree holds where device telemetry sees processes (NVML, npu-smi), highest sample, else the peak RSS of that "
+    "tree (device memory is not in it); empty for a remote server (base_url).",
+}
+
+
+@dataclass
+class RequestRecord:
+    """One request, with times in seconds relative to the run's start."""
+
+    request_id: str
+    start_s: float
+    end_s: float
+    chunk_times_s: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    error: str | None = None
+    usage_output_tokens: int | None = None  # the server's own count, where it reports one
+    first_any_token_s: float | None = None  # first chunk of any kind, reasoning included
+    send_lag_ms: float | None = None  # actual send time - scheduled send time
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def cancelled(self) -> bool:
+        """Ended by the run's cancel (Stop, Ctrl-C) while in flight: not a failure of the server."""
+        return self.error == CANCELLED
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None and self.error != CANCELLED
+
+    @property
+    def first_token_s(self) -> float | None:
+        return self.chunk_times_s[0] if self.chunk_times_s else None
+
+    @property
+    def ttft_ms(self) -> float | None:
+        ft = self.first_token_s
+        return None if ft is None else (ft - self.start_s) * 1000.0
+
+    @property
+    def ttft_any_ms(self) -> float | None:
+        ft = self.first_any_token_s
+        return None if ft is None else (ft - self.start_s) * 1000.0
+
+    @property
+    def usage_mismatch(self) -> bool:
+        """The server's output-token count differs from the client's."""
+        return self.usage_output_tokens is not None and self.usage_output_tokens != self.output_tokens
+
+    @property
+    def counted_output_tokens(self) -> int:
+        """The output tokens the metrics use: the server's usage count where it reports one
+        (as ``vllm bench serve`` does), else the client's own count."""
+        return self.output_tokens if self.usage_output_tokens is None else self.usage_output_tokens
+
+    @property
+    def e2e_ms(self) -> float:
+        return (self.end_s - self.start_s) * 1000.0
+
+    @property
+    def tpot_ms(self) -> float | None:
+        ttft = self.ttft_ms
+        n = self.counted_output_tokens
+        if ttft is None or n < 2:
+            return None
+        last = self.chunk_times_s[-1]
+        return ((last - self.start_s) * 1000.0 - ttft) / (n - 1)
+
+    @property
+    def itls_ms(self) -> list[float]:
+        t = self.chunk_times_s
+        return [(b - a) * 1000.0 for a, b in itertools.pairwise(t)]
+
+    @property
+    def itl_mean_ms(self) -> float | None:
+        gaps = self.itls_ms
+        return sum(gaps) / len(gaps) if gaps else None
+
+    def as_row(self) -> dict[str, Any]:
+        """The per-request CSV/store row (units in the column names)."""
+        return {
+            "request_id": self.request_id,
+            "start_s": self.start_s,
+            "end_s": self.end_s,
+            "ttft_ms": self.ttft_ms,
+            "tpot_ms": self.tpot_ms,
+            "itl_mean_ms": self.itl_mean_ms,
+            "e2e_ms": self.e2e_ms,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "usage_output_tokens": self.usage_output_tokens,
+            "ttft_any_ms": self.ttft_any_ms,
+            "send_lag_ms": self.send_lag_ms,
+            "error": self.error or "",
+        }
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Distribution of one latency metric, in ms."""
+
+    count: int
+    mean: float | None
+    std: float | None
+    min: float | None
+    max: float | None
+    p50: float | None
+    p90: float | None
+    p95: float | None
+    p99: float | None
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default method); None for no data."""
+    if not values:
+        return None
+    xs = sorted(values)
+    if len(xs) == 1:
+        return float(xs[0])
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return float(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo))
+
+
+def describe(values: Iterable[float | None]) -> Stat:
+    """Mean, std (population), min, max and percentiles, skipping None."""
+    xs = [float(v) for v in values if v is not None]
+    if not xs:
+        return Stat(0, None, None, None, None, None, None, None, None)
+    mean = sum(xs) / len(xs)
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
+    p = {q: percentile(xs, q) for q in PERCENTILES}
+    return Stat(len(xs), mean, std, min(xs), max(xs), p[50], p[90], p[95], p[99])

@@ -1,0 +1,412 @@
+"""Figures of sweeps, capacity searches and runs (plotly; no Streamlit): :func:`latency_throughput_figure`
+(TTFT or TPOT p50/p99 against output tok/s, with SLO lines and the knee), :func:`pareto_figure` (tok/s one
+user sees against tok/s overall), :func:`goodput_figure` (req/s against the load), :func:`capacity_figure`
+(a capacity search's probes and the bracket it proved), :func:`run_throughput_figure`. The CLI's HTML
+report and the dashboard's Sweep page draw the same figures."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+
+from bench.analysis.sweep_analysis import (
+    as_slos,
+    axis_title,
+    knee_of_line,
+    line_label,
+    load_axis_of,
+    load_value_text,
+    pareto_front,
+    per_user_tok_s,
+    point_label,
+    short_label,
+    split_lines,
+    spread_err,
+    varying_keys,
+)
+from bench.metrics.slo import Slo
+from bench.report.style import COLORS, P50_COLOR, P99_COLOR, PRIMARY, register_template
+from bench.store import RunRow, SweepRow
+from bench.sweep.spec import PointResult
+
+# --- look: the shared palette and template (bench/plot_style.py), with the report's own colours
+PASS_COLOR = "#16A34A"
+FAIL_COLOR = "#DC2626"
+OTHER_COLOR = "#94A3B8"  # slate: points off the Pareto front
+SLO_COLOR = "#374151"  # a limit, not a measurement: dark grey, dashed
+KNEE_COLOR = "#F59E0B"
+TEMPLATE_NAME = "moebench_report"
+
+
+def _register_template() -> None:
+    register_template(TEMPLATE_NAME, margin={"l": 64, "r": 24, "t": 56, "b": 56})
+
+
+_register_template()
+
+
+def _figure(title: str, height: int) -> go.Figure:
+    return go.Figure(layout={"template": TEMPLATE_NAME, "title": title, "height": height})
+
+
+def _empty(title: str, message: str, height: int = 360) -> go.Figure:
+    """A blank chart that says why it is blank."""
+    fig = _figure(title, height)
+    fig.add_annotation(
+        text=escape_text(message), showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+        font={"size": 14, "color": "#6B7280"},
+    )  # fmt: skip
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
+def _legend_below(fig: go.Figure, height: int, top: int = 56, bottom: int = 120) -> None:
+    # The legend sits under the x axis title (a fixed number of pixels below the plot), so it
+    # never covers the title, the curves or their labels; a long legend wraps, and the figure
+    # grows by a row (about 22 px) for each line of it past the first.
+    shown = [t for t in fig.data if t.showlegend is not False and t.name]
+    width = sum(len(t.name) * 7 + 50 for t in shown)  # about 7 px a character, 50 for the symbol
+    extra = 22 * max(0, -(-width // 900) - 1)
+    plot_h = max(80, height - top - bottom)
+    fig.update_layout(
+        height=height + extra,
+        margin={"t": top, "b": bottom + extra},
+        legend={"orientation": "h", "x": 0.0, "xanchor": "left", "y": -64 / plot_h, "yanchor": "top"},
+    )
+
+
+def _hover_labels(points: Sequence[PointResult]) -> list[str]:
+    out = []
+    for p in points:
+        n = len(p.summaries)
+        out.append(escape_text(point_label(p.point)) + (f"<br>mean of {n} repeats" if n > 1 else ""))
+    return out
+
+
+def _error(plus: list[float | None], minus: list[float | None], color: str) -> dict[str, Any] | None:
+    if all(v is None for v in plus):
+        return None
+    return {"type": "data", "symmetric": False, "array": plus, "arrayminus": minus, "color": color,
+            "thickness": 1.2, "width": 4}  # fmt: skip
+
+
+def latency_throughput_figure(
+    points: Sequence[PointResult],
+    slos: Sequence[Slo | str] | None = None,
+    metric: str = "ttft_ms",
+    load_axis: str | None = None,
+) -> go.Figure:
+    """``metric`` (``ttft_ms``, ``tpot_ms``, ``e2e_ms``, ``itl_ms``) p50 and p99 (ms) against
+    output tok/s, one marker per point labelled with its load, error bars from the repeats'
+    min-max (where a point has more than one), a dashed line per SLO on ``metric`` and an amber
+    ring on each line's knee (:func:`knee`). ``load_axis`` defaults to :func:`load_axis_of`;
+    without one the points are labelled with their values and not joined."""
+    name = metric.removesuffix("_ms").upper()
+    title = f"{name} vs output throughput"
+    axis = load_axis or load_axis_of(points)
+    height = 460
+    lines = [[p for p in line if p.mean("output_throughput_tok_s") is not None] for line in split_lines(points, axis)]
+    lines = [ln for ln in lines if any(p.mean(f"{metric}_{s}") is not None for p in ln for s in ("p50", "p99"))]
+    if not lines:
+        return _empty(title, f"no point with a measured {name} and output throughput", height)
+    fig = _figure(title, height)
+    multi = len(lines) > 1
+    varying = varying_keys([p for ln in lines for p in ln])
+    y_top = 0.0
+    for li, line in enumerate(lines):
+        xs = [p.mean("output_throughput_tok_s") for p in line]
+        x_err = [spread_err(p, "output_throughput_tok_s") for p in line]
+        suffix = f" · {escape_text(line_label(line, axis, varying))}" if multi else ""
+        k = knee_of_line(line, axis)[0] if axis else None
+        ky = (
+            None if k is None else next((v for s in ("p99", "p50") if (v := k.mean(f"{metric}_{s}")) is not None), None)
+        )
+        if k is not None and ky is not None:  # a ring drawn first, so under the curve's own marker and label
+            fig.add_trace(
+                go.Scatter(
+                    x=[k.mean("output_throughput_tok_s")], y=[ky], mode="markers", name="knee", legendgroup="knee",
+                    legendrank=2000, showlegend=not any(t.name == "knee" for t in fig.data),
+                    marker={"symbol": "circle-open", "size": 22, "color": KNEE_COLOR, "line": {"width": 3}},
+                    customdata=_hover_labels([k]),
+                    hovertemplate="knee of throughput vs load<br>%{customdata}<extra></extra>",
+                )
+            )  # fmt: skip
+        for stat in ("p50", "p99"):
+            key = f"{metric}_{stat}"
+            ys = [p.mean(key) for p in line]
+            if all(y is None for y in ys):
+                continue
+            y_err = [spread_err(p, key) for p in line]
+            y_top = max(y_top, *[(y or 0.0) + (e[0] or 0.0) for y, e in zip(ys, y_err, strict=True)])
+            color = (P50_COLOR if stat == "p50" else P99_COLOR) if not multi else COLORS[li % len(COLORS)]
+            labelled = stat == "p99"
+            fig.add_trace(
+                go.Scatter(
+                    x=xs, y=ys, name=f"{name} {stat}{suffix}",
+                    mode=("lines+" if axis else "") + ("markers+text" if labelled else "markers"),
+                    text=[escape_text(load_value_text(axis, p.point.get(axis)) if axis
+                                      else short_label(p.point, varying)) for p in line] if labelled else None,
+                    # alternate sides: neighbouring points at low load sit close together
+                    textposition=["top left" if i % 2 == 0 else "bottom right" for i in range(len(line))],
+                    textfont={"size": 11, "color": "#374151"}, cliponaxis=False,
+                    line={"color": color, "width": 2, "dash": "solid" if stat == "p99" else "dot"},
+                    marker={"size": 8 if labelled else 6, "color": color, "line": {"color": "white", "width": 1}},
+                    error_y=_error([e[0] for e in y_err], [e[1] for e in y_err], color),
+                    error_x=_error([e[0] for e in x_err], [e[1] for e in x_err], color) if labelled else None,
+                    customdata=_hover_labels(line),
+                    hovertemplate=f"%{{customdata}}<br>%{{x:,.4g}} output tok/s<br>{name} {stat} %{{y:,.4g}} ms"
+                    "<extra></extra>",
+                )
+            )  # fmt: skip
+    for slo in as_slos(slos):
+        if slo.metric != metric:
+            continue
+        y_top = max(y_top, slo.limit_ms)
+        fig.add_hline(
+            y=slo.limit_ms, name=f"SLO {slo.label}", line={"color": SLO_COLOR, "dash": "dash", "width": 1.5},
+            annotation_text=escape_text(slo.label), annotation_position="top left",
+            annotation_font={"color": SLO_COLOR, "size": 12}, annotation_bgcolor="rgba(255,255,255,0.85)",
+        )  # fmt: skip
+    x_top = max((p.mean("output_throughput_tok_s") or 0.0) + (spread_err(p, "output_throughput_tok_s")[0] or 0.0)
+                for line in lines for p in line)  # fmt: skip
+    # Head-room: the load labels above the highest markers and the SLO labels stay inside.
+    fig.update_xaxes(title="output throughput (tokens/s)", range=[0, x_top * 1.12 or 1.0])
+    fig.update_yaxes(title=f"{name} (ms)", range=[0, y_top * 1.18 or 1.0])
+    _legend_below(fig, height)
+    return fig
+
+
+def pareto_figure(points: Sequence[PointResult]) -> go.Figure:
+    """Output tok/s one user sees (1000 / mean TPOT) against output tok/s overall; the Pareto
+    front (:func:`pareto_front`) highlighted and joined, the other points grey, every point
+    labelled with its swept values."""
+    title = "Per-user speed (1000 / mean TPOT) vs total throughput"
+    height = 480
+    data = [
+        (x, y, p)
+        for p in points
+        if (x := p.mean("output_throughput_tok_s")) is not None and (y := per_user_tok_s(p)) is not None
+    ]
+    if not data:
+        return _empty(title, "no point with a measured TPOT and output throughput", height)
+    front = pareto_front(points)
+    front_ids = {id(p) for p in front}
+    fig = _figure(title, height)
+    others = [d for d in data if id(d[2]) not in front_ids]
+    varying = varying_keys([d[2] for d in data])
+    hover = "%{customdata}<br>%{x:,.4g} output tok/s overall<br>%{y:,.4g} tok/s per user<extra></extra>"
+    if others:
+        fig.add_trace(
+            go.Scatter(
+                x=[d[0] for d in others], y=[d[1] for d in others], mode="markers+text", name="other points",
+                text=[escape_text(short_label(d[2].point, varying)) for d in others], textposition="bottom center",
+                textfont={"size": 10, "color": "#6B7280"}, cliponaxis=False,
+                marker={"size": 9, "color": OTHER_COLOR, "line": {"color": "white", "width": 1}},
+                customdata=_hover_labels([d[2] for d in others]), hovertemplate=hover,
+            )
+        )  # fmt: skip
+    fx = [p.mean("output_throughput_tok_s") or 0.0 for p in front]
+    fy = [per_user_tok_s(p) for p in front]
+    x_top = max(d[0] for d in data)
+    # Labels alternate above and below the front, so neighbours do not print over each other, and
+    # lean left in the right quarter, so none runs off the chart.
+    where = [f"{'top' if i % 2 == 0 else 'bottom'} {'left' if x > 0.75 * x_top else 'right'}" for i, x in enumerate(fx)]
+    fig.add_trace(
+        go.Scatter(
+            x=fx, y=fy, mode="lines+markers+text", name="Pareto front", line={"color": PRIMARY, "width": 2},
+            text=[escape_text(short_label(p.point, varying)) for p in front], textposition=where,
+            textfont={"size": 11, "color": PRIMARY}, cliponaxis=False,
+            marker={"size": 12, "color": PRIMARY, "line": {"color": "white", "width": 2}},
+            customdata=_hover_labels(front), hovertemplate=hover,
+        )
+    )  # fmt: skip
+    y_top = max(d[1] for d in data)
+    fig.update_xaxes(title="output throughput, all users (tokens/s)", range=[0, x_top * 1.15 or 1.0])
+    fig.update_yaxes(title="per-user speed (tokens/s)", range=[0, y_top * 1.2 or 1.0])
+    _legend_below(fig, height)
+    return fig
+
+
+def goodput_figure(points: Sequence[PointResult], load_axis: str | None = None) -> go.Figure:
+    """Request throughput and goodput (req/s) against the load; for a request-rate sweep also
+    the offered load (y = x), which a server that keeps up follows."""
+    axis = load_axis or load_axis_of(points)
+    title = f"Throughput and goodput vs {axis_title(axis).split(' (')[0]}"
+    height = 440
+    lines = [[p for p in ln if p.mean("request_throughput_rps") is not None] for ln in split_lines(points, axis)]
+    lines = [ln for ln in lines if ln]
+    if not lines:
+        return _empty(title, "no point with a measured request throughput", height)
+    fig = _figure(title, height)
+    multi = len(lines) > 1
+    varying = varying_keys([p for ln in lines for p in ln])
+    any_goodput = False
+    top = 0.0
+    for li, line in enumerate(lines):
+        xs = [p.point.get(axis) if axis else escape_text(point_label(p.point)) for p in line]
+        suffix = f" · {escape_text(line_label(line, axis, varying))}" if multi else ""
+        for key, label, color, dash in (
+            ("request_throughput_rps", "throughput", PRIMARY, "solid"),
+            ("goodput_rps", "goodput", P50_COLOR, "dash"),
+        ):
+            ys = [p.mean(key) for p in line]
+            if all(y is None for y in ys):
+                continue
+            any_goodput |= key == "goodput_rps"
+            err = [spread_err(p, key) for p in line]
+            top = max(top, *[(y or 0.0) + (e[0] or 0.0) for y, e in zip(ys, err, strict=True)])
+            c = COLORS[li % len(COLORS)] if multi else color
+            fig.add_trace(
+                go.Scatter(
+                    x=xs, y=ys, name=f"{label}{suffix}", mode="lines+markers",
+                    line={"color": c, "width": 2, "dash": dash}, marker={"size": 8, "color": c},
+                    error_y=_error([e[0] for e in err], [e[1] for e in err], c),
+                    customdata=_hover_labels(line),
+                    hovertemplate=f"%{{customdata}}<br>{label} %{{y:,.4g}} req/s<extra></extra>",
+                )
+            )  # fmt: skip
+    if axis == "request_rate":
+        rates = [float(p.point["request_rate"]) for ln in lines for p in ln]
+        fig.add_trace(
+            go.Scatter(
+                x=[0, max(rates)], y=[0, max(rates)], mode="lines", name="offered load",
+                line={"color": OTHER_COLOR, "dash": "dot", "width": 1.5}, hoverinfo="skip",
+            )
+        )  # fmt: skip
+        top = max(top, max(rates))
+    if not any_goodput:
+        fig.add_annotation(
+            text="no SLOs set: no goodput", showarrow=False, x=1.0, y=1.0, xref="paper", yref="paper",
+            xanchor="right", yanchor="bottom", font={"color": "#6B7280", "size": 12},
+        )  # fmt: skip
+    fig.update_xaxes(title=axis_title(axis), rangemode="tozero", type=None if axis else "category")
+    fig.update_yaxes(title="requests per second (req/s)", range=[0, top * 1.12 or 1.0])
+    _legend_below(fig, height)
+    return fig
+
+
+def capacity_figure(sweep: SweepRow, runs: Sequence[RunRow]) -> go.Figure:
+    """A capacity search: one panel per SLO, each probe at (probed value, the SLO's statistic
+    measured by its run), green when the probe passed and red when it failed, labelled with
+    its order (1 = first probe); the SLO limit dashed and the proven bracket (passes at X,
+    fails at Y) shaded. A probe whose run measured nothing gets a dotted vertical line."""
+    from plotly.subplots import make_subplots
+
+    res = sweep.result or {}
+    probes = list(res.get("probes") or [])
+    axis = res.get("axis") or sweep.config.get("axis") or "rate"
+    slos = as_slos(res.get("slos") or (sweep.config.get("base") or {}).get("slos") or [])
+    title = "Capacity search: probes against the SLOs"
+    if not probes:
+        return _empty(title, "no probe has finished yet")
+    if not slos:
+        return _empty(title, "the search has no SLO to draw")
+    by_id = {r.id: r for r in runs}
+    n = len(slos)
+    panel_h = 280
+    height = 56 + 150 + panel_h * n
+    fig = make_subplots(rows=n, cols=1, shared_xaxes=True, vertical_spacing=0.1 if n > 1 else 0.0)
+    fig.update_layout(template=TEMPLATE_NAME, title=title, height=height)
+    values = [float(p["value"]) for p in probes]
+    lo, hi = res.get("passes_at"), res.get("fails_at")
+    missing: list[tuple[int, dict[str, Any]]] = []
+    for row, slo in enumerate(slos, start=1):
+        key = f"{slo.metric}_{slo.stat}"
+        pts = []
+        for order, probe in enumerate(probes, start=1):
+            run = by_id.get(int(probe.get("run_id") or 0))
+            flat = run.summary.flat() if run is not None and run.summary is not None else {}
+            v = flat.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                pts.append((order, probe, float(v)))
+            elif row == 1:
+                missing.append((order, probe))
+        top = max([v for _, _, v in pts] + [slo.limit_ms])
+        for passed, label, color in ((True, "passed", PASS_COLOR), (False, "failed", FAIL_COLOR)):
+            sel = [d for d in pts if bool(d[1].get("passed")) is passed]
+            if not sel:
+                continue
+            fig.add_trace(
+                go.Scatter(
+                    x=[float(d[1]["value"]) for d in sel], y=[d[2] for d in sel], mode="markers+text",
+                    name=label, legendgroup=label, showlegend=not any(t.name == label for t in fig.data),
+                    text=[str(d[0]) for d in sel], textposition="top center", cliponaxis=False,
+                    textfont={"size": 12, "color": color},
+                    marker={"size": 13, "color": color, "symbol": "circle" if passed else "x",
+                            "line": {"color": "white", "width": 1}},
+                    customdata=[f"probe {d[0]}: {escape_text(load_value_text(axis, d[1]['value']))}<br>"
+                                f"{escape_text(d[1].get('why') or '')}" for d in sel],
+                    hovertemplate=f"%{{customdata}}<br>{escape_text(slo.label.split(' ≤')[0])} %{{y:,.4g}} ms"
+                    "<extra></extra>",
+                ),
+                row=row, col=1,
+            )  # fmt: skip
+        fig.add_hline(
+            y=slo.limit_ms, row=row, col=1, name=f"SLO {slo.label}",
+            line={"color": SLO_COLOR, "dash": "dash", "width": 1.5},
+            annotation_text=escape_text(slo.label), annotation_position="top left",
+            annotation_font={"color": SLO_COLOR, "size": 12}, annotation_bgcolor="rgba(255,255,255,0.85)",
+        )  # fmt: skip
+        fig.update_yaxes(
+            title_text=f"{escape_text(slo.label.split(' ≤')[0])} (ms)", range=[0, top * 1.2], row=row, col=1
+        )
+        if lo is not None and hi is not None:
+            fig.add_vrect(
+                x0=float(lo), x1=float(hi), row=row, col=1, name="bracket", fillcolor=PASS_COLOR, opacity=0.1,
+                line_width=0, layer="below",
+            )  # fmt: skip
+    if lo is not None and hi is not None:  # the bracket is said in the title: no label over the probes
+        fig.update_layout(
+            title=f"{title}: passes at {escape_text(load_value_text(axis, lo))}, fails at "
+            f"{escape_text(load_value_text(axis, hi))} (shaded)"
+        )
+    elif lo is not None:
+        fig.update_layout(title=f"{title}: passes up to {escape_text(load_value_text(axis, lo))}")
+    for order, probe in missing:
+        fig.add_vline(
+            x=float(probe["value"]), row="all", col=1, name="no data",
+            line={"color": FAIL_COLOR, "dash": "dot", "width": 1},
+        )  # fmt: skip
+        fig.add_annotation(
+            text=f"{order}: no data", x=float(probe["value"]), y=0.0, xref="x", yref="paper", yanchor="bottom",
+            showarrow=False, font={"size": 11, "color": FAIL_COLOR}, textangle=-90, xshift=-8,
+        )  # fmt: skip
+    span = max(values) - min(values) if len(values) > 1 else max(values)
+    fig.update_xaxes(range=[max(0.0, min(values) - 0.08 * span), max(values) + 0.08 * span])
+    fig.update_xaxes(title_text=axis_title(axis), row=n, col=1)
+    _legend_below(fig, height, top=72, bottom=150)
+    return fig
+
+
+def run_throughput_figure(series: Sequence[tuple[float, float | None]]) -> go.Figure:
+    """A run's per-second output tok/s (``(t_s, value)`` pairs, seconds since the run's start)."""
+    title = "Output tokens per second"
+    height = 340
+    pts = [(t, v) for t, v in series if v is not None]
+    if not pts:
+        return _empty(title, "this run has no per-second series", height)
+    fig = _figure(title, height)
+    fig.add_trace(
+        go.Scatter(
+            x=[t for t, _ in pts], y=[v for _, v in pts], mode="lines+markers" if len(pts) < 60 else "lines",
+            name="output tokens/s", line={"color": PRIMARY, "width": 2}, marker={"size": 5},
+            fill="tozeroy", fillcolor="rgba(79,70,229,0.08)",
+            hovertemplate="%{x:.1f} s<br>%{y:,.4g} output tok/s<extra></extra>",
+        )
+    )  # fmt: skip
+    fig.update_layout(showlegend=False)
+    fig.update_xaxes(title="time since run start (s)", rangemode="tozero")
+    fig.update_yaxes(title="output tokens/s")
+    return fig
+
+
+# --- recommendations -------------------------------------------------------------------------------
+
+
+def escape_text(value: Any) -> str:
+    """``value`` as HTML text (hover labels, the report page)."""
+    return html.escape(str(value), quote=True)

@@ -1,0 +1,12 @@
+"""The names of the artifacts a run stores beside its records (:meth:`bench.store.Store.put_artifact`)."""
+
+# Artifact names in the store
+ARTIFACT_OPERATORS = "profile_operators"
+ARTIFACT_BREAKDOWN = "profile_breakdown"
+ARTIFACT_TRACE = "profile_trace"
+ARTIFACT_ROUTING = "expert_routing"
+# {"sources": [{"source", "name"}], "missing": [reason, ...], "devices": ["dev0: NVIDIA H200 (nvml)", ...]}
+ARTIFACT_DEVICE_TELEMETRY = "device_telemetry"
+ARTIFACT_LOAD_GENERATORS = "load_generators"  # Ray runs: each sender actor's node, pid, clock offset
+ARTIFACT_LIMITS = "limits"  # bench.run_limits.RunLimits.as_dict(), or {"reason": why there is none}
+ARTIFACT_GC = "gc_pauses"  # bench.gc_watch.GcWatch.as_dict(): this process's GC pauses during the run

@@ -1,0 +1,368 @@
+"""A zero-compute OpenAI-compatible streaming server, for measuring benchmark *clients*.
+
+It answers ``/v1/completions`` and ``/v1/chat/completions`` (streamed or not), ``/v1/models``
+and ``/health`` without any model: a request with ``max_tokens`` N gets N server-sent events,
+each one completion chunk whose text is one short word (``" a"``), the last with
+``finish_reason: "length"``; then a usage chunk when ``stream_options.include_usage`` is set;
+then ``data: [DONE]``. Prompt tokens are ``len(prompt.split())`` (or the length of a
+token-id list), not a tokenizer's count: a client that reports input tokens from the
+server's ``usage`` (vllm bench serve does) shows fewer than it sent. Any model name is
+accepted and echoed; ``/v1/models`` lists ``--model``.
+
+Per-event work is kept small: the event bytes are encoded once per (endpoint, model) and
+each event is written with its own ``await resp.write(...)`` (one HTTP chunk, one send),
+as a real server sends one event per token. With no ``--itl-ms`` the events of one request
+are written back to back, so TCP may coalesce several into one segment and the client may
+read them in one ``recv``: that is the same for every client measured against it, and only
+``--itl-ms`` > 0 spaces them like a decoding server. ``--ttft-ms`` delays the first event.
+
+Capacity. One process is one asyncio loop on one core; ``--processes N`` starts N-1 more
+processes on the same port (``SO_REUSEPORT``: the kernel spreads connections across them).
+Measured 2026-12-03 on the 2-core development machine, shared with other jobs (load
+average 1-3.5), random dataset, 32 in / 32 out, 2000 prompts, concurrency 256, request rate
+inf, stub runs alternating 1, 2, 2, 1, 1, 2 processes; req/s of each run, then the mean:
+
+    load generator                      1 stub process          2 stub processes
+    vllm bench serve (.venv-vllm)       476 430 407 -> 438      451 371 359 -> 394
+    MoE Bench CLI, --workers 2          776 1015 825 -> 872     725 638 845 -> 736
+
+A second server process does not raise either client's rate (on 2 cores it only takes CPU
+from the client), so the single process is not the limit. The stub was busy 31-36 % of one
+core under vllm bench and 48-57 % under MoE Bench's two senders; it spends 500-900 us of CPU
+per request (34 events; in one split, 460 us in Python, mostly aiohttp's path of each write,
+and 155 us in the kernel), so one process saturates one core only at about 1,100-2,000 req/s.
+For comparison, the clients' own CPU per request (from runs of 200 and 2000 requests):
+vllm bench serve 2.0 ms, MoE Bench 1.8 ms (one sender) / 1.9 ms (two).
+``bench.benchmarks.client_capacity`` prints the stub's busy share for every run: if it
+nears 100 % the stub is close to being the limit.
+
+    python -m bench stub --port 8000 [--processes 2] [--itl-ms 5] [--model NAME]
+
+From code: ``url, proc = start_stub_server(model="tiny-deepseek-v3")`` launches it as a
+managed subprocess on a free port (``url`` ends in ``/v1``); ``proc.stop()`` ends it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+DEFAULT_MODEL = "tiny-deepseek-v3"
+WORD = " a"  # the text of every generated "token"
+DEFAULT_MAX_TOKENS = 16
+_CACHE_LIMIT = 64  # distinct model names whose events are kept pre-encoded
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+DONE = b"data: [DONE]\n\n"
+
+
+def _event(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+class Events:
+    """The pre-encoded events of one (endpoint, model): role (chat only), token, last token."""
+
+    def __init__(self, chat: bool, model: str) -> None:
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        self.base: dict[str, Any] = {
+            "id": "chatcmpl-stub" if chat else "cmpl-stub",
+            "object": kind,
+            "created": int(time.time()),
+            "model": model,
+        }
+
+        def chunk(text: str, finish: str | None, role: bool = False) -> bytes:
+            if chat:
+                delta = {"role": "assistant", "content": text} if role else {"content": text}
+                choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            return _event({**self.base, "choices": [choice]})
+
+        self.first = chunk("", None, role=True) if chat else b""
+        self.token = chunk(WORD, None)
+        self.last = chunk(WORD, "length")
+
+
+_EVENTS: dict[tuple[bool, str], Events] = {}
+
+
+def events_for(chat: bool, model: str) -> Events:
+    """The cached :class:`Events` of (endpoint, model); built on first use."""
+    key = (chat, model)
+    ev = _EVENTS.get(key)
+    if ev is None:
+        ev = Events(chat, model)
+        if len(_EVENTS) < _CACHE_LIMIT:
+            _EVENTS[key] = ev
+    return ev
+
+
+def _prompt_tokens(prompt: Any) -> int:
+    if isinstance(prompt, str):
+        return len(prompt.split())
+    if isinstance(prompt, list):
+        if prompt and isinstance(prompt[0], str):  # a batch of prompts: the first one
+            return len(prompt[0].split())
+        if prompt and isinstance(prompt[0], list):
+            return len(prompt[0])
+        return len(prompt)  # token ids
+    return 0
+
+
+def _chat_prompt_tokens(messages: Any) -> int:
+    n = 0
+    for m in messages if isinstance(messages, list) else []:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            n += len(content.split())
+        elif isinstance(content, list):  # content parts
+            n += sum(len(str(p.get("text", "")).split()) for p in content if isinstance(p, dict))
+    return n
+
+
+def make_app(model: str = DEFAULT_MODEL, itl_ms: float = 0.0, ttft_ms: float = 0.0, load_ms: float = 0.0) -> Any:
+    """The aiohttp application (see the module docstring).
+
+    ``load_ms``: a server that slows with load, as a batching one does: the first event and
+    every gap wait ``load_ms`` more for each other stream in flight (in this process)."""
+    from aiohttp import web
+
+    itl_s, ttft_s, load_s = itl_ms / 1000.0, ttft_ms / 1000.0, load_ms / 1000.0
+    in_flight = 0
+    models_body = json.dumps(
+        {
+            "object": "list",
+            "data": [{"id": model, "object": "model", "created": int(time.time()), "owned_by": "moe-bench-stub"}],
+        }
+    ).encode()
+
+    def error(status: int, message: str) -> Any:
+        body = {"error": {"message": message, "type": "BadRequestError", "code": status}}
+        return web.json_response(body, status=status)
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(body=b"")
+
+    async def models(request: web.Request) -> web.Response:
+        return web.Response(body=models_body, content_type="application/json")
+
+    async def generate(request: web.Request, chat: bool) -> web.StreamResponse:
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            return error(400, "the request body is not JSON")
+        if not isinstance(body, dict):
+            return error(400, "the request body is not a JSON object")
+        name = str(body.get("model") or model)
+        if chat:
+            raw_n = body.get("max_completion_tokens") or body.get("max_tokens")
+            prompt_tokens = _chat_prompt_tokens(body.get("messages"))
+        else:
+            raw_n = body.get("max_tokens")
+            prompt_tokens = _prompt_tokens(body.get("prompt"))
+        try:
+            n = DEFAULT_MAX_TOKENS if raw_n is None else int(raw_n)
+        except (TypeError, ValueError):
+            return error(400, f"max_tokens must be an integer, got {raw_n!r}")
+        if n < 1:
+            return error(400, "max_tokens must be at least 1")
+        ev = events_for(chat, name)
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+        if not body.get("stream"):
+            text = WORD * n
+            choice: dict[str, Any] = (
+                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+                if chat
+                else {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+            )
+            obj = {**ev.base, "object": "chat.completion" if chat else "text_completion"}
+            return web.json_response({**obj, "choices": [choice], "usage": usage})
+        nonlocal in_flight
+        resp = web.StreamResponse(headers=SSE_HEADERS)
+        await resp.prepare(request)
+        in_flight += 1
+        try:
+            if ttft_s > 0 or load_s > 0:
+                await asyncio.sleep(ttft_s + load_s * (in_flight - 1))
+            if ev.first:
+                await resp.write(ev.first)
+            token, write = ev.token, resp.write
+            for _ in range(n - 1):
+                await write(token)
+                if itl_s > 0 or load_s > 0:
+                    await asyncio.sleep(itl_s + load_s * (in_flight - 1))
+            await write(ev.last)
+        finally:
+            in_flight -= 1
+        options = body.get("stream_options")
+        if isinstance(options, dict) and options.get("include_usage"):
+            await write(_event({**ev.base, "choices": [], "usage": usage}))
+        await write(DONE)
+        await resp.write_eof()
+        return resp
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        return await generate(request, chat=False)
+
+    async def chat_completions(request: web.Request) -> web.StreamResponse:
+        return await generate(request, chat=True)
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    return app
+
+
+async def _watch_parent(parent: int) -> None:
+    """A child server ends when the process that started it is gone."""
+    while os.getppid() == parent:
+        await asyncio.sleep(1.0)
+    os._exit(0)
+
+
+def _serve_one(
+    host: str, port: int, model: str, itl_ms: float, ttft_ms: float, parent: int | None, load_ms: float = 0.0
+) -> None:
+    from aiohttp import web
+
+    async def main() -> None:
+        runner = web.AppRunner(make_app(model, itl_ms, ttft_ms, load_ms), access_log=None, handle_signals=True)
+        await runner.setup()
+        # A large backlog: a client opening 1000+ connections at once must not see refusals.
+        site = web.TCPSite(runner, host, port, reuse_port=True, backlog=4096)
+        await site.start()
+        try:
+            if parent is not None:
+                await _watch_parent(parent)
+            else:
+                await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+
+
+def serve(
+    port: int,
+    *,
+    host: str = "127.0.0.1",
+    model: str = DEFAULT_MODEL,
+    processes: int = 1,
+    itl_ms: float = 0.0,
+    ttft_ms: float = 0.0,
+    load_ms: float = 0.0,
+) -> None:
+    """Serve until interrupted: this process, plus ``processes - 1`` forked ones on the same port."""
+    children = []
+    if processes > 1:
+        ctx = multiprocessing.get_context("fork")  # before any event loop exists: safe
+        for _ in range(processes - 1):
+            args = (host, port, model, itl_ms, ttft_ms, os.getpid(), load_ms)
+            child = ctx.Process(target=_serve_one, args=args, daemon=True)
+            child.start()
+            children.append(child)
+    try:
+        _serve_one(host, port, model, itl_ms, ttft_ms, None, load_ms)
+    finally:
+        for child in children:
+            child.terminate()
+        for child in children:
+            child.join(5.0)
+
+
+def start_stub_server(
+    *,
+    model: str = DEFAULT_MODEL,
+    processes: int = 1,
+    itl_ms: float = 0.0,
+    ttft_ms: float = 0.0,
+    load_ms: float = 0.0,
+    port: int | None = None,
+    python: str | None = None,
+    timeout: float = 30.0,
+    log_path: Path | None = None,
+) -> tuple[str, Any]:
+    """Launch the stub as a managed subprocess on a free port and wait until it is healthy.
+
+    Returns ``(base_url, process)``: ``base_url`` is ``http://127.0.0.1:PORT/v1``; the
+    :class:`~engines.launch.ManagedProcess` stops the server (and its children) with ``stop()``.
+    """
+    from engines.launch import ManagedProcess, free_port
+    from engines.settings import PROJECT_ROOT
+
+    port = port or free_port()
+    argv = [
+        python or sys.executable,
+        "-m",
+        "bench.stub_server",
+        "--port",
+        str(port),
+        "--model",
+        model,
+        "--processes",
+        str(processes),
+        "--itl-ms",
+        str(itl_ms),
+        "--ttft-ms",
+        str(ttft_ms),
+        "--load-ms",
+        str(load_ms),
+    ]
+    proc = ManagedProcess(argv, name="stub-server", cwd=PROJECT_ROOT, log_path=log_path).start()
+    try:
+        proc.wait_http(f"http://127.0.0.1:{port}/health", timeout, interval=0.1)
+    except BaseException:
+        proc.stop()
+        raise
+    return f"http://127.0.0.1:{port}/v1", proc
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench stub", description=__doc__.split("\n")[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model", default=DEFAULT_MODEL, help="the model name /v1/models lists (any name is accepted)")
+    p.add_argument("--processes", type=int, default=1, help="server processes on the port (SO_REUSEPORT)")
+    p.add_argument("--itl-ms", type=float, default=0.0, help="delay between events of a stream, ms")
+    p.add_argument("--ttft-ms", type=float, default=0.0, help="delay before the first event, ms")
+    p.add_argument(
+        "--load-ms", type=float, default=0.0, help="extra delay per other stream in flight (first event, each gap), ms"
+    )
+    args = p.parse_args(argv)
+    if args.processes < 1:
+        p.error("--processes must be at least 1")
+    print(
+        f"stub server on http://{args.host}:{args.port}/v1 (model {args.model}, {args.processes} process(es), "
+        f"itl {args.itl_ms} ms, ttft {args.ttft_ms} ms)",
+        flush=True,
+    )
+    serve(
+        args.port,
+        host=args.host,
+        model=args.model,
+        processes=args.processes,
+        itl_ms=args.itl_ms,
+        ttft_ms=args.ttft_ms,
+        load_ms=args.load_ms,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
