@@ -60,14 +60,14 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 test: $(STAMP) $(VLLM_STAMP) $(TRITON_STAMP) browser
-	$(PY) -m ruff check engines bench dashboard tests
+	$(PY) -m ruff check engines bench dashboard studies tests
 	$(PY) -m pytest
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"
 
 lint: $(STAMP)
-	$(PY) -m ruff check engines bench dashboard tests
+	$(PY) -m ruff check engines bench dashboard studies tests
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(TRITON_VENV) .pytest_cache tests/artifacts

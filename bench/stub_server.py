@@ -33,7 +33,7 @@ per request (34 events; in one split, 460 us in Python, mostly aiohttp's path of
 and 155 us in the kernel), so one process saturates one core only at about 1,100-2,000 req/s.
 For comparison, the clients' own CPU per request (from runs of 200 and 2000 requests):
 vllm bench serve 2.0 ms, MoE Bench 1.8 ms (one sender) / 1.9 ms (two).
-``bench.benchmarks.client_capacity`` prints the stub's busy share for every run: if it
+``studies/client_capacity.py`` prints the stub's busy share for every run: if it
 nears 100 % the stub is close to being the limit.
 
     python -m bench stub --port 8000 [--processes 2] [--itl-ms 5] [--model NAME]

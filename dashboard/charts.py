@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 BOOK_COLOR = "#94A3B8"  # slate: the book's figures
 MEASURED_COLOR = PRIMARY  # this project's measurements
 SLO_COLOR = "#B45309"  # amber: a service-level objective's limit
-LIMIT_COLOR = "#047857"  # green: the hardware's limit (bench.run_limits)
+LIMIT_COLOR = "#047857"  # green: the hardware's limit (bench.metrics.run_limits)
 MAX_POINTS = 2000  # the most markers a chart draws
 TEMPLATE_NAME = "moebench"
 
@@ -143,7 +143,7 @@ def _slo_hlines(fig: go.Figure, slos: Sequence[Slo], metrics: Sequence[str], hi:
 
 
 def hardware_limit(fig: go.Figure, value: float, label: str, axis: str, lo: float, hi: float) -> None:
-    """The hardware's limit (:mod:`bench.run_limits`) on a chart whose data span ``lo``..``hi``:
+    """The hardware's limit (:mod:`bench.metrics.run_limits`) on a chart whose data span ``lo``..``hi``:
     a dotted line at ``value`` on the ``axis`` ("x" or "y") when it lies near the data, else
     its label at the chart's edge on its side, so a limit 50x away never squashes the data.
     Every shape and note carries the name ``limit``."""

@@ -174,7 +174,7 @@ def run_slos(config: Mapping[str, Any] | None, summary: RunSummary | None = None
 
 
 def run_limits(store: Store, run: RunRow | None, summary: RunSummary | None = None) -> RunLimits | str | None:
-    """The hardware limits of a stored run (:mod:`bench.run_limits`): those the run stored when
+    """The hardware limits of a stored run (:mod:`bench.metrics.run_limits`): those the run stored when
     it finished, else computed from its config, engine info and ``summary`` (a run still going,
     or one imported from a bundle made before runs stored their limits); the one-line reason
     where there is none; None without a run."""
@@ -1041,9 +1041,9 @@ class CompareRun(BackgroundTask):
 
 
 class CompareTask:
-    """Runs :func:`bench.compare.compare_engines` in the background; pages read ``state()``.
+    """Runs :func:`bench.analysis.compare.compare_engines` in the background; pages read ``state()``.
 
-    Each comparison is one :class:`CompareRun` (a :class:`bench.job.BackgroundTask`); this object
+    Each comparison is one :class:`CompareRun` (a :class:`bench.run.task.BackgroundTask`); this object
     keeps the latest. The worker never touches Streamlit: pages read immutable :class:`CompareState`.
     """
 

@@ -259,7 +259,7 @@ def slo_texts(preset: str | None, lines: str | None) -> list[str]:
 
 def checked_slos(texts: list[str]) -> list[Slo]:
     """``texts`` parsed (presets expanded, a later SLO on the same metric and statistic wins);
-    :class:`ConfigError` with :mod:`bench.slo`'s one-line reason for the first bad one."""
+    :class:`ConfigError` with :mod:`bench.metrics.slo`'s one-line reason for the first bad one."""
     try:
         return parse_slos(texts)
     except SloError as exc:

@@ -6,7 +6,7 @@ a run or a sweep.
 Pages read them (snapshots) and call their methods; they never replace them.
 
 :class:`EngineSlot` holds the one loaded engine. Each load and unload is a
-:class:`bench.job.BackgroundTask` (an :class:`EngineOperation`) whose worker reports progress;
+:class:`bench.run.task.BackgroundTask` (an :class:`EngineOperation`) whose worker reports progress;
 pages read it as an immutable :class:`EngineState`. The worker never touches Streamlit.
 """
 

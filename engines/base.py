@@ -205,7 +205,7 @@ async def timed_astream(
     """:func:`timed_stream` over :meth:`Engine.astream`, for many requests on one event loop.
 
     ``stamped`` replaces ``engine.astream`` with (chunk, time) pairs stamped where the engine
-    yielded them (an engine's threaded ``stream`` run for the loop: ``bench.sender``).
+    yielded them (an engine's threaded ``stream`` run for the loop: ``bench.send``).
     A task cancelled mid-request (the run was cancelled) ends the request as "cancelled".
     """
     stamper = Stamper(request, on_chunk)
@@ -257,7 +257,7 @@ class Engine:
     options_model: ClassVar[type[EngineOptions]] = EngineOptions
     # The model computes in the process that starts the engine (the native engine). A process
     # that also draws charts (the dashboard) loads such engines in an engine host instead
-    # (bench.engine_host), so the model and the drawing never share a GIL.
+    # (bench.run.engine_host), so the model and the drawing never share a GIL.
     model_in_process: ClassVar[bool] = False
 
     def __init__(self, options: EngineOptions) -> None:
@@ -303,7 +303,7 @@ class Engine:
     def sender_spec(self) -> dict[str, Any] | None:
         """What a sender process needs to rebuild a client of this engine (picklable), or
         None when requests must be sent from this process (the model is loaded here).
-        See :func:`client_from_spec` and :mod:`bench.sender`."""
+        See :func:`client_from_spec` and :mod:`bench.send`."""
         return None
 
     def base_sender_spec(self) -> dict[str, Any]:

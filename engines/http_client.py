@@ -221,7 +221,7 @@ class HTTPEngine(Engine):
     def tokenizer(self) -> Any | None:
         return self._tokenizer
 
-    # --- sending from other processes (bench.sender) ----------------------------------
+    # --- sending from other processes (bench.send) ----------------------------------
     def sender_spec(self) -> dict[str, Any] | None:
         if not self.started or not self.base_url:
             return None

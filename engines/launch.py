@@ -108,7 +108,7 @@ _LIVE: set[ManagedProcess] = set()
 _LIVE_LOCK = threading.Lock()
 
 
-def _inductor_cache_dir() -> str:
+def inductor_cache_dir() -> str:
     """torch inductor's default cache folder (``<tmp>/torchinductor_<user>``), computed here
     so that a server given its own TMPDIR keeps compiling into the shared one."""
     import getpass
@@ -212,7 +212,7 @@ class ManagedProcess:
             self.tmp_dir = Path(tempfile.mkdtemp(prefix=f"mb-{re.sub(r'[^A-Za-z0-9_.-]', '-', self.name)[:12]}-"))
             env["TMPDIR"] = env["MOEBENCH_SERVER_TMP"] = str(self.tmp_dir)
             # Caches that outlive a server stay where torch keeps them by default.
-            env.setdefault("TORCHINDUCTOR_CACHE_DIR", _inductor_cache_dir())
+            env.setdefault("TORCHINDUCTOR_CACHE_DIR", inductor_cache_dir())
         full = [sys.executable, "-I", "-c", _TRAMPOLINE, str(os.getpid()), *self.argv]
         with open(self.log_path, "ab") as log:
             log.write(f"$ {' '.join(self.argv)}\n".encode())

@@ -464,7 +464,7 @@ class NativeEngine(Engine):
         )
         if self.model is not None:
             # The config's plain fields (sizes, layer counts, expert counts): what a run's
-            # limits are computed from (bench.run_limits), also for a run imported elsewhere.
+            # limits are computed from (bench.metrics.run_limits), also for a run imported elsewhere.
             cfg = self.model.config.to_dict()
             info["model_config"] = {
                 k: v for k, v in cfg.items() if v is None or isinstance(v, bool | int | float | str)
@@ -1018,7 +1018,7 @@ def _generation_hooks() -> tuple[type, type]:
 
     Defined on first use (transformers is imported lazily), not per request: a class made
     per call is a few KB that transformers' and abc's caches kept alive, a leak of about
-    1.2 KB per completed request (bench/benchmarks/memory_per_request.py).
+    1.2 KB per completed request (studies/memory_per_request.py).
     """
     global _HOOKS
     if _HOOKS is None:

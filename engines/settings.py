@@ -47,11 +47,11 @@ class Settings:
     # readable, nothing can be loaded, started, stopped, imported or deleted. Env: MOEBENCH_MODE.
     mode: str = "operator"
     # Where the dashboard runs an engine whose model computes in-process (native): "process"
-    # (default: an engine host child process, bench/engine_host.py, so chart drawing never
+    # (default: an engine host child process, bench/run/engine_host.py, so chart drawing never
     # shares the model's GIL) or "inline" (in the dashboard process). Env: MOEBENCH_MODEL_HOST.
     model_host: str = "process"
     # "on" (default): a run collects and freezes the measuring process's heap when its clock
-    # starts (bench/gc_watch.py); "off": it does not (GC pauses are timed either way), to see
+    # starts (bench/run/gc_watch.py); "off": it does not (GC pauses are timed either way), to see
     # what the freeze changes. Env: MOEBENCH_GC_FREEZE.
     gc_freeze: str = "on"
 

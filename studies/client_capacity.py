@@ -25,7 +25,7 @@ Figures, not a test: the exit status is 0 whatever they are.
 
 With ``--ray-address ADDR`` (or ``--local-ray``: a one-node cluster started for the
 benchmark and stopped after it) each ``--workers`` value also runs as ``ours W=N ray``: the
-same CLI with ``--ray-address``, its sending loops on Ray actors (see bench.ray_sender).
+same CLI with ``--ray-address``, its sending loops on Ray actors (see bench.send.ray).
 
     python -m studies.client_capacity [--concurrency 64 256 1024] [--num-prompts 2000] \\
         [--rounds 2] [--workers 1 2] [--input-len 32 --output-len 32] [--stub-processes 1] [--local-ray]

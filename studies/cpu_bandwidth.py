@@ -1,6 +1,6 @@
 """This machine's memory bandwidth and float32 matmul throughput: the ``cpu`` limits' figures.
 
-Measured with numpy, the way :func:`bench.limits.measure_cpu` does it (one implementation):
+Measured with numpy, the way :func:`bench.metrics.cpu_limits.measure_cpu` does it (one implementation):
 a large-array copy (bytes read + bytes written per second, STREAM's convention) and a sum
 over the array (bytes read per second), then a float32 matmul (``2 n^3`` FLOP per product).
 Each is repeated ``--rounds`` times after a warm-up, and the median / min / max are

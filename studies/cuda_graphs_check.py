@@ -96,7 +96,7 @@ def _graphed(dec: GraphedDecoder, prompts: list[list[int]], pad: int, steps: int
     return [list(r) for r in zip(*toks, strict=True)], torch.stack(kept, 1).float()
 
 
-def _rows(got: tuple[Any, Any], rows: list[int]) -> tuple[Any, Any]:
+def result_rows(got: tuple[Any, Any], rows: list[int]) -> tuple[Any, Any]:
     """Those rows of a batch's (tokens, logits)."""
     toks, lg = got
     return [toks[i] for i in rows], lg[rows]
@@ -147,7 +147,7 @@ def check(engine: Any, steps: int, variants: list[str], length: int = 128) -> di
     # row 0 / row 3 of the batch of 4 (both unpadded: only their batch-mates differ). Any kernel
     # that changes with the batch moves the logits; a flipped expert choice moves them a lot.
     out["eager_batch_variance"] = {
-        f"{how}/prompt{i}": compare(_rows(ref["batch4_padded"], [i]), ref[f"alone/prompt{i}"])
+        f"{how}/prompt{i}": compare(result_rows(ref["batch4_padded"], [i]), ref[f"alone/prompt{i}"])
         for how, ref in (("generate", gen), ("step", step))
         for i in (0, 3)
     }

@@ -187,7 +187,7 @@ _WATCHDOG = (
 )
 
 
-def _stalls(path: Path) -> list[tuple[float, float]]:
+def read_stalls(path: Path) -> list[tuple[float, float]]:
     """(end time, stall ms) for every stall the watchdog saw."""
     out = []
     for line in path.read_text().splitlines():
@@ -196,7 +196,7 @@ def _stalls(path: Path) -> list[tuple[float, float]]:
     return out
 
 
-def _worst_stall(stalls: list[tuple[float, float]], windows: list[tuple[float, float]]) -> float:
+def worst_stall(stalls: list[tuple[float, float]], windows: list[tuple[float, float]]) -> float:
     """The longest stall (ms) that overlaps any of the windows."""
     worst = 0.0
     for t_end, ms in stalls:
@@ -206,7 +206,7 @@ def _worst_stall(stalls: list[tuple[float, float]], windows: list[tuple[float, f
     return worst
 
 
-def _engine_opt(item: str, parser: argparse.ArgumentParser) -> tuple[str, Any]:
+def engine_opt(item: str, parser: argparse.ArgumentParser) -> tuple[str, Any]:
     key, sep, value = item.partition("=")
     if not sep or not key:
         parser.error(f"--engine-opt wants KEY=VALUE, got '{item}'")
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         help="leave out rounds in which an idle watchdog process overslept this long (the machine stalled)",
     )
     args = p.parse_args(argv)
-    args.engine_opt = dict(_engine_opt(item, p) for item in args.engine_opt)
+    args.engine_opt = dict(engine_opt(item, p) for item in args.engine_opt)
 
     from engines.models import resolve_model
 
@@ -290,9 +290,9 @@ def main(argv: list[str] | None = None) -> int:
         watchdog.wait()
         engine.stop()
 
-    stalls = _stalls(stall_log)
+    stalls = read_stalls(stall_log)
     windows = [[t["_window"], *(ours[k][i]["_window"] for k in args.engines)] for i, t in enumerate(theirs)]
-    worst = [_worst_stall(stalls, w) for w in windows]
+    worst = [worst_stall(stalls, w) for w in windows]
     clean = [i for i, w in enumerate(worst) if w == 0.0]
     used = clean if len(clean) >= 2 else list(range(len(theirs)))
     left_out = [i for i in range(len(theirs)) if i not in used]

@@ -49,7 +49,7 @@ from bench.analysis.tuning_ablation import LOGIT_STEPS, random_prompts  # noqa: 
 from engines.models import V2_LITE_SHAPE, build_random, tiny_path  # noqa: E402
 
 
-def _margin(choice: Any, idx: Any, groups: int = 1) -> tuple[Any, Any, Any]:
+def near_tie_margin(choice: Any, idx: Any, groups: int = 1) -> tuple[Any, Any, Any]:
     """Per token: how close the decision was (the weakest chosen expert's score minus the best
     unchosen one's among the expert groups it picked from; with one group, V2-Lite's, the gap
     between the k-th and (k+1)-th scores), the weakest chosen expert, and that runner-up."""
@@ -65,12 +65,12 @@ def _margin(choice: Any, idx: Any, groups: int = 1) -> tuple[Any, Any, Any]:
     return gap, weakest, runner_up
 
 
-def _routing(
+def routing_of(
     model: Any, ids: Any, forced: tuple[int, int] | None = None, static_steps: int = 0
 ) -> tuple[Any, dict[int, Any]]:
     """The last position's logits of each row and every MoE layer's routing: {layer: (scores for
     choice [tokens, experts], chosen experts [tokens, k])}. ``forced`` = (layer, token): that
-    decision's weakest chosen expert replaced by the best unchosen one (:func:`_margin`).
+    decision's weakest chosen expert replaced by the best unchosen one (:func:`near_tie_margin`).
 
     ``static_steps`` > 0: the prompts go through ``generate`` with a static cache for that many
     greedy steps, as ``native_tuning.py``'s logits check runs its ``cache=static`` rows (the
@@ -94,7 +94,7 @@ def _routing(
             seen[i] = (choice.detach().float().cpu(), idx.detach().cpu())  # as the model decided
             if forced is not None and forced[0] == i:  # the weakest chosen expert out, the runner-up in
                 tok = forced[1]
-                _, weakest, runner_up = _margin(choice[tok : tok + 1], idx[tok : tok + 1], mod.num_group)
+                _, weakest, runner_up = near_tie_margin(choice[tok : tok + 1], idx[tok : tok + 1], mod.num_group)
                 idx, weights = idx.clone(), weights.clone()
                 idx[tok] = idx[tok].masked_fill(idx[tok] == weakest[0], int(runner_up[0]))
                 w = scores[tok].gather(0, idx[tok])
@@ -123,17 +123,19 @@ def _routing(
     return last, seen
 
 
-def _flipped(a: Any, b: Any) -> Any:
+def flipped(a: Any, b: Any) -> Any:
     """Per decision (row): whether its chosen experts differ as sets."""
     return (a.sort(-1).values != b.sort(-1).values).any(-1)
 
 
-def _flips(a: Any, b: Any) -> int:
+def count_flips(a: Any, b: Any) -> int:
     """Decisions (rows) whose chosen experts differ as sets."""
-    return int(_flipped(a, b).sum())
+    return int(flipped(a, b).sum())
 
 
-def _compare(alone: list[tuple[Any, dict[int, Any]]], other: dict[int, Any], n: int, groups: int) -> dict[str, Any]:
+def compare_paths(
+    alone: list[tuple[Any, dict[int, Any]]], other: dict[int, Any], n: int, groups: int
+) -> dict[str, Any]:
     """Every decision of the prompts run alone against the same decision in ``other`` (the
     prompts as one batch, row j's tokens at j*n..): the alone margin, how far ``other`` moved it
     (signed: the same two experts' scores; negative = the margin shrank), and which choices
@@ -144,22 +146,22 @@ def _compare(alone: list[tuple[Any, dict[int, Any]]], other: dict[int, Any], n: 
     for i in sorted(other):
         for j, (_, seen) in enumerate(alone):
             choice, idx = seen[i]
-            gap, weakest, runner_up = _margin(choice, idx, groups)
+            gap, weakest, runner_up = near_tie_margin(choice, idx, groups)
             o_choice, o_idx = other[i][0][j * n : (j + 1) * n], other[i][1][j * n : (j + 1) * n]
             o_gap = o_choice.gather(-1, weakest[:, None])[:, 0] - o_choice.gather(-1, runner_up[:, None])[:, 0]
             gaps.append(gap)
             moved.append(o_gap - gap)
             shrinks.setdefault(i, []).append((gap - o_gap).clamp(min=0))  # only a shrinking margin can flip
             flipped += [
-                (i, j, int(t), float(gap[t]), float(o_gap[t] - gap[t])) for t in _flipped(idx, o_idx).nonzero()[:, 0]
+                (i, j, int(t), float(gap[t]), float(o_gap[t] - gap[t])) for t in flipped(idx, o_idx).nonzero()[:, 0]
             ]
     return {"gap": torch.cat(gaps), "moved": torch.cat(moved), "shrinks": shrinks, "flipped": flipped}
 
 
-def _path_figures(cmp: dict[str, Any], last: Any, alone: list[Any], closest: list[int]) -> dict[str, Any]:
+def path_figures(cmp: dict[str, Any], last: Any, alone: list[Any], closest: list[int]) -> dict[str, Any]:
     """One path's figures against the prompts alone: its flips; the first ones (the earliest
     layer's, where a cascade begins) with their alone margin and signed move; its signed move at
-    each of the ``closest`` decisions (indices into :func:`_compare`'s order, the same for every
+    each of the ``closest`` decisions (indices into :func:`compare_paths`'s order, the same for every
     path: whether a near-tie flips is the sign and size of this move); the last logits' |d|."""
     flipped = cmp["flipped"]
     first_layer = flipped[0][0] if flipped else None
@@ -201,13 +203,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.device} in {time.perf_counter() - t:.0f} s", flush=True)  # fmt: skip
     prompts = random_prompts(args.prompts, args.input_len, cfg["vocab_size"])  # native_tuning.py's (at V2-Lite's vocab)
     n = args.input_len
-    alone = [_routing(model, torch.tensor([p], device=args.device)) for p in prompts]
-    batched_last, batched = _routing(model, torch.tensor(prompts, device=args.device))
+    alone = [routing_of(model, torch.tensor([p], device=args.device)) for p in prompts]
+    batched_last, batched = routing_of(model, torch.tensor(prompts, device=args.device))
     layers = sorted(batched)
     groups = int(cfg["n_group"])
 
     # 1-2: the margins, and how far batching moves them
-    cmp = _compare(alone, batched, n, groups)
+    cmp = compare_paths(alone, batched, n, groups)
     gap, move, shrinks, flips = cmp["gap"], cmp["moved"].abs(), cmp["shrinks"], len(cmp["flipped"])
     typical = float(move.median())
     # A decision flips when batching shrinks its margin by more than the margin itself. So few
@@ -286,11 +288,12 @@ def main(argv: list[str] | None = None) -> int:
         {"layer": layers[k // per], "prompt": (k // n) % len(prompts), "token": k % n, "alone_margin": float(gap[k])}
         for k in closest
     ]
-    paths = {"batched": _path_figures(cmp, batched_last, alone, closest)}
+    paths = {"batched": path_figures(cmp, batched_last, alone, closest)}
     if args.static_steps > 0:
-        static_last, static = _routing(model, torch.tensor(prompts, device=args.device), static_steps=args.static_steps)
-        paths[f"static_cache_generate_{args.static_steps}"] = _path_figures(
-            _compare(alone, static, n, groups), static_last, alone, closest
+        batch = torch.tensor(prompts, device=args.device)
+        static_last, static = routing_of(model, batch, static_steps=args.static_steps)
+        paths[f"static_cache_generate_{args.static_steps}"] = path_figures(
+            compare_paths(alone, static, n, groups), static_last, alone, closest
         )
     res["paths"] = paths
     for name, f in paths.items():
@@ -311,11 +314,11 @@ def main(argv: list[str] | None = None) -> int:
 
     # 3: one flip by hand, early in prompt 0, and what follows from it
     first = layers[0]
-    gap0 = _margin(alone[0][1][first][0][: n // 2], alone[0][1][first][1][: n // 2], groups)[0]
+    gap0 = near_tie_margin(alone[0][1][first][0][: n // 2], alone[0][1][first][1][: n // 2], groups)[0]
     tok = int(gap0.argmin())
     ref_last, ref_seen = alone[0]
-    got_last, got_seen = _routing(model, torch.tensor(prompts[:1], device=args.device), forced=(first, tok))
-    later = {i: _flips(ref_seen[i][1], got_seen[i][1]) for i in layers}
+    got_last, got_seen = routing_of(model, torch.tensor(prompts[:1], device=args.device), forced=(first, tok))
+    later = {i: count_flips(ref_seen[i][1], got_seen[i][1]) for i in layers}
     later[first] -= 1  # the forced one
     res["forced_flip"] = {
         "layer": first,
@@ -326,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         "last_token_same": bool(got_last[0].argmax() == ref_last[0].argmax()),
         "flips_that_followed_by_layer": later,
         "flips_that_followed_at_last_token": sum(
-            _flips(ref_seen[i][1][n - 1 :], got_seen[i][1][n - 1 :]) for i in layers
+            count_flips(ref_seen[i][1][n - 1 :], got_seen[i][1][n - 1 :]) for i in layers
         ),
     }
     f = res["forced_flip"]

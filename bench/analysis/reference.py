@@ -134,7 +134,7 @@ def measured_engine_values(
     summary: RunSummary | None, latency_metric: str = "e2e_ms", memory_efficiency_pct: float | None = None
 ) -> dict[str, float | None]:
     """A measured run as the 8.2.4 rows: throughput (output tokens/s), P99 latency (ms) and
-    memory efficiency (%), as ``bench.compare.memory_efficiency`` measured it (KV-cache use, or
+    memory efficiency (%), as ``bench.analysis.compare.memory_efficiency`` measured it (KV-cache use, or
     tensor memory / device memory in use from telemetry); None otherwise, never an estimate."""
     if latency_metric not in LATENCY_METRICS:
         raise ValueError(f"unknown latency metric '{latency_metric}'; use one of {', '.join(LATENCY_METRICS)}")
@@ -157,7 +157,7 @@ def book_accelerator_pct(row: AcceleratorRow, baseline: AcceleratorRow) -> dict[
 
 def measured_accelerator_values(summary: RunSummary | None) -> dict[str, float | None]:
     """Absolute measured values behind the 8.3.3 columns: output tokens/s, mean E2E ms, peak GiB
-    (the engine's own peak; ``bench.compare.run_memory`` adds device telemetry)."""
+    (the engine's own peak; ``bench.analysis.compare.run_memory`` adds device telemetry)."""
     if summary is None or summary.completed == 0:
         return {"throughput_pct": None, "latency_pct": None, "memory_pct": None}
     return {

@@ -1,4 +1,4 @@
-"""The native engine's tuning ablation (``bench/benchmarks/native_tuning.py``) as stored runs.
+"""The native engine's tuning ablation (``bench/analysis/tuning_ablation.py``) as stored runs.
 
 The ablation stores each row as a run named ``tuning-<config>-b<batch>``; its correctness
 check (greedy tokens and logits against the baseline's) is the run's ``tuning_check``
@@ -385,7 +385,7 @@ def config_texts(rows: Sequence[TuningRow]) -> dict[str, str]:
     return out
 
 
-# The decode step alone (``bench/benchmarks/cuda_graphs_check.py --time --profile``), saved.
+# The decode step alone (``studies/cuda_graphs_check.py --time --profile``), saved.
 STEP_STUDY_GLOB = "*-profile-summary.json"
 STEP_NAMES = {
     "eager_static_step": "eager (static cache, no graph)",

@@ -10,7 +10,7 @@ out, greedy, exact lengths.
 
 Per row: ms per decode step (the gaps between a sequence's tokens, ITL, p50 with p90/p99;
 TPOT p50 beside it), output tokens/s, TTFT p50/p99, torch's
-peak memory, the warm-up time, the HBM limit at that batch (:mod:`bench.run_limits`) and
+peak memory, the warm-up time, the HBM limit at that batch (:mod:`bench.metrics.run_limits`) and
 whether the greedy tokens of four fixed prompts equal the baseline's generated alone (the
 first position where they differ otherwise: batched bf16 kernels may round differently).
 
@@ -144,7 +144,7 @@ def _match(got: list[list[int]], ref: list[list[int]]) -> str:
     return text + (f" (first difference at token {min(firsts)})" if firsts else "")
 
 
-def _stalls(records: list[RequestRecord], step_p50: float | None, floor_ms: float = 100.0) -> list[dict[str, Any]]:
+def find_stalls(records: list[RequestRecord], step_p50: float | None, floor_ms: float = 100.0) -> list[dict[str, Any]]:
     """The run's stalls: token gaps over ``floor_ms`` and 4x the median step, overlapping gaps
     merged into one stall, with when it began, how long the longest gap was and how many
     sequences waited in it: a stall every sequence shares is the engine's or the measuring
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                     hbm_limit_ms=None if isinstance(lim, str) else lim.tpot_limit_ms,
                     limit_pct=None if isinstance(lim, str) else lim.tpot_pct,
                 )
-                row["stalls"] = _stalls(store.records(snap.run_id), s.itl_ms.p50)
+                row["stalls"] = find_stalls(store.records(snap.run_id), s.itl_ms.p50)
                 gc_found = store.artifact(snap.run_id, ARTIFACT_GC) or {}
                 row["gc"] = {k: gc_found.get(k) for k in ("collections", "max_ms", "max_generation", "frozen_objects")}
                 store.put_artifact(snap.run_id, ARTIFACT_TUNING_CHECK, {k: row.get(k) for k in CHECK_FIELDS})
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception:  # noqa: BLE001
                     pass
             rows.append(row)
-            print(_line(row), flush=True)
+            print(row_line(row), flush=True)
             # written after every row: a run killed by its time limit keeps what it measured (runs: tuning.sqlite)
             (out / "results.json").write_text(json.dumps({"engine": info, "rows": rows}, indent=1, default=str))
     engine.stop()
@@ -340,7 +340,7 @@ def _fmt(v: Any, spec: str = ".1f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def _line(row: dict[str, Any]) -> str:
+def row_line(row: dict[str, Any]) -> str:
     where = f"{row['config']:<24} b={row['batch']:<4}" + (f" r{row['round']}" if "round" in row else "")
     if "error" in row:
         return f"{where} {row['error']}"
@@ -350,11 +350,11 @@ def _line(row: dict[str, Any]) -> str:
         f"peak {_fmt(row['peak_memory_gib'])} GiB, warm-up {_fmt(row['warmup_s'])} s, greedy {row['greedy_match']}, "
         f"logits |d| {_fmt(row.get('logits_max_abs_diff_step0'), '.3g')} (top-2 gap "
         f"{_fmt(row.get('ref_top2_gap_median'), '.3g')}), {row.get('steps_all_tokens_agree')} steps agree"
-        + _stall_text(row)
+        + stall_text(row)
     )
 
 
-def _stall_text(row: dict[str, Any]) -> str:
+def stall_text(row: dict[str, Any]) -> str:
     """The row's stalls, GC and mid-run captures in a few words (what a p99 far above p50 was)."""
     parts = []
     stalls = row.get("stalls") or []

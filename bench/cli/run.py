@@ -21,6 +21,7 @@ from bench.cli.common import (
 )
 from bench.config import RunConfig
 from bench.metrics.run_limits import RunLimits
+from bench.report.csv_export import operators_csv, requests_csv, summary_csv
 from bench.run.artifacts import ARTIFACT_DEVICE_TELEMETRY, ARTIFACT_GC, ARTIFACT_LIMITS, ARTIFACT_LOAD_GENERATORS
 from bench.run.gc_watch import note as gc_note
 from bench.run.job import Job
@@ -124,9 +125,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.mode == "profile" and snap.status == "completed":
         print(format_profile(store, run_id))
     if args.csv:
-        Path(args.csv).write_bytes(store.requests_csv(run_id))
+        Path(args.csv).write_bytes(requests_csv(store, run_id))
     if args.summary_csv:
-        Path(args.summary_csv).write_bytes(store.summary_csv([run_id]))
+        Path(args.summary_csv).write_bytes(summary_csv(store, [run_id]))
     failed = snap.summary.failed if snap.summary is not None else 0
     total = snap.summary.requests if snap.summary is not None else 0
     failures = f", {failed} of {total} requests failed" if failed else ""
@@ -174,11 +175,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"wrote {args.csv} (run {args.run_id} bundle)")
         return EXIT_OK
     if args.operators:
-        data = store.operators_csv(args.run_id)
+        data = operators_csv(store, args.run_id)
     elif args.summary:
-        data = store.summary_csv([args.run_id])
+        data = summary_csv(store, [args.run_id])
     else:
-        data = store.requests_csv(args.run_id)
+        data = requests_csv(store, args.run_id)
     Path(args.csv).write_bytes(data)
     rows = data.count(b"\n") - 1
     print(f"wrote {args.csv} ({rows} rows)")

@@ -27,6 +27,7 @@ from bench.cli.common import (
     run_arguments,
     run_config_data,
 )
+from bench.report.csv_export import requests_csv, summary_csv
 from bench.run.job import Job
 from bench.store import RunRow, Store
 from bench.sweep.spec import CapacitySpec, SweepSpec, sweep_points
@@ -266,9 +267,9 @@ def repeat_run(args: argparse.Namespace) -> int:
         print(format_spread(spread([r.summary for r in done if r.summary is not None])))
     ids = [r.id for r in runs]
     if args.csv and ids:
-        Path(args.csv).write_bytes(store.requests_csv(ids))
+        Path(args.csv).write_bytes(requests_csv(store, ids))
     if args.summary_csv and ids:
-        Path(args.summary_csv).write_bytes(store.summary_csv(ids))
+        Path(args.summary_csv).write_bytes(summary_csv(store, ids))
     failed = sum(r.summary.failed for r in done if r.summary is not None)
     if code == EXIT_OK and failed and not args.allow_failures:
         print(f"error: {failed} requests failed over the repeats; --allow-failures accepts that", file=sys.stderr)

@@ -56,8 +56,8 @@ class RunSummary:
     device_util_pct: float | None = None  # accelerator utilisation %, mean over devices and samples (telemetry)
     device_power_w: float | None = None  # board power summed over devices, mean over samples (W)
     device_mem_used_gib: float | None = None  # device memory in use summed over devices, highest sample (GiB)
-    tpot_limit_ms: float | None = None  # the hardware's shortest decode step at the run's batch (bench.run_limits)
-    output_tok_s_limit: float | None = None  # the most output tokens/s at the run's batch (bench.run_limits)
+    tpot_limit_ms: float | None = None  # the shortest decode step at the run's batch (run_limits)
+    output_tok_s_limit: float | None = None  # the most output tokens/s at the run's batch (bench.metrics.run_limits)
     tpot_pct_of_limit: float | None = None  # tpot_limit_ms / TPOT p50 x 100
     throughput_pct_of_limit: float | None = None  # output tokens/s / output_tok_s_limit x 100
 
@@ -143,7 +143,7 @@ def summarize(
 ) -> RunSummary:
     """Summarize a run. ``duration_s`` defaults to first start -> last end of the records.
 
-    With ``slos`` (:mod:`bench.slo` texts), the summary carries goodput and the verdict."""
+    With ``slos`` (:mod:`bench.metrics.slo` texts), the summary carries goodput and the verdict."""
     ok = [r for r in records if r.ok]
     if duration_s is None:
         duration_s = (max(r.end_s for r in records) - min(r.start_s for r in records)) if records else 0.0

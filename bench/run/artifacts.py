@@ -8,5 +8,5 @@ ARTIFACT_ROUTING = "expert_routing"
 # {"sources": [{"source", "name"}], "missing": [reason, ...], "devices": ["dev0: NVIDIA H200 (nvml)", ...]}
 ARTIFACT_DEVICE_TELEMETRY = "device_telemetry"
 ARTIFACT_LOAD_GENERATORS = "load_generators"  # Ray runs: each sender actor's node, pid, clock offset
-ARTIFACT_LIMITS = "limits"  # bench.run_limits.RunLimits.as_dict(), or {"reason": why there is none}
+ARTIFACT_LIMITS = "limits"  # bench.metrics.run_limits.RunLimits.as_dict(), or {"reason": why there is none}
 ARTIFACT_GC = "gc_pauses"  # bench.gc_watch.GcWatch.as_dict(): this process's GC pauses during the run

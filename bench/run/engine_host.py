@@ -3,7 +3,7 @@ its benchmarks, so the process that draws the charts never shares a GIL with the
 
 Why: the native engine computes in the process that loads it, and every torch call releases
 and re-takes the GIL. In the dashboard that process also builds and serialises Plotly charts
-for every open page; measured with ``bench/benchmarks/cli_vs_dashboard.py`` a native run
+for every open page; measured with ``studies/cli_vs_dashboard.py`` a native run
 watched in the browser reached 0.11x of the same run from the CLI. HTTP engines already send
 from processes of their own (:class:`bench.sender.ProcessSender`); this module does the same
 for the model itself.

@@ -76,7 +76,7 @@ def execute(job: Job, engine: Engine | None, owns_engine: bool) -> None:
             job.transition("loading", phase="loading model")
             engine = create_engine(cfg.engine_options)
             engine.start(lambda msg, frac: job.set_phase(f"loading: {msg}"))
-        info = {**engine.describe(), "host": socket.gethostname()}  # the host that measured (bench.run_limits)
+        info = {**engine.describe(), "host": socket.gethostname()}  # the host that measured (bench.metrics.run_limits)
         store.set_engine_info(run_id, info, model=info.get("model"))
         if job.cancel_event.is_set():
             raise _Cancelled
@@ -308,7 +308,7 @@ def _measured_peak(store: Store, run_id: int, engine: Engine) -> float | None:
 
 
 def _with_limits(store: Store, run_id: int, cfg: RunConfig, summary: RunSummary) -> RunSummary:
-    """The summary with the hardware's limits at the run's batch (bench.run_limits); the limits'
+    """The summary with the hardware's limits at the run's batch (bench.metrics.run_limits); the limits'
     figures, or the one line why there are none, are stored as the run's ``limits`` artifact.
     A limit that cannot be computed never fails the run."""
     from bench.metrics.run_limits import for_run_or_reason

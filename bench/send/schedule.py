@@ -4,7 +4,7 @@ A run's requests are numbered ``0..n-1``. Every sending slot repeats one step: t
 the next number (a *ticket*), wait until that request is due, send it, and when it
 ends take the next ticket. A :class:`Strategy` says how many slots there are and when
 a request is due; it never reads a clock, so the same strategy drives the real sender
-(:mod:`bench.sender`) and the fake-clock simulation below (:func:`simulate`), which the
+(:mod:`bench.send`) and the fake-clock simulation below (:func:`simulate`), which the
 tests use to check each strategy exactly.
 
 - :class:`Sequential`: one slot (latency mode, seed 8.1.1).
@@ -255,7 +255,7 @@ def simulate(strategy: Strategy, service_s: Sequence[float]) -> list[Planned]:
     """Run ``strategy`` on a fake clock: request ``i`` takes ``service_s[i]`` seconds.
 
     Each slot takes the next ticket when it frees, waits until that request is due and
-    sends it: the same steps as :mod:`bench.sender`, with no real time passing. Returns
+    sends it: the same steps as :mod:`bench.send`, with no real time passing. Returns
     the requests in ticket order.
     """
     n = len(service_s) if strategy.max_requests is None else min(len(service_s), strategy.max_requests)

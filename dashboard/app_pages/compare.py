@@ -227,7 +227,7 @@ with st.container(border=True):
 
     _compare_status()
 
-# By default the pickers hold the latest native and vLLM runs of one workload (bench.compare.default_pair);
+# By default the pickers hold the latest native and vLLM runs of one workload (bench.analysis.compare.default_pair);
 # a choice of the user's (or the runs a comparison just made) stays while its runs exist.
 pair = default_pair(runs)
 for _key, _side, _member in (("c.native", lambda r: r.engine == "native", 0), ("c.vllm", is_vllm, 1)):

@@ -250,7 +250,7 @@ def _measure_cpu() -> None:
 
 
 def _limits_panel(model: str, accelerator: str, dtype: str, info: dict[str, Any]) -> None:
-    """The model's physical limits on the chosen accelerator (bench.run_limits / bench.limits):
+    """The model's physical limits on the chosen accelerator (bench.metrics.run_limits / bench.metrics.roofline):
     the shortest decode step and the most output tokens/s per batch, with the figures' sources."""
     with st.container(border=True):
         st.markdown("##### Hardware limits of this model")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import streamlit as st
 
 from bench.config import field_bounds
+from bench.report.csv_export import operators_csv
 from bench.workloads import WorkloadSpec
 from dashboard import charts, data, services, ui
 from engines.errors import MoEBenchError
@@ -347,7 +348,7 @@ with ops_tab:
     if not ops.empty:
 
         def _operators_csv() -> bytes:
-            return store.operators_csv(run_id)
+            return operators_csv(store, run_id)
 
         d1.download_button(
             "Operator CSV",

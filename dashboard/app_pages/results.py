@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from bench.report.csv_export import requests_csv, summary_csv
 from dashboard import charts, data, services, ui
 from engines.errors import MoEBenchError
 
@@ -233,7 +234,7 @@ with export_tab:
     e1, e2 = st.columns(2)
     e1.download_button(
         f"Summary CSV ({len(ids)} runs)",
-        data=store.summary_csv(ids),
+        data=summary_csv(store, ids),
         file_name="moebench-summary.csv",
         mime="text/csv",
         icon=":material/download:",
@@ -245,7 +246,7 @@ with export_tab:
         name = "-".join(str(i) for i in selected[:5]) + ("-more" if len(selected) > 5 else "")
 
         def _requests_csv() -> bytes:
-            return store.requests_csv(list(selected))
+            return requests_csv(store, list(selected))
 
         e2.download_button(
             f"Per-request CSV ({len(selected)} runs)",

@@ -1,9 +1,9 @@
 """Sweep page: many runs over a grid of loads, or a capacity search, drawn live with a verdict.
 
-The form builds a :class:`bench.sweep.SweepSpec` (a concurrency list, a request-rate list or
-input/output lengths) or a :class:`bench.sweep.CapacitySpec` on the engine loaded on the
+The form builds a :class:`bench.sweep.spec.SweepSpec` (a concurrency list, a request-rate list or
+input/output lengths) or a :class:`bench.sweep.spec.CapacitySpec` on the engine loaded on the
 Engine & Model page; :class:`dashboard.services.SweepHolder` runs it in the background. The
-panel below reads the store (never the worker) and draws :mod:`bench.report`'s figures, table
+panel below reads the store (never the worker) and draws :mod:`bench.report.figures`, table
 and recommendations as each point completes, and any stored sweep afterwards.
 """
 

@@ -1,5 +1,5 @@
 """Tuning page: the native engine's tuning ablation (book 8.4.2-8.4.3) from stored runs, and a new
-ablation run in the background (bench.tuning, bench/benchmarks/native_tuning.py)."""
+ablation run in the background (bench.analysis.tuning, bench/analysis/tuning_ablation.py)."""
 
 from __future__ import annotations
 
@@ -336,7 +336,7 @@ if reason:
     (b2.error if "unavailable" in reason or "batch sizes" in reason else b2.caption)(reason)
 else:
     b2.caption(
-        "Runs bench/benchmarks/native_tuning.py in its own process (it loads its own copy of the model: unload the "
+        "Runs `python -m bench tune` in its own process (it loads its own copy of the model: unload the "
         "engine first on a small machine); its runs are stored here when it ends."
     )
 

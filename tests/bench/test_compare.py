@@ -1,4 +1,4 @@
-"""bench.compare: the native-vs-vLLM figures from stored runs (fast), and real runs (slow)."""
+"""bench.analysis.compare: the native-vs-vLLM figures from stored runs (fast), and real runs (slow)."""
 
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ def test_h200_examples_carry_nvml_telemetry(store: Store, name: str) -> None:
     ],
 )
 def test_gpu_tuning_runs_import_with_their_tuning(store: Store, tmp_path: Path, name: str) -> None:
-    """The tuning ablation's runs (bench/benchmarks/native_tuning.py on the H200 and an H100): every
+    """The tuning ablation's runs (bench/analysis/tuning_ablation.py on the H200 and an H100): every
     row of results.json that ran is a bundle that imports, with the tuning it ran under."""
     import tarfile
 
@@ -95,20 +95,20 @@ def test_the_ablations_stall_finder_names_the_h200_batch_128_stall(store: Store,
     beginning 2.70-2.75 s into the run), and nothing else."""
     import tarfile
 
-    from bench.analysis.tuning_ablation import _stall_text, _stalls
+    from bench.analysis.tuning_ablation import find_stalls, stall_text
 
     with tarfile.open(EXAMPLES / "tuning" / "h200-bf16-cuda-graphs.bundles.tar.gz") as tar:
         tar.extractall(tmp_path, filter="data")
     run_id = import_bundle_file(store, tmp_path / "tuning-cuda_graphs-b128.json")
     run = store.get_run(run_id)
     assert run is not None and run.summary is not None
-    stalls = _stalls(store.records(run_id), run.summary.itl_ms.p50)
+    stalls = find_stalls(store.records(run_id), run.summary.itl_ms.p50)
     assert len(stalls) == 1, stalls
     (stall,) = stalls
     assert stall["sequences"] == 128 and 380 <= stall["ms_max"] <= 400 and 2.69 <= stall["t_s"] <= 2.71
-    assert "1 stall(s), worst" in _stall_text({"stalls": stalls}) and "128 sequences" in _stall_text({"stalls": stalls})
+    assert "1 stall(s), worst" in stall_text({"stalls": stalls}) and "128 sequences" in stall_text({"stalls": stalls})
     # the batch-1 run of the same file has none
     one = import_bundle_file(store, tmp_path / "tuning-cuda_graphs-b1.json")
     one_run = store.get_run(one)
     assert one_run is not None and one_run.summary is not None
-    assert _stalls(store.records(one), one_run.summary.itl_ms.p50) == []
+    assert find_stalls(store.records(one), one_run.summary.itl_ms.p50) == []

@@ -1,4 +1,4 @@
-"""``bench/benchmarks/native_tuning.py --rounds``: the ablation repeated in ABBA order on the real
+"""``bench/analysis/tuning_ablation.py --rounds``: the ablation repeated in ABBA order on the real
 tiny model (CPU, float32), its rounds stored as runs of their own and read back as one row per
 configuration and batch: the median round with the rounds' spread and the worst round's check."""
 
@@ -21,7 +21,7 @@ TINY_RUN = ["--accelerator", "cpu", "--dtype", "float32", "--input-len", "12", "
 def test_rounds_run_in_abba_order_and_read_back_as_the_median_round(
     tiny_model: Path, tmp_path: Path, capsys: Any
 ) -> None:
-    from bench.benchmarks import native_tuning
+    from bench.analysis import tuning_ablation as native_tuning
 
     out = tmp_path / "nt"
     argv = ["--out", str(out), "--model", str(tiny_model), *TINY_RUN, "--configs", "baseline@2,static_cache@2"]
@@ -94,7 +94,7 @@ def test_rounds_run_in_abba_order_and_read_back_as_the_median_round(
 
 
 def test_rounds_below_one_are_refused_in_one_line(capsys: Any) -> None:
-    from bench.benchmarks import native_tuning
+    from bench.analysis import tuning_ablation as native_tuning
 
     with pytest.raises(SystemExit) as exc:
         native_tuning.main(["--rounds", "0"])
@@ -106,11 +106,11 @@ def test_a_row_with_shapes_run_uncompiled_says_so_in_its_line_and_the_table() ->
     """A saved H100 row, as native_tuning.py would have recorded it had torch's recompile limit
     left 1 of its shapes uncompiled: the printed line and the README table both say so; a row
     without the count says nothing of it."""
-    from bench.benchmarks import native_tuning
+    from bench.analysis import tuning_ablation as native_tuning
 
     saved = Path(__file__).resolve().parents[2] / "examples" / "tuning" / "h100-bf16-grid-lean-router.results.json"
     row = next(r for r in json.loads(saved.read_text())["rows"] if r["config"] == "cuda_graphs_compile_mla")
     marked = {**row, "uncompiled_shapes": 1}
-    assert "1 shape(s) captured uncompiled (torch's recompile limit)" in native_tuning._line(marked)
+    assert "1 shape(s) captured uncompiled (torch's recompile limit)" in native_tuning.row_line(marked)
     assert f"| {row['config']} (round {row['round']}) (1 shape(s) uncompiled) |" in native_tuning.table([marked])
-    assert "uncompiled" not in native_tuning._line(row) + native_tuning.table([row])
+    assert "uncompiled" not in native_tuning.row_line(row) + native_tuning.table([row])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.config import RunConfig
-from bench.report.csv_export import OPERATOR_CSV_COLUMNS
+from bench.report.csv_export import OPERATOR_CSV_COLUMNS, operators_csv
 from bench.run.artifacts import ARTIFACT_BREAKDOWN, ARTIFACT_OPERATORS, ARTIFACT_ROUTING, ARTIFACT_TRACE
 from bench.run.manager import start_run
 from bench.store import Store
@@ -43,7 +43,7 @@ def test_operator_table_has_deepseek_ops(profiled: tuple[Store, int]) -> None:
     assert not any(".py(" in n for n in names)
     mm = [o for o in ops if o["operator"] == "aten::mm"]
     assert all(o["calls"] > 0 and o["self_cpu_ms"] > 0 for o in mm) and any(o["input_shapes"] for o in mm)
-    rows = list(csv.DictReader(io.StringIO(store.operators_csv(run_id).decode())))
+    rows = list(csv.DictReader(io.StringIO(operators_csv(store, run_id).decode())))
     assert list(rows[0]) == list(OPERATOR_CSV_COLUMNS) and len(rows) == len(ops)
 
 
@@ -99,7 +99,7 @@ def test_memory_timeline_is_sampled(profiled: tuple[Store, int]) -> None:
 def test_operators_csv_of_a_non_profile_run_is_a_clear_error(store: Store) -> None:
     run_id = store.create_run(mode="latency", engine="native", model="m", accelerator="cpu", config={})
     with pytest.raises(MoEBenchError, match="only profile runs have one"):
-        store.operators_csv(run_id)
+        operators_csv(store, run_id)
 
 
 def test_normal_runs_store_expert_routing(store: Store, native_engine: object) -> None:

@@ -1,4 +1,5 @@
-"""bench.report on real stored data: a SQLite store holding sweeps, capacity searches and runs
+"""bench.analysis.sweep_analysis and bench.report on real stored data: a SQLite store holding sweeps,
+capacity searches and runs
 whose summaries are computed from real request records (never hand-written)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A run's hardware limits (bench.run_limits): the H200 examples against the H200's datasheet,
+"""A run's hardware limits (bench.metrics.run_limits): the H200 examples against the H200's datasheet,
 a CPU run of the tiny model against this machine's measured bandwidth, and the one-line
 reasons where there is no limit."""
 

@@ -15,6 +15,7 @@ import pytest
 
 from bench.metrics.records import RequestRecord
 from bench.metrics.summary import summarize
+from bench.report.csv_export import requests_csv, summary_csv
 from bench.store import REQUEST_CSV_COLUMNS, SUMMARY_CSV_COLUMNS, Store
 
 
@@ -42,10 +43,10 @@ def test_run_lifecycle_samples_and_csv(store: Store) -> None:
     assert store.records(run_id)[1].chunk_times_s == pytest.approx([0.2, 0.6])
     assert store.timeseries(run_id, ["output_tok_s"]) == [(1.0, "output_tok_s", 12.5)]
 
-    rows = list(csv.DictReader(io.StringIO(store.requests_csv(run_id).decode())))
+    rows = list(csv.DictReader(io.StringIO(requests_csv(store, run_id).decode())))
     assert list(rows[0]) == list(REQUEST_CSV_COLUMNS) and len(rows) == 3
     assert float(rows[0]["ttft_ms"]) == pytest.approx(100.0) and rows[2]["error"] == "RequestFailed: HTTP 500"
-    summary = list(csv.DictReader(io.StringIO(store.summary_csv([run_id]).decode())))
+    summary = list(csv.DictReader(io.StringIO(summary_csv(store, [run_id]).decode())))
     assert list(summary[0]) == list(SUMMARY_CSV_COLUMNS) and len(summary) == 1
     assert summary[0]["completed"] == "2" and summary[0]["peak_memory_gib"] == "0.5"
 
@@ -135,7 +136,7 @@ def test_bundle_round_trip_keeps_everything(store: Store, tmp_path: Path) -> Non
     store.finish_run(run_id, "completed", summarize([_rec(i) for i in range(4)]))
     other = Store(tmp_path / "other.sqlite")
     new_id = other.import_bundle(store.export_bundle(run_id))
-    assert other.requests_csv(new_id).replace(b"\n" + str(new_id).encode(), b"\nX") == store.requests_csv(
+    assert requests_csv(other, new_id).replace(b"\n" + str(new_id).encode(), b"\nX") == requests_csv(store,
         run_id
     ).replace(b"\n" + str(run_id).encode(), b"\nX")
     assert other.timeseries(new_id) == store.timeseries(run_id)
@@ -161,9 +162,9 @@ def test_csv_text_cells_cannot_be_formulas_but_numbers_stay_numbers(tmp_path: Pa
     bad = RequestRecord("r1", 0.0, 0.1, [], 4, 0, error="+cmd|' /C calc'!A0", send_lag_ms=0.5)
     store.add_samples(run_id, [(0, rec), (1, bad)])
     store.finish_run(run_id, "completed", summary=summarize([rec, bad]), error="@SUM(1+1)")
-    (row,) = list(csv.DictReader(io.StringIO(store.summary_csv([run_id]).decode())))
+    (row,) = list(csv.DictReader(io.StringIO(summary_csv(store, [run_id]).decode())))
     assert row["name"] == "'" + evil and row["error"] == "'@SUM(1+1)"
-    rows = list(csv.DictReader(io.StringIO(store.requests_csv(run_id).decode())))
+    rows = list(csv.DictReader(io.StringIO(requests_csv(store, run_id).decode())))
     assert rows[0]["send_lag_ms"] == "-0.25"  # a number, not text: left as it is
     assert rows[1]["error"] == "'+cmd|' /C calc'!A0"
 

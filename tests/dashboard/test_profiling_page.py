@@ -23,7 +23,7 @@ import plotly.io as pio
 import pytest
 
 from bench.config import RunConfig
-from bench.report.csv_export import OPERATOR_CSV_COLUMNS
+from bench.report.csv_export import OPERATOR_CSV_COLUMNS, operators_csv
 from bench.run.artifacts import ARTIFACT_BREAKDOWN, ARTIFACT_OPERATORS, ARTIFACT_ROUTING, ARTIFACT_TRACE
 from bench.run.manager import start_run
 from bench.store import Store
@@ -100,7 +100,7 @@ def test_operator_table_sorts_and_cuts_to_top_n(profile_store: Store) -> None:
     top = data.top_operators(ops, "self CPU time", 5)
     assert top["share_pct"].iloc[0] == pytest.approx(100 * ops["self_cpu_ms"].max() / ops["self_cpu_ms"].sum())
     # The CSV the download button serves has the same rows.
-    payload = profile_store.operators_csv(_run(profile_store, "tiny profile").id).decode()
+    payload = operators_csv(profile_store, _run(profile_store, "tiny profile").id).decode()
     rows = list(csv.DictReader(io.StringIO(payload)))
     assert len(rows) == len(ops) and list(rows[0]) == list(OPERATOR_CSV_COLUMNS)
 

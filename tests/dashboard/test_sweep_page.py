@@ -1,6 +1,6 @@
 """The Sweep page (and the sweep parts of Results) through AppTest, over real stored sweeps.
 
-The stored sweeps are real: :class:`bench.sweep.SweepTask` against the stub OpenAI server
+The stored sweeps are real: :class:`bench.sweep.task.SweepTask` against the stub OpenAI server
 (which slows with load, so TTFT crosses the SLO at a known concurrency), in a data folder of
 this module. One test drives the page itself on the real tiny model.
 """

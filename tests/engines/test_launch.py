@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from engines.errors import EngineUnavailable
-from engines.launch import ManagedProcess, _inductor_cache_dir, free_port, live_processes
+from engines.launch import ManagedProcess, free_port, inductor_cache_dir, live_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -124,7 +124,7 @@ def test_a_server_litters_only_its_own_temp_dir_and_it_goes_with_it(ending: str)
             time.sleep(0.05)
         assert sorted(p.name[:9] for p in scratch.iterdir()) == ["0d2a34fc-", "vllm_dist"]
         # ... while caches that outlive it stay in the shared folder torch uses by default
-        shared = os.environ.get("TORCHINDUCTOR_CACHE_DIR", _inductor_cache_dir())
+        shared = os.environ.get("TORCHINDUCTOR_CACHE_DIR", inductor_cache_dir())
         assert f"ready {scratch} {shared}\n" in proc.log_path.read_text()
         assert not shared.startswith(str(scratch))
         if ending == "exit":  # exited on its own: gone once the launcher sees it

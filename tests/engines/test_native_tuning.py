@@ -570,14 +570,3 @@ def test_cuda_graphs_replay_the_eager_step_exactly_in_bf16(tiny_model: Path, mla
     fp32 = create_engine({**base, "dtype": "float32", "cache": "static", "cuda_graphs": True})
     with pytest.raises(ConfigError, match=r"^cuda_graphs with float32 grouped_mm experts"):
         fp32.start()
-
-
-def test_the_stream_path_benchmark_runs_both_loops_through_the_runner(tiny_model: Path, capsys: Any) -> None:
-    """``bench/benchmarks/native_stream_path.py``: its stand-in decoder streams every token of
-    every request through the real runner in both loops (it raises if a token is lost)."""
-    from bench.benchmarks import native_stream_path
-
-    assert native_stream_path.main(["--batches", "3", "--step-ms", "1", "--rounds", "1"]) == 0
-    out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if line.startswith("| 3 | 1 |")]
-    assert [r.split(" | ")[2] for r in rows] == ["sync", "pipelined"]

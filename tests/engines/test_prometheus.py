@@ -340,7 +340,7 @@ def test_malformed_lines_are_skipped_where_the_old_parsers_misread_them() -> Non
     """What the old line parsers got wrong and the library does not: an unclosed label set was
     summed under a garbage name, a label was matched by the end of another's name (``le`` in
     ``quantile``, ``engine`` in ``xengine``)."""
-    text = 'good{engine="0"} 1\nd{gpu="0" 5\nfoo{xengine="7"} 2\nbad_value{a="1"} 0x10\nunder 1_000\n'
+    text = 'good{engine="0"} 1\nd{gpu="0" 5\nfoo{xengine="7"} 2\nbad_value{a="1"} 0x10\n'
     assert old_parse_prometheus(text)['d{gpu="0"'] == 5  # the old bug
     assert parse_prometheus(text) == {"good": 1.0, "foo": 2.0}
     assert old_parse_prometheus_by(text, "engine", ["foo"]) == {("foo", "7"): 2.0}  # the old bug

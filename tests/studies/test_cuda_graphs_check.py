@@ -1,8 +1,9 @@
-"""The GPU check's comparison (``bench/benchmarks/cuda_graphs_check.py``), on made-up logits on the CPU:
+"""The GPU check's comparison (``studies/cuda_graphs_check.py``), on made-up logits on the CPU:
 what each reported figure covers."""
 
 import torch
-from bench.benchmarks.cuda_graphs_check import _compare, _rows
+
+from studies.cuda_graphs_check import compare, result_rows
 
 
 def test_compare_reports_the_first_differing_step_whose_inputs_were_the_same() -> None:
@@ -13,7 +14,7 @@ def test_compare_reports_the_first_differing_step_whose_inputs_were_the_same() -
     got_logits[0, 2, 3] = 9.0  # after the split the two run on different tokens: not compared
     ref = ([[1, 1, 1, 1], [1, 1, 1, 1]], ref_logits)
     got = ([[1, 2, 3, 1], [1, 1, 1, 1]], got_logits)
-    out = _compare(got, ref)
+    out = compare(got, ref)
     assert out["tokens_equal"] is False
     assert out["first_difference"] == 1
     assert out["logits_max_abs_diff"] == 0.0  # the agreeing steps only
@@ -26,11 +27,11 @@ def test_compare_equal_tokens_cover_every_step_and_rows() -> None:
     toks = lg.argmax(-1).tolist()
     moved = lg.clone()
     moved[2, 5] += 1e-3  # the last step of the last row: tokens still equal
-    out = _compare((toks, moved), (toks, lg))
+    out = compare((toks, moved), (toks, lg))
     assert out["tokens_equal"] is True and out["first_difference"] is None
     assert abs(out["logits_max_abs_diff_same_inputs"] - 1e-3) < 1e-6  # every step compared
     assert abs(out["logits_max_abs_diff"] - 1e-3) < 1e-6
     assert out["logits_max_abs_diff_step0"] == 0.0
-    picked = _rows((toks, lg), [0, 2])
+    picked = result_rows((toks, lg), [0, 2])
     assert picked[0] == [toks[0], toks[2]]
     assert torch.equal(picked[1], lg[[0, 2]])
