@@ -16,10 +16,12 @@ TRITON_VENV   := .venv-triton
 TRITON_STAMP  := $(TRITON_VENV)/.installed
 DROP_CUDA_PKGS := torchvision torchaudio torchcodec
 
-$(STAMP): requirements.txt requirements-dev.txt requirements-ray.txt
+$(STAMP): requirements.txt requirements-dev.txt requirements-ray.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.txt
+	@# the project itself, editable: the `moebench` command (same as `python -m bench`)
+	$(PY) -m pip install -q --no-deps -e .
 	@# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break transformers beside CPU torch.
 	$(PY) -m pip uninstall -y -q $(DROP_CUDA_PKGS) 2>/dev/null || true
 	@touch $@

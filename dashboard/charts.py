@@ -603,7 +603,7 @@ WEIGHTS_COLOR = "#6B7280"
 def breakdown_bars(frame: pd.DataFrame, basis: str = "cpu", title: str = "Where the time goes") -> go.Figure:
     """One stacked horizontal bar per run: each category's share (%) of the run's profiled time.
 
-    ``frame`` (long, from :func:`dashboard.data.breakdown_frame`): ``run`` (label), ``category``,
+    ``frame`` (long, from :func:`dashboard.profile_data.breakdown_frame`): ``run`` (label), ``category``,
     ``ms``, ``share_pct``, ``total_ms``; categories stack in the order they first appear, each
     with its :data:`CATEGORY_COLORS` colour. ``basis`` ("cpu" | "device") names the time in the
     axis title. Categories with no time in any run get no legend entry.

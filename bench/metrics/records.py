@@ -16,10 +16,11 @@ Only successful requests enter latency statistics and token counts.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from engines.base import REQUEST_CANCELLED
 
@@ -208,24 +209,16 @@ class Stat:
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default method); None for no data."""
-    if not values:
+    """Linear-interpolated percentile (numpy's default method, ``np.percentile``); None for no data."""
+    if len(values) == 0:
         return None
-    xs = sorted(values)
-    if len(xs) == 1:
-        return float(xs[0])
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return float(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo))
+    return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
 def describe(values: Iterable[float | None]) -> Stat:
-    """Mean, std (population), min, max and percentiles, skipping None."""
-    xs = [float(v) for v in values if v is not None]
-    if not xs:
+    """Mean, std (population), min, max and percentiles (numpy), skipping None."""
+    xs = np.fromiter((v for v in values if v is not None), dtype=float)
+    if xs.size == 0:
         return Stat(0, None, None, None, None, None, None, None, None)
-    mean = sum(xs) / len(xs)
-    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
-    p = {q: percentile(xs, q) for q in PERCENTILES}
-    return Stat(len(xs), mean, std, min(xs), max(xs), p[50], p[90], p[95], p[99])
+    p50, p90, p95, p99 = (float(v) for v in np.percentile(xs, PERCENTILES))
+    return Stat(int(xs.size), float(xs.mean()), float(xs.std()), float(xs.min()), float(xs.max()), p50, p90, p95, p99)

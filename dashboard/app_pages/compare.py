@@ -21,7 +21,7 @@ from bench.analysis.compare import (
 from bench.config import RunConfig, field_bounds
 from bench.store import RunRow
 from bench.workloads import WorkloadSpec
-from dashboard import charts, data, services, ui
+from dashboard import charts, compare_task, data, services, ui
 from engines.base import engine_class
 from engines.errors import MoEBenchError
 
@@ -35,9 +35,9 @@ store = services.get_store()
 
 
 @st.cache_resource(show_spinner=False)
-def _compare_task(db_path: str) -> data.CompareTask:
+def _compare_task(db_path: str) -> compare_task.CompareTask:
     """The background native-vs-vLLM comparison of this process (outlives pages and sessions)."""
-    return data.CompareTask(services.get_store())
+    return compare_task.CompareTask(services.get_store())
 
 
 task = _compare_task(services.db_path())

@@ -12,7 +12,7 @@ import streamlit as st
 from bench.config import field_bounds
 from bench.report.csv_export import operators_csv
 from bench.workloads import WorkloadSpec
-from dashboard import charts, data, services, ui
+from dashboard import charts, data, profile_data, services, ui
 from engines.errors import MoEBenchError
 
 st.title("Profiling")
@@ -164,7 +164,7 @@ def _live() -> None:
     if snap.error:
         st.error(snap.error, icon=":material/error:")
     if snap.run_id is not None:
-        ts = data.memory_series(store, snap.run_id)
+        ts = profile_data.memory_series(store, snap.run_id)
         ui.chart(charts.memory_timeline(ts, data.MEMORY_SERIES, title="Memory (live)"), "p.live-memory")
 
 
@@ -178,7 +178,7 @@ def _show(run_id: int) -> None:
     with its own time basis and no extra runs to compare."""
     ss["p.run"] = run_id
     ss["p.routing-run"] = run_id
-    bases = data.breakdown_basis(store.artifact(run_id, "profile_breakdown"))
+    bases = profile_data.breakdown_basis(store.artifact(run_id, "profile_breakdown"))
     if bases:
         ss["p.basis"] = bases[0]
     ss["p.op-sort"] = "self device time" if "device" in bases else "self CPU time"
@@ -188,21 +188,21 @@ def _show(run_id: int) -> None:
 def _import_examples() -> None:
     try:
         services.require_operator()
-        imported, skipped = data.import_examples(store)
+        imported, skipped = profile_data.import_examples(store)
     except MoEBenchError as exc:
         ss["p.flash"] = ("error", str(exc))
         return
     if imported:
         ss["p.flash"] = ("success", f"Imported {len(imported)} example run(s): {', '.join(imported)}.")
-        newest = data.profile_runs(store, limit=50)
+        newest = profile_data.profile_runs(store, limit=50)
         if newest:
             _show(newest[0].id)  # the imported example profile
     else:
         ss["p.flash"] = ("success", f"The example runs are already here ({', '.join(skipped) or 'none found'}).")
 
 
-examples = data.example_names()
-runs = data.profile_runs(store)
+examples = profile_data.example_names()
+runs = profile_data.profile_runs(store)
 have_examples = {r.name for r in store.list_runs()} >= examples if examples else True
 with st.container(horizontal=True, vertical_alignment="center"):
     st.button(
@@ -238,7 +238,7 @@ if finished is not None and finished.run_id in by_id:
     _show(finished.run_id)
 if ss.get("p.run") not in by_id:
     _show(runs[0].id)
-routing_candidates = data.routing_runs(store)
+routing_candidates = profile_data.routing_runs(store)
 routing_ids = [r.id for r in routing_candidates]
 
 
@@ -246,12 +246,12 @@ run_id = st.selectbox(
     "Profile run",
     list(by_id),
     key="p.run",
-    format_func=lambda i: data.profile_run_label(by_id[i], examples),
+    format_func=lambda i: profile_data.profile_run_label(by_id[i], examples),
     on_change=lambda: _show(ss["p.run"]),
     help="Every stored profile run, newest first.",
 )
 run = by_id[run_id]
-prof = data.load_profile(store, run_id)
+prof = profile_data.load_profile(store, run_id)
 if run.error:
     (st.warning if run.status == "cancelled" else st.error)(run.error, icon=":material/error:")
 if run.status != "completed" and prof.operators.empty and prof.breakdown is None and prof.routing is None:
@@ -289,7 +289,7 @@ with ops_tab:
             icon=":material/info:",
         )
     else:
-        device, memory = data.has_device_times(ops), data.has_memory(ops)
+        device, memory = profile_data.has_device_times(ops), profile_data.has_memory(ops)
         sorts = [s for s in data.OPERATOR_SORTS if (device or "device" not in s) and (memory or "memory" not in s)]
         if ss.get("p.op-sort") not in sorts:
             ss["p.op-sort"] = sorts[0]
@@ -304,7 +304,7 @@ with ops_tab:
             o2.caption(f"All {len(ops)} operators.")
         search = o3.text_input("Filter", key="p.op-filter", placeholder="e.g. aten::mm, gemm")
         shown = ops[ops["operator"].str.contains(search.strip(), case=False, regex=False)] if search.strip() else ops
-        top = data.top_operators(shown, sort, top_n)
+        top = profile_data.top_operators(shown, sort, top_n)
         st.caption(
             f"{len(top)} of {len(ops):,} operator rows "
             + (
@@ -390,7 +390,7 @@ with ops_tab:
 # --- b. bottleneck breakdown -----------------------------------------------------------------
 
 with breakdown_tab:
-    others = [i for i in by_id if i != run_id and data.breakdown_basis(store.artifact(i, "profile_breakdown"))]
+    others = [i for i in by_id if i != run_id and profile_data.breakdown_basis(store.artifact(i, "profile_breakdown"))]
     if "p.compare-runs" in ss:
         ss["p.compare-runs"] = [i for i in ss["p.compare-runs"] if i in others]
     b1, b2 = st.columns([3, 1])
@@ -398,12 +398,12 @@ with breakdown_tab:
         "Compare with other profile runs",
         others,
         key="p.compare-runs",
-        format_func=lambda i: data.profile_run_label(by_id[i], examples),
+        format_func=lambda i: profile_data.profile_run_label(by_id[i], examples),
         placeholder="add profile runs to stack their bars beside this one",
     )
     picked = [run_id, *extra]
     arts = {i: (prof.breakdown if i == run_id else store.artifact(i, "profile_breakdown")) for i in picked}
-    bases = data.breakdown_basis(prof.breakdown)
+    bases = profile_data.breakdown_basis(prof.breakdown)
     if not bases:
         st.info(
             "No bottleneck breakdown for this run: only the native engine's profile runs classify operator time.",
@@ -421,13 +421,13 @@ with breakdown_tab:
             help="Device time: kernel time on the accelerator. CPU time: host time of the ops (incl. launching "
             "kernels). A CPU run has CPU time only.",
         )
-        labels = {i: data.short_run_label(by_id[i]) for i in picked}
-        frame = data.breakdown_frame([(labels[i], arts[i]) for i in picked], basis)
-        missing = [labels[i] for i in picked if basis not in data.breakdown_basis(arts[i])]
+        labels = {i: profile_data.short_run_label(by_id[i]) for i in picked}
+        frame = profile_data.breakdown_frame([(labels[i], arts[i]) for i in picked], basis)
+        missing = [labels[i] for i in picked if basis not in profile_data.breakdown_basis(arts[i])]
         if missing:
             st.caption(f"Left out (no {basis} time recorded): {', '.join(missing)}.")
         ui.chart(charts.breakdown_bars(frame, basis), "p.breakdown")
-        table = data.breakdown_table(frame)
+        table = profile_data.breakdown_table(frame)
         st.dataframe(
             table,
             hide_index=True,
@@ -449,7 +449,7 @@ with breakdown_tab:
             "(quantization, collectives); **op_outside** rules apply only outside any module scope."
         )
         st.dataframe(
-            data.rules_table(),
+            profile_data.rules_table(),
             hide_index=True,
             key="p.rules",
             column_config={
@@ -475,7 +475,7 @@ with routing_tab:
             "Run (native runs, SGLang recorder runs, vLLM EPLB runs)",
             routing_ids,
             key="p.routing-run",
-            format_func=lambda i: data.profile_run_label(routing_by_id[i], examples),
+            format_func=lambda i: profile_data.profile_run_label(routing_by_id[i], examples),
         )
         routing = prof.routing if rid == run_id else store.artifact(rid, "expert_routing")
         if routing:
@@ -487,7 +487,7 @@ with routing_tab:
                 f"{max(routing['tokens'] or [0]):,} tokens per layer "
                 f"(prompt and generated tokens; each counts once per expert of its top-k) · {source}."
             )
-        balance = data.eplb_balancedness(store, rid)
+        balance = profile_data.eplb_balancedness(store, rid)
         ui.chart(charts.routing_heatmap(routing), "p.routing-heatmap")
         r1, r2 = st.columns(2)
         with r1:
@@ -496,9 +496,9 @@ with routing_tab:
             if routing and int(routing.get("n_group", 1) or 1) > 1:
                 ui.chart(charts.routing_groups(routing), "p.routing-groups")
             else:
-                st.dataframe(data.routing_summary(routing), hide_index=True, key="p.routing-summary")
+                st.dataframe(profile_data.routing_summary(routing), hide_index=True, key="p.routing-summary")
         if routing and int(routing.get("n_group", 1) or 1) > 1:
-            st.dataframe(data.routing_summary(routing), hide_index=True, key="p.routing-summary")
+            st.dataframe(profile_data.routing_summary(routing), hide_index=True, key="p.routing-summary")
         if not balance.empty:
             ui.chart(charts.eplb_balancedness(balance), "p.routing-eplb")
 
@@ -522,7 +522,7 @@ with memory_tab:
         data.fmt_unit(peak - weights if peak is not None and weights is not None else None, "GiB"),
         help="activations + KV cache + runtime (allocator caches, CUDA context on a GPU; the interpreter on CPU)",
     )
-    ts = data.memory_series(store, run_id)
+    ts = profile_data.memory_series(store, run_id)
     ui.chart(
         charts.memory_timeline(
             ts,

@@ -13,7 +13,7 @@ import time
 import streamlit as st
 
 from bench.metrics.run_limits import RunLimits
-from dashboard import charts, data, services, ui
+from dashboard import charts, data, profile_data, services, ui
 from engines.errors import MoEBenchError
 
 st.title("Replay a run")
@@ -35,7 +35,7 @@ if not runs:
     def _import() -> None:
         try:
             services.require_operator()
-            data.import_examples(store)
+            profile_data.import_examples(store)
         except MoEBenchError as exc:
             ss["rp.flash"] = str(exc)
 
@@ -44,13 +44,13 @@ if not runs:
         icon=":material/upload:",
         key="rp.btn.import",
         on_click=_import,
-        disabled=not data.example_names() or services.viewer(),
+        disabled=not profile_data.example_names() or services.viewer(),
     )
     if ss.get("rp.flash"):
         st.error(ss.pop("rp.flash"))
     st.stop()
 
-examples = data.example_names()
+examples = profile_data.example_names()
 by_id = {r.id: r for r in runs}
 ids = list(by_id)
 if ss.get("rp.run") not in by_id:
@@ -108,7 +108,7 @@ with st.container(border=True):
         key="rp.run",
         on_change=_reset,
         format_func=lambda i: (
-            data.profile_run_label(by_id[i], examples)
+            profile_data.profile_run_label(by_id[i], examples)
             + f" · {data.workload_text(by_id[i].mode, by_id[i].concurrency, by_id[i].config)}"
         ),
     )

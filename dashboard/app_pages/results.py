@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from bench.report.csv_export import requests_csv, summary_csv
-from dashboard import charts, data, services, ui
+from dashboard import charts, data, profile_data, services, ui
 from engines.errors import MoEBenchError
 
 st.title("Results")
@@ -24,7 +24,7 @@ if flash is not None:
 def _import_examples() -> None:
     try:
         services.require_operator()
-        imported, _skipped = data.import_examples(store)
+        imported, _skipped = profile_data.import_examples(store)
     except MoEBenchError as exc:
         st.session_state["r.flash"] = ("error", str(exc))
         return
@@ -45,7 +45,7 @@ if df.empty:
         icon=":material/upload:",
         key="r.btn.import-examples",
         on_click=_import_examples,
-        disabled=not data.example_names() or services.viewer(),
+        disabled=not profile_data.example_names() or services.viewer(),
     )
     st.stop()
 

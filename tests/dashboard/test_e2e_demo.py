@@ -203,7 +203,7 @@ def test_run_state_stop_pairing_viewer_and_replay(page: Any, operator: str, view
     _shot(page, "viewer")
 
     # --- replay the H200 example, on the viewer (a replay changes nothing) ------------------
-    from dashboard.data import import_examples
+    from dashboard.profile_data import import_examples
 
     import_examples(store)
     goto_page(page, "Replay a run")

@@ -27,7 +27,7 @@ from bench.report.csv_export import OPERATOR_CSV_COLUMNS, operators_csv
 from bench.run.artifacts import ARTIFACT_BREAKDOWN, ARTIFACT_OPERATORS, ARTIFACT_ROUTING, ARTIFACT_TRACE
 from bench.run.manager import start_run
 from bench.store import Store
-from dashboard import charts, data
+from dashboard import charts, data, profile_data
 from engines.profiling import CATEGORIES, CATEGORY_RULES
 from engines.settings import get_settings
 from tests.dashboard.test_pages import _frame, _no_exception, _poll, _texts
@@ -50,7 +50,7 @@ def profile_store(tmp_path_factory: pytest.TempPathFactory, native_engine: Any) 
     )
     snap = start_run(config, store, engine=native_engine).wait(300)
     assert snap.status == "completed", snap.error
-    imported, skipped = data.import_examples(store)
+    imported, skipped = profile_data.import_examples(store)
     assert sorted(imported) == ["h200-concurrency-16", "h200-latency-bs1", EXAMPLE_PROFILE] and skipped == []
     yield store
     store.close()
@@ -64,49 +64,49 @@ def _run(store: Store, name: str) -> Any:
 
 
 def test_profile_and_routing_pickers_list_the_right_runs(profile_store: Store) -> None:
-    profiles = data.profile_runs(profile_store)
+    profiles = profile_data.profile_runs(profile_store)
     assert [r.name for r in profiles] == [EXAMPLE_PROFILE, "tiny profile"]  # newest first
-    routing = {r.name for r in data.routing_runs(profile_store)}
+    routing = {r.name for r in profile_data.routing_runs(profile_store)}
     # Latency and concurrency runs of the native engine recorded routing too.
     assert routing == {EXAMPLE_PROFILE, "tiny profile", "h200-latency-bs1", "h200-concurrency-16"}
-    label = data.profile_run_label(_run(profile_store, EXAMPLE_PROFILE), data.example_names())
+    label = profile_data.profile_run_label(_run(profile_store, EXAMPLE_PROFILE), profile_data.example_names())
     assert label.endswith("native·random-v2-lite-shape·cuda · NVIDIA H200 · imported example")
 
 
 def test_importing_the_examples_twice_skips_them(profile_store: Store) -> None:
     before = len(profile_store.list_runs())
-    imported, skipped = data.import_examples(profile_store)
+    imported, skipped = profile_data.import_examples(profile_store)
     assert imported == [] and sorted(skipped) == ["h200-concurrency-16", "h200-latency-bs1", EXAMPLE_PROFILE]
     assert len(profile_store.list_runs()) == before
-    trace = data.trace_file(profile_store, _run(profile_store, EXAMPLE_PROFILE).id)
+    trace = profile_data.trace_file(profile_store, _run(profile_store, EXAMPLE_PROFILE).id)
     assert trace.exists and trace.path.name == "h200-profile.trace.json.gz" and trace.mime == "application/gzip"
     with gzip.open(trace.path, "rt", encoding="utf-8") as fh:
         assert "traceEvents" in fh.read(4096)
 
 
 def test_operator_table_sorts_and_cuts_to_top_n(profile_store: Store) -> None:
-    tiny = data.load_profile(profile_store, _run(profile_store, "tiny profile").id)
+    tiny = profile_data.load_profile(profile_store, _run(profile_store, "tiny profile").id)
     ops = tiny.operators
     assert list(ops.columns) == list(OPERATOR_CSV_COLUMNS)
     assert len(ops) > 20 and (ops["calls"] > 0).all()
     assert ops["operator"].str.startswith("aten::").any()
-    assert not data.has_device_times(ops)  # a CPU run has no kernel times
+    assert not profile_data.has_device_times(ops)  # a CPU run has no kernel times
     assert (ops["input_shapes"] != "").any()
     for sort, col in data.OPERATOR_SORTS.items():
-        top = data.top_operators(ops, sort, 10)
+        top = profile_data.top_operators(ops, sort, 10)
         assert len(top) == 10 and list(top["rank"]) == list(range(1, 11))
         assert top[col].is_monotonic_decreasing
         assert top[col].iloc[0] == ops[col].max()
-    top = data.top_operators(ops, "self CPU time", 5)
+    top = profile_data.top_operators(ops, "self CPU time", 5)
     assert top["share_pct"].iloc[0] == pytest.approx(100 * ops["self_cpu_ms"].max() / ops["self_cpu_ms"].sum())
     # The CSV the download button serves has the same rows.
     payload = operators_csv(profile_store, _run(profile_store, "tiny profile").id).decode()
     rows = list(csv.DictReader(io.StringIO(payload)))
     assert len(rows) == len(ops) and list(rows[0]) == list(OPERATOR_CSV_COLUMNS)
 
-    h200 = data.load_profile(profile_store, _run(profile_store, EXAMPLE_PROFILE).id).operators
-    assert data.has_device_times(h200)
-    top = data.top_operators(h200, "self device time", 3)
+    h200 = profile_data.load_profile(profile_store, _run(profile_store, EXAMPLE_PROFILE).id).operators
+    assert profile_data.has_device_times(h200)
+    top = profile_data.top_operators(h200, "self device time", 3)
     assert top["self_device_ms"].iloc[0] == pytest.approx(h200["self_device_ms"].max())
 
 
@@ -114,9 +114,9 @@ def test_breakdown_bars_stack_categories_in_order_with_fixed_colours(profile_sto
     tiny_run, h200_run = _run(profile_store, "tiny profile"), _run(profile_store, EXAMPLE_PROFILE)
     tiny = profile_store.artifact(tiny_run.id, ARTIFACT_BREAKDOWN)
     h200 = profile_store.artifact(h200_run.id, ARTIFACT_BREAKDOWN)
-    assert data.breakdown_basis(tiny) == ["cpu"] and data.breakdown_basis(h200) == ["device", "cpu"]
+    assert profile_data.breakdown_basis(tiny) == ["cpu"] and profile_data.breakdown_basis(h200) == ["device", "cpu"]
 
-    frame = data.breakdown_frame([("tiny", tiny), ("H200", h200)], "cpu")
+    frame = profile_data.breakdown_frame([("tiny", tiny), ("H200", h200)], "cpu")
     for run, part in frame.groupby("run"):
         assert part["share_pct"].sum() == pytest.approx(100.0), run
         assert list(part["category"]) == list(CATEGORIES)
@@ -132,7 +132,7 @@ def test_breakdown_bars_stack_categories_in_order_with_fixed_colours(profile_sto
     assert fig.layout.xaxis.title.text == "share of profiled CPU time (%)"
 
     # Device basis: the H200 example's own shares; the CPU run has no device time and is left out.
-    device = data.breakdown_frame([("tiny", tiny), ("H200", h200)], "device")
+    device = profile_data.breakdown_frame([("tiny", tiny), ("H200", h200)], "device")
     assert set(device["run"]) == {"H200"}
     expected = {r["category"]: r["share_pct"] for r in h200["rows"]}
     got = dict(zip(device["category"], device["share_pct"], strict=True))
@@ -142,11 +142,11 @@ def test_breakdown_bars_stack_categories_in_order_with_fixed_colours(profile_sto
     assert experts.x[0] == pytest.approx(expected["routed_experts"])  # the largest share on the GPU
     assert "quantization" not in {t.name for t in fig.data}  # no time: no legend entry
     assert fig.layout.xaxis.title.text == "share of profiled device (kernel) time (%)"
-    assert charts.breakdown_bars(data.breakdown_frame([], "cpu")).layout.annotations[0].text
+    assert charts.breakdown_bars(profile_data.breakdown_frame([], "cpu")).layout.annotations[0].text
 
-    table = data.breakdown_table(device).set_index("category")
+    table = profile_data.breakdown_table(device).set_index("category")
     assert table.loc["routed_experts", "H200 (%)"] == pytest.approx(expected["routed_experts"])
-    rules = data.rules_table()
+    rules = profile_data.rules_table()
     assert len(rules) == len(CATEGORY_RULES) + 1 and set(rules["category"]) == set(CATEGORIES)
 
 
@@ -171,14 +171,14 @@ def test_routing_charts_draw_the_counts(profile_store: Store) -> None:
     assert len(heat.data[0].z) == 26 and len(heat.data[0].z[0]) == 64
     assert heat.layout.height >= 26 * 20  # one readable row per layer
     assert len(charts.routing_groups(h200).data) == 0  # n_group = 1: says so instead
-    summary = data.routing_summary(h200)
+    summary = profile_data.routing_summary(h200)
     assert len(summary) == 26 and summary["max / mean"].iloc[0] == pytest.approx(h200["imbalance"][0])
     assert len(charts.routing_heatmap(None).data) == 0
 
 
 def test_memory_timeline_marks_the_weights(profile_store: Store) -> None:
     run = _run(profile_store, EXAMPLE_PROFILE)
-    ts = data.memory_series(profile_store, run.id)
+    ts = profile_data.memory_series(profile_store, run.id)
     weights = run.engine_info["weights_gib"]
     fig = charts.memory_timeline(ts, data.MEMORY_SERIES, weights)
     assert [t.name for t in fig.data] == ["allocated", "reserved", "peak"]
@@ -189,7 +189,8 @@ def test_memory_timeline_marks_the_weights(profile_store: Store) -> None:
     assert min(fig.data[0].y) > weights  # allocated = weights + activations + KV cache + runtime
     assert fig.layout.yaxis.title.text == "memory (GiB)"
     tiny = _run(profile_store, "tiny profile")
-    fig = charts.memory_timeline(data.memory_series(profile_store, tiny.id), data.MEMORY_SERIES, 0.01, "RSS (GiB)")
+    series = profile_data.memory_series(profile_store, tiny.id)
+    fig = charts.memory_timeline(series, data.MEMORY_SERIES, 0.01, "RSS (GiB)")
     assert fig.data and fig.layout.yaxis.title.text == "RSS (GiB)"
 
 
@@ -279,7 +280,7 @@ def test_page_shows_the_imported_h200_example(app_test: Callable[..., Any], fres
     # A second import adds nothing; a trace that is gone is said to be gone.
     at.button(key="p.btn.import-examples").click().run()
     assert "already here" in _texts(at)
-    assert len(data.profile_runs(store)) == 1
+    assert len(profile_data.profile_runs(store)) == 1
     store.put_artifact(example.id, ARTIFACT_TRACE, {"path": "/nonexistent/run9.trace.json"})
     at.run()
     assert any("is no longer on disk" in w.value for w in at.warning)
@@ -425,10 +426,10 @@ def _progress_text(at: Any) -> str:
 
 
 def test_operator_frame_of_nothing_is_empty() -> None:
-    df = data.operators_frame(None)
+    df = profile_data.operators_frame(None)
     assert df.empty and list(df.columns) == list(OPERATOR_CSV_COLUMNS)
-    assert not data.has_device_times(df)
-    assert data.breakdown_basis(None) == [] and data.breakdown_table(pd.DataFrame()).empty
+    assert not profile_data.has_device_times(df)
+    assert profile_data.breakdown_basis(None) == [] and profile_data.breakdown_table(pd.DataFrame()).empty
 
 
 def test_served_expert_views_are_listed_beside_the_native_ones(tmp_path: Path) -> None:
@@ -439,19 +440,19 @@ def test_served_expert_views_are_listed_beside_the_native_ones(tmp_path: Path) -
     store = Store(tmp_path / "s.sqlite")
     plain = add_synthetic_run(store, engine="vllm", name="no expert view")
     served = add_synthetic_run(store, engine="vllm", name="eplb")
-    store.add_points(served, [(float(t), data.EPLB_SERIES, 0.5 + 0.1 * t) for t in range(4)])
+    store.add_points(served, [(float(t), profile_data.EPLB_SERIES, 0.5 + 0.1 * t) for t in range(4)])
     sglang = add_synthetic_run(store, engine="openai", name="sglang")
     counts = {"layers": ["layer 0"], "counts": [[3, 1]], "num_experts": 2, "top_k": None, "n_group": 1,
               "tokens": [4], "imbalance": [1.5]}  # fmt: skip
     store.put_artifact(sglang, ARTIFACT_ROUTING, counts)
-    assert {r.id for r in data.routing_runs(store)} == {served, sglang}
-    assert plain not in {r.id for r in data.routing_runs(store)}
-    balance = data.eplb_balancedness(store, served)
+    assert {r.id for r in profile_data.routing_runs(store)} == {served, sglang}
+    assert plain not in {r.id for r in profile_data.routing_runs(store)}
+    balance = profile_data.eplb_balancedness(store, served)
     assert balance["value"].round(3).tolist() == [0.5, 0.6, 0.7, 0.8]
     fig = charts.eplb_balancedness(balance)
     assert list(fig.data[0].y) == balance["value"].tolist() and fig.layout.shapes[0].y0 == 1.0
-    assert data.eplb_balancedness(store, plain).empty
-    empty = charts.eplb_balancedness(data.eplb_balancedness(store, plain))
+    assert profile_data.eplb_balancedness(store, plain).empty
+    empty = charts.eplb_balancedness(profile_data.eplb_balancedness(store, plain))
     assert "no EPLB balancedness" in str(empty.layout.annotations[0].text)
 
 
@@ -477,10 +478,10 @@ def test_a_servers_operator_table_shows_no_made_up_memory(app_test: Callable[...
     store.put_artifact(run_id, ARTIFACT_OPERATORS, ops)
     store.put_artifact(run_id, ARTIFACT_TRACE, {"path": str(trace)})
 
-    frame = data.operators_frame(ops)
-    assert not data.has_memory(frame) and frame["cpu_memory_mib"].isna().all()
+    frame = profile_data.operators_frame(ops)
+    assert not profile_data.has_memory(frame) and frame["cpu_memory_mib"].isna().all()
     assert frame.set_index("operator").loc["aten::mm", "calls"] == 3
-    assert data.has_memory(data.operators_frame([{**ops[0], "cpu_memory_mib": 0.5}]))
+    assert profile_data.has_memory(profile_data.operators_frame([{**ops[0], "cpu_memory_mib": 0.5}]))
 
     at = app_test(PAGE)
     at.selectbox(key="p.run").set_value(run_id).run()

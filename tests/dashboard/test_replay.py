@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from bench.store import Store
-from dashboard import data
+from dashboard import data, profile_data
 from engines.settings import get_settings
 from tests.dashboard.synthetic import add_synthetic_run
 
@@ -47,13 +47,13 @@ def test_the_replay_page_plays_the_h200_example_labelled_as_a_replay(
     app_test: Callable[..., Any], fresh_data_dir: Path
 ) -> None:
     store = Store(get_settings().db_path)
-    imported, _ = data.import_examples(store)
+    imported, _ = profile_data.import_examples(store)
     assert imported
     at = app_test()
     at.switch_page("app_pages/replay.py").run()
     assert not at.exception
     run = store.get_run(at.session_state["rp.run"])
-    assert run is not None and run.name in data.example_names() and run.mode != "profile"
+    assert run is not None and run.name in profile_data.example_names() and run.mode != "profile"
     at.button(key="rp.btn.play").click().run()
     assert at.session_state["rp.state"] == "playing"
     texts = " ".join(m.value for m in at.markdown) + " ".join(c.value for c in at.caption)

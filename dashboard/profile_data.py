@@ -1,0 +1,292 @@
+"""Data shaping for the Profiling page: profile artifacts -> frames (operator table, bottleneck
+breakdown, expert routing, memory timeline, EPLB balance), and importing the example runs
+(examples/*.json) that the Profiling, Replay and Results pages offer. No Streamlit here."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from bench.bundle import import_bundle_file
+from bench.report.csv_export import OPERATOR_CSV_COLUMNS
+from bench.run.artifacts import (
+    ARTIFACT_BREAKDOWN,
+    ARTIFACT_OPERATORS,
+    ARTIFACT_ROUTING,
+    ARTIFACT_TRACE,
+)
+from bench.store import RunRow, Store
+from dashboard.data import MEMORY_SERIES
+from engines.errors import MoEBenchError
+from engines.profiling import CATEGORIES, CATEGORY_RULES
+
+# --- profiling ---------------------------------------------------------------------------------
+
+EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
+
+# Sort keys of the operator table: label -> column (largest first).
+OPERATOR_SORTS: dict[str, str] = {
+    "self device time": "self_device_ms",
+    "self CPU time": "self_cpu_ms",
+    "CPU total (incl. children)": "cpu_total_ms",
+    "calls": "calls",
+    "self device memory": "device_memory_mib",
+    "self CPU memory": "cpu_memory_mib",
+}
+OPERATOR_NUMERIC: tuple[str, ...] = tuple(c for c in OPERATOR_CSV_COLUMNS if c not in ("operator", "input_shapes"))
+OPERATOR_MEMORY: tuple[str, ...] = ("cpu_memory_mib", "device_memory_mib")
+
+
+def profile_runs(store: Store, limit: int = 500) -> list[RunRow]:
+    """Finished profile runs, newest first (imported examples included; the one running has no table yet)."""
+    return [r for r in store.list_runs(limit=limit) if r.mode == "profile" and r.status != "running"]
+
+
+EPLB_SERIES = "server_eplb_balancedness"  # a served EPLB deployment's balance (engines.vllm)
+
+
+def routing_runs(store: Store, limit: int = 500) -> list[RunRow]:
+    """Finished runs with an expert view, newest first: routing counts (native runs of any mode,
+    runs against an SGLang server's recorder) or a served deployment's EPLB balancedness."""
+    out = []
+    for r in store.list_runs(limit=limit):
+        if r.status == "running":
+            continue
+        if ARTIFACT_ROUTING in store.artifact_names(r.id) or (
+            r.engine != "native" and EPLB_SERIES in store.series_names(r.id)
+        ):
+            out.append(r)
+    return out
+
+
+def eplb_balancedness(store: Store, run_id: int) -> pd.DataFrame:
+    """A run's EPLB balancedness over time (t_s, value); empty when it has none."""
+    rows = store.timeseries(run_id, [EPLB_SERIES])
+    return pd.DataFrame([(t, v) for t, _, v in rows if v is not None], columns=["t_s", "value"])
+
+
+def example_files(folder: Path = EXAMPLES_DIR) -> list[Path]:
+    """The run bundles in ``examples/`` (their ``*.trace.json[.gz]`` neighbours are not bundles)."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob("*.json") if not p.name.endswith(".trace.json"))
+
+
+def example_names(folder: Path = EXAMPLES_DIR) -> set[str]:
+    """Run names of the example bundles (their file names without ``.json``)."""
+    return {p.stem for p in example_files(folder)}
+
+
+def import_examples(store: Store, folder: Path = EXAMPLES_DIR) -> tuple[list[str], list[str]]:
+    """Import every example bundle whose run name is not in the store yet; (imported, skipped) names.
+
+    Raises :class:`MoEBenchError` naming the file when a bundle cannot be read.
+    """
+    existing = {r.name for r in store.list_runs()}
+    imported: list[str] = []
+    skipped: list[str] = []
+    for path in example_files(folder):
+        try:
+            name = str(json.loads(path.read_text(encoding="utf-8"))["run"].get("name") or path.stem)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise MoEBenchError(f"cannot read run bundle {path}: {type(exc).__name__}: {exc}") from exc
+        if name in existing:
+            skipped.append(name)
+            continue
+        import_bundle_file(store, path)
+        existing.add(name)
+        imported.append(name)
+    return imported, skipped
+
+
+def profile_run_label(run: RunRow, examples: set[str] | frozenset[str] = frozenset()) -> str:
+    """``#7 h200-profile · native·model·cuda · NVIDIA H200 · example`` (device and name when known)."""
+    parts = [f"#{run.id}" + (f" {run.name}" if run.name else ""), f"{run.engine}·{run.model}·{run.accelerator}"]
+    device = run.engine_info.get("device")
+    if device:
+        parts.append(str(device))
+    if run.mode != "profile":
+        parts.append(run.mode)
+    if run.status != "completed":
+        parts.append(run.status)
+    if run.name in examples:
+        parts.append("imported example")
+    return " · ".join(parts)
+
+
+def short_run_label(run: RunRow) -> str:
+    """``#7 h200-profile · NVIDIA H200``: id, name (or model) and device, for chart axes."""
+    device = run.engine_info.get("device") or run.accelerator
+    return f"#{run.id} {run.name or run.model} · {device}"
+
+
+def operators_frame(ops: Sequence[dict[str, Any]] | None) -> pd.DataFrame:
+    """The operator table (:data:`OPERATOR_CSV_COLUMNS`; times in ms, memory in MiB)."""
+    df = pd.DataFrame(list(ops or []), columns=list(OPERATOR_CSV_COLUMNS))
+    for col in OPERATOR_NUMERIC:
+        df[col] = pd.to_numeric(df[col], errors="coerce")
+        if col not in OPERATOR_MEMORY:  # memory a trace does not hold stays unknown, not 0
+            df[col] = df[col].fillna(0.0)
+    df["calls"] = df["calls"].astype(int)
+    df["input_shapes"] = df["input_shapes"].fillna("").astype(str)
+    return df
+
+
+def has_memory(df: pd.DataFrame) -> bool:
+    """Whether an operator table carries memory figures (torch's own table; a table read
+    from a server's trace has none)."""
+    return not df.empty and bool(df[list(OPERATOR_MEMORY)].notna().any().any())
+
+
+def has_device_times(df: pd.DataFrame) -> bool:
+    """Whether an operator table carries device (kernel) times (CUDA, NPU, MLU runs)."""
+    return not df.empty and float(df["self_device_ms"].abs().sum()) > 0
+
+
+def top_operators(df: pd.DataFrame, sort: str, n: int) -> pd.DataFrame:
+    """The ``n`` largest operators by ``sort`` (a key of :data:`OPERATOR_SORTS`), with a share column.
+
+    ``share_pct``: the operator's share of the sorted column's total over the whole table.
+    """
+    col = OPERATOR_SORTS.get(sort, "self_cpu_ms")
+    total = float(df[col].clip(lower=0).sum()) if not df.empty else 0.0
+    out = df.sort_values(col, ascending=False, kind="stable").head(max(1, int(n))).copy()
+    out.insert(0, "rank", range(1, len(out) + 1))
+    out["share_pct"] = out[col].clip(lower=0) / total * 100.0 if total > 0 else 0.0
+    return out.reset_index(drop=True)
+
+
+def breakdown_basis(art: dict[str, Any] | None) -> list[str]:
+    """The time bases a breakdown artifact has: ``["device", "cpu"]`` on a device, ``["cpu"]`` on CPU."""
+    if not art or not art.get("rows"):
+        return []
+    has_device = any(r.get("device_ms") is not None for r in art["rows"])
+    return ["device", "cpu"] if has_device else ["cpu"]
+
+
+def breakdown_frame(items: Sequence[tuple[str, dict[str, Any] | None]], basis: str = "cpu") -> pd.DataFrame:
+    """Long frame of bottleneck breakdowns: ``run``, ``category``, ``ms``, ``share_pct``, ``total_ms``.
+
+    ``items``: (run label, ``profile_breakdown`` artifact). Shares are recomputed on ``basis``
+    ("cpu" | "device") so every bar sums to 100%; runs without that basis (device time on
+    a CPU run) or without a breakdown are left out. Categories follow :data:`CATEGORIES`.
+    """
+    col = "device_ms" if basis == "device" else "cpu_ms"
+    rows: list[dict[str, Any]] = []
+    for label, art in items:
+        if basis not in breakdown_basis(art):
+            continue
+        assert art is not None
+        values = {str(r["category"]): float(r.get(col) or 0.0) for r in art["rows"]}
+        total = sum(values.values())
+        order = [c for c in CATEGORIES if c in values] + [c for c in values if c not in CATEGORIES]
+        for cat in order:
+            ms = values[cat]
+            rows.append(
+                {
+                    "run": label,
+                    "category": cat,
+                    "ms": ms,
+                    "share_pct": 100.0 * ms / total if total else 0.0,
+                    "total_ms": total,
+                }
+            )
+    return pd.DataFrame(rows, columns=["run", "category", "ms", "share_pct", "total_ms"])
+
+
+def breakdown_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Wide table: one row per category (CATEGORIES order), ``<run> (ms)`` and ``<run> (%)`` per run."""
+    if frame.empty:
+        return pd.DataFrame(columns=["category"])
+    out = pd.DataFrame({"category": list(dict.fromkeys(frame["category"]))})
+    for run in dict.fromkeys(frame["run"]):
+        part = frame[frame["run"] == run].set_index("category")
+        out[f"{run} (ms)"] = out["category"].map(part["ms"])
+        out[f"{run} (%)"] = out["category"].map(part["share_pct"])
+    return out
+
+
+def rules_table() -> pd.DataFrame:
+    """The classification rules (engines.profiling.CATEGORY_RULES) as shown to the user."""
+    rows = [{"category": r.category, "target": r.target, "pattern": r.pattern, "why": r.why} for r in CATEGORY_RULES]
+    rows.append(
+        {
+            "category": "other",
+            "target": "(rest)",
+            "pattern": "",
+            "why": "time inside a request's generate scope that no rule claims: embeddings, norms, "
+            "cache bookkeeping, Python overhead",
+        }
+    )
+    return pd.DataFrame(rows, columns=["category", "target", "pattern", "why"])
+
+
+@dataclass(frozen=True)
+class TraceFile:
+    """A profile run's trace: where it was written and whether it is still there."""
+
+    path: Path | None  # None: the run recorded no trace
+    exists: bool
+
+    @property
+    def mime(self) -> str:
+        return "application/gzip" if self.path is not None and self.path.suffix == ".gz" else "application/json"
+
+
+def trace_file(store: Store, run_id: int) -> TraceFile:
+    art = store.artifact(run_id, ARTIFACT_TRACE)
+    raw = art.get("path") if isinstance(art, dict) else None
+    if not raw:
+        return TraceFile(None, False)
+    path = Path(str(raw))
+    return TraceFile(path, path.is_file())
+
+
+@dataclass(frozen=True)
+class ProfileData:
+    """Everything the Profiling page draws for one run (read once per page run)."""
+
+    operators: pd.DataFrame
+    breakdown: dict[str, Any] | None
+    routing: dict[str, Any] | None
+    trace: TraceFile
+
+
+def load_profile(store: Store, run_id: int) -> ProfileData:
+    return ProfileData(
+        operators=operators_frame(store.artifact(run_id, ARTIFACT_OPERATORS)),
+        breakdown=store.artifact(run_id, ARTIFACT_BREAKDOWN),
+        routing=store.artifact(run_id, ARTIFACT_ROUTING),
+        trace=trace_file(store, run_id),
+    )
+
+
+def memory_series(store: Store, run_id: int) -> pd.DataFrame:
+    """The memory series of a run (long: ``t_s``, ``name``, ``value``; GiB)."""
+    points = store.timeseries(run_id, [n for n, _ in MEMORY_SERIES])
+    return pd.DataFrame(points, columns=["t_s", "name", "value"])
+
+
+def routing_summary(routing: dict[str, Any] | None) -> pd.DataFrame:
+    """Per layer: tokens through the gate, busiest / idlest expert, max/mean imbalance."""
+    if not routing or not routing.get("counts"):
+        return pd.DataFrame(columns=["layer", "tokens", "busiest expert", "idlest expert", "max / mean"])
+    rows = []
+    for layer, counts, tokens, imb in zip(
+        routing["layers"], routing["counts"], routing["tokens"], routing["imbalance"], strict=False
+    ):
+        rows.append(
+            {
+                "layer": layer,
+                "tokens": tokens,
+                "busiest expert": f"{max(range(len(counts)), key=counts.__getitem__)} ({max(counts)} tokens)",
+                "idlest expert": f"{min(range(len(counts)), key=counts.__getitem__)} ({min(counts)} tokens)",
+                "max / mean": imb,
+            }
+        )
+    return pd.DataFrame(rows)
