@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 DEFAULT_MODEL = "tiny-deepseek-v3"
 WORD = " a"  # the text of every generated "token"

@@ -39,7 +39,7 @@ from engines.errors import ConfigError, EngineUnavailable
 from engines.launch import ManagedProcess, free_port
 from engines.managed import ServerEngine, probe_interpreter
 from engines.openai_http import OpenAIEngine, OpenAIOptions
-from engines.prometheus import CounterRates, parse_prometheus, parse_prometheus_by
+from engines.prometheus import CounterRates, parse_prometheus, parse_prometheus_by, sample_labels
 from engines.settings import PROJECT_ROOT, get_settings
 from engines.telemetry import visible_devices
 
@@ -421,30 +421,7 @@ def cpu_bind(opts: VLLMOptions, workers: int) -> str | None:
 
 def prometheus_labels(text: str, metric: str) -> dict[str, str]:
     """The labels of the first sample of ``metric`` (e.g. ``vllm:cache_config_info``)."""
-    for line in text.splitlines():
-        if line.startswith(metric + "{"):
-            body = line[len(metric) + 1 : line.rfind("}")]
-            labels: dict[str, str] = {}
-            for item in _split_labels(body):
-                k, _, v = item.partition("=")
-                labels[k.strip()] = v.strip().strip('"')
-            return labels
-    return {}
-
-
-def _split_labels(body: str) -> list[str]:
-    items, cur, quoted = [], [], False
-    for ch in body:
-        if ch == '"':
-            quoted = not quoted
-        if ch == "," and not quoted:
-            items.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    if cur:
-        items.append("".join(cur))
-    return items
+    return sample_labels(text, metric)
 
 
 @register_engine

@@ -50,6 +50,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.metrics.records import percentile
 from bench.stub_server import start_stub_server
 from engines.launch import ManagedProcess
 from engines.settings import PROJECT_ROOT
@@ -59,13 +60,8 @@ MODEL = "tiny-deepseek-v3"  # the served name; its preset gives both clients the
 
 
 def _pct(values: list[float], q: float) -> float | None:
-    """The q-quantile (0..1) of values, linear interpolation (numpy's default)."""
-    vals = sorted(v for v in values if v is not None)
-    if not vals:
-        return None
-    pos = (len(vals) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
+    """The q-quantile (0..1) of values, as MoE Bench's summaries compute it (numpy's linear method)."""
+    return percentile([v for v in values if v is not None], q * 100)
 
 
 def _children_cpu_s() -> float:

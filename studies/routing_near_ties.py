@@ -123,14 +123,14 @@ def routing_of(
     return last, seen
 
 
-def flipped(a: Any, b: Any) -> Any:
+def flip_mask(a: Any, b: Any) -> Any:
     """Per decision (row): whether its chosen experts differ as sets."""
     return (a.sort(-1).values != b.sort(-1).values).any(-1)
 
 
 def count_flips(a: Any, b: Any) -> int:
     """Decisions (rows) whose chosen experts differ as sets."""
-    return int(flipped(a, b).sum())
+    return int(flip_mask(a, b).sum())
 
 
 def compare_paths(
@@ -153,7 +153,7 @@ def compare_paths(
             moved.append(o_gap - gap)
             shrinks.setdefault(i, []).append((gap - o_gap).clamp(min=0))  # only a shrinking margin can flip
             flipped += [
-                (i, j, int(t), float(gap[t]), float(o_gap[t] - gap[t])) for t in flipped(idx, o_idx).nonzero()[:, 0]
+                (i, j, int(t), float(gap[t]), float(o_gap[t] - gap[t])) for t in flip_mask(idx, o_idx).nonzero()[:, 0]
             ]
     return {"gap": torch.cat(gaps), "moved": torch.cat(moved), "shrinks": shrinks, "flipped": flipped}
 

@@ -27,7 +27,7 @@ from bench.metrics.run_limits import for_run_or_reason
 from bench.run.task import BackgroundTask
 from bench.store import RunRow, Store
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SAVED = ROOT / "examples" / "tuning"
 RUN_NAME = re.compile(r"^tuning-(?P<config>[a-z0-9_]+)-b(?P<batch>\d+)(?:-r(?P<round>\d+))?$")
 ARTIFACT_TUNING_CHECK = "tuning_check"

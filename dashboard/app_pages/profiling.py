@@ -290,7 +290,8 @@ with ops_tab:
         )
     else:
         device, memory = profile_data.has_device_times(ops), profile_data.has_memory(ops)
-        sorts = [s for s in data.OPERATOR_SORTS if (device or "device" not in s) and (memory or "memory" not in s)]
+        shown = profile_data.OPERATOR_SORTS
+        sorts = [s for s in shown if (device or "device" not in s) and (memory or "memory" not in s)]
         if ss.get("p.op-sort") not in sorts:
             ss["p.op-sort"] = sorts[0]
         o1, o2, o3 = st.columns([2, 3, 2])

@@ -92,7 +92,7 @@ def test_operator_table_sorts_and_cuts_to_top_n(profile_store: Store) -> None:
     assert ops["operator"].str.startswith("aten::").any()
     assert not profile_data.has_device_times(ops)  # a CPU run has no kernel times
     assert (ops["input_shapes"] != "").any()
-    for sort, col in data.OPERATOR_SORTS.items():
+    for sort, col in profile_data.OPERATOR_SORTS.items():
         top = profile_data.top_operators(ops, sort, 10)
         assert len(top) == 10 and list(top["rank"]) == list(range(1, 11))
         assert top[col].is_monotonic_decreasing
