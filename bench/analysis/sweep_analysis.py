@@ -133,7 +133,7 @@ def _repeat_met(summary: RunSummary, slos: Sequence[Slo]) -> bool | None:
     if summary.slo_met is not None and set(summary.slos or ()) == {s.text for s in slos}:
         return summary.slo_met
     if summary.completed == 0:
-        return False  # a run with no completed request fails every SLO (bench.slo)
+        return False  # a run with no completed request fails every SLO (bench.metrics.slo)
     verdicts = judge_summary(summary.flat(), slos)
     if any(v.value is None for v in verdicts):
         return None

@@ -1,7 +1,7 @@
 """When each request is due: the load pattern of a run.
 
 Two patterns, with the conventions of ``vllm bench serve`` (the strategies themselves are in
-:mod:`bench.schedule`):
+:mod:`bench.send.schedule`):
 
 - **closed loop** (``request_rate`` None): ``concurrency`` slots, each sends its next
   request as soon as its previous one ends. A request is due the moment its slot frees.

@@ -1,4 +1,4 @@
-"""A run's physical limits: its model's roofline (:mod:`bench.limits`) on its accelerator, at
+"""A run's physical limits: its model's roofline (:mod:`bench.metrics.roofline`) on its accelerator, at
 the batch and context length the run decoded at, and how much of it the run reached.
 
 * **model**: the config the engine recorded (``engine_info["model_config"]``, the native
@@ -53,7 +53,7 @@ class RunLimits:
     model: str
     spec_key: str
     spec_name: str
-    confidence: str  # the weakest of the spec figures used (bench.limits.Confidence)
+    confidence: str  # the weakest of the spec figures used (bench.metrics.accelerator_specs.Confidence)
     dtype: str
     batch: int
     context_len: int

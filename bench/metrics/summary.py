@@ -41,7 +41,7 @@ class RunSummary:
     send_lag_ms: Stat | None = None
     request_rate: float | None = None  # open-loop target (req/s); None: closed loop
     burstiness: float | None = None
-    slos: tuple[str, ...] | None = None  # the run's SLOs (bench.slo texts); None: no SLO
+    slos: tuple[str, ...] | None = None  # the run's SLOs (bench.metrics.slo texts); None: no SLO
     good_requests: int | None = None  # completed requests that met every SLO
     goodput_rps: float | None = None
     slo_met: bool | None = None  # every SLO's statistic over the run within its limit
@@ -49,10 +49,10 @@ class RunSummary:
     cancelled: int = 0  # in flight when the run was cancelled: neither completed nor failed
     single_chunk_share: float | None = None  # multi-token outputs that arrived in one chunk / such outputs
     tokens_per_chunk: float | None = None  # output tokens / output chunks, completed requests
-    other_cpu_cores: float | None = None  # CPU cores other processes used, mean over the run (bench.host)
+    other_cpu_cores: float | None = None  # CPU cores other processes used, mean over the run (bench.run.host_load)
     client_cpu_cores: float | None = None  # CPU cores MoE Bench's own process tree used, mean
     steal_pct: float | None = None  # CPU the hypervisor took, % of the host, mean
-    disturbance: str | None = None  # what disturbed the run (bench.host.disturbance), or None
+    disturbance: str | None = None  # what disturbed the run (bench.run.host_load.disturbance), or None
     device_util_pct: float | None = None  # accelerator utilisation %, mean over devices and samples (telemetry)
     device_power_w: float | None = None  # board power summed over devices, mean over samples (W)
     device_mem_used_gib: float | None = None  # device memory in use summed over devices, highest sample (GiB)
@@ -96,7 +96,7 @@ class RunSummary:
 
     @property
     def load_warning(self) -> str | None:
-        """One line when the load did not reach the server as planned (see :mod:`bench.load`)."""
+        """One line when the load did not reach the server as planned (see :mod:`bench.metrics.client_bound`)."""
         p90 = self.send_lag_ms.p90 if self.send_lag_ms is not None else None
         return client_bound_reason(p90, self.request_rate)
 

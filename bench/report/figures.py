@@ -32,7 +32,7 @@ from bench.report.style import COLORS, P50_COLOR, P99_COLOR, PRIMARY, register_t
 from bench.store import RunRow, SweepRow
 from bench.sweep.spec import PointResult
 
-# --- look: the shared palette and template (bench/plot_style.py), with the report's own colours
+# --- look: the shared palette and template (bench/report/style.py), with the report's own colours
 PASS_COLOR = "#16A34A"
 FAIL_COLOR = "#DC2626"
 OTHER_COLOR = "#94A3B8"  # slate: points off the Pareto front

@@ -1,6 +1,6 @@
 """The look every MoE Bench chart shares: the palette and the plotly layout template.
 
-The dashboard's charts (``dashboard/charts.py``) and the HTML report (``bench/report.py``)
+The dashboard's charts (``dashboard/charts.py``) and the HTML report (``bench/report/html.py``)
 both register their template from here, so a colour or a font changes in one place.
 """
 

@@ -5,13 +5,13 @@ Why: the native engine computes in the process that loads it, and every torch ca
 and re-takes the GIL. In the dashboard that process also builds and serialises Plotly charts
 for every open page; measured with ``studies/cli_vs_dashboard.py`` a native run
 watched in the browser reached 0.11x of the same run from the CLI. HTTP engines already send
-from processes of their own (:class:`bench.sender.ProcessSender`); this module does the same
+from processes of their own (:class:`bench.send.processes.ProcessSender`); this module does the same
 for the model itself.
 
 - :class:`HostedEngine`: an :class:`~engines.base.Engine` whose ``start`` spawns a host
   process (``spawn``: a fresh interpreter, no Streamlit) and loads the real engine there;
   ``describe``, ``memory``, ``health`` and ``stop`` are calls to it.
-- :class:`RemoteJob`: a :class:`~bench.job.Job` whose run executes in the host with the
+- :class:`RemoteJob`: a :class:`~bench.run.job.Job` whose run executes in the host with the
   same runner as the CLI (:func:`bench.run.execute.execute`: same sender, recorder, sampler and
   store writes). The parent records the run (so its id is known at once), then mirrors the
   host's job snapshot every :data:`POLL_S`; Stop is sent to the host. A host that dies ends

@@ -7,7 +7,7 @@ V2-Lite-shaped model's 366k objects, and every thread (the decode loop, the send
 for it. One such pause lands on every sequence in flight at once, so at batch 128 it is
 the p99 of the inter-token gaps.
 
-Two things here, both in :func:`bench.runner._measure`:
+Two things here, both in :func:`bench.run.execute`:
 
 - the heap as it stands when the clock starts (the engine, the model, the prompts) is
   collected once and frozen (``gc.freeze``: moved to a generation the collector never walks,

@@ -4,7 +4,7 @@ tree (client, sender processes, managed servers) and of everything else, per sec
 A figure measured while other programs competed for the CPU is not the engine's: the
 summary carries a one-line ``disturbance`` reason when other processes used half a core
 or more on average, when the hypervisor stole CPU (``steal``, Linux VMs), or when the
-client fell behind its schedule (the send-lag rule of :mod:`bench.load`).
+client fell behind its schedule (the send-lag rule of :mod:`bench.metrics.client_bound`).
 
 Reading the host's CPU is one ``/proc/stat`` read and our tree's a few ``/proc/<pid>``
 reads per sample, on the sampler's thread; the busiest other processes are found from

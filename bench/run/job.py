@@ -50,7 +50,7 @@ class JobSnapshot:
 
 
 class Job(BackgroundTask):
-    """A run. The runner (:mod:`bench.runner`) is its worker; pages and the CLI poll snapshots."""
+    """A run. The runner (:mod:`bench.run.execute`) is its worker; pages and the CLI poll snapshots."""
 
     def __init__(self, config: RunConfig, store: Any) -> None:
         super().__init__("run")

@@ -27,7 +27,7 @@ def start_run(
 
     With ``engine`` (already started), the run uses it and leaves it running;
     otherwise the job creates, starts and finally stops its own engine. A hosted engine
-    (:mod:`bench.engine_host`, the dashboard's native engine) runs the run in its host process.
+    (:mod:`bench.run.engine_host`, the dashboard's native engine) runs the run in its host process.
     """
     opts = config.engine_options
     hosted: HostedEngine | None = None

@@ -1,7 +1,7 @@
 """What a run measured, off the sending loop: the recorder and the live series sampler.
 
 :class:`Recorder` is a queue-fed sink. Senders hand it finished requests
-(:class:`bench.sender.Completion`, perf_counter times) with one queue put; its own thread
+(:class:`bench.send.core.Completion`, perf_counter times) with one queue put; its own thread
 turns them into :class:`bench.metrics.RequestRecord` (times relative to the run's start,
 send lag = actual - due send time, negative when a request left early), writes them to
 SQLite in batches (one transaction per ~0.2 s or 500 requests) and keeps running

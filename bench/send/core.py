@@ -52,7 +52,7 @@ class Completion:
 
     ``text`` is kept only when the sender guessed the output's token count (one per chunk:
     no server count, no tokenizer in a sender process) and the server's usage does not
-    confirm it; the recorder then counts the text (:meth:`bench.recorder.Recorder.record`).
+    confirm it; the recorder then counts the text (:meth:`bench.run.recorder.Recorder.record`).
     """
 
     seq: int

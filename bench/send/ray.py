@@ -3,9 +3,9 @@
 One client machine stops being enough once a deployment takes thousands of requests a
 second; llmperf answers with Ray actors, AIPerf and inference-perf with worker processes
 and pods. MoE Bench uses Ray, an existing distributed runtime, for the same job, and
-keeps everything else as :class:`bench.sender.ProcessSender` does it:
+keeps everything else as :class:`bench.send.processes.ProcessSender` does it:
 
-- Each actor runs :func:`bench.sender.send`, the one sending core, against a client
+- Each actor runs :func:`bench.send.core.send`, the one sending core, against a client
   rebuilt from :meth:`engines.base.Engine.sender_spec`, with its share of the slots
   (``concurrency`` slots over all actors).
 - The schedule stays global: request numbers come from one counter actor. Each actor leases
@@ -23,7 +23,7 @@ keeps everything else as :class:`bench.sender.ProcessSender` does it:
   records from every node sit on one time line. The offsets and round trips are kept in
   the run (artifact ``load_generators``).
 - Finished requests stay in the actor until the driver drains them (every
-  :data:`bench.sender.EMIT_BATCH_S`), and go to the driver's recorder and store.
+  :data:`bench.send.core.EMIT_BATCH_S`), and go to the driver's recorder and store.
 - An actor that dies (its node lost, its process killed) fails the run with a reason
   that names it; the others are stopped, and everything already drained is kept.
 
@@ -335,7 +335,7 @@ class RaySender:
         before_start: Callable[[], None],
         on_start: Callable[[float], None],
     ) -> None:
-        """As :meth:`bench.sender.InProcessSender.run`, with the sending loops on Ray actors."""
+        """As :meth:`bench.send.processes.InProcessSender.run`, with the sending loops on Ray actors."""
         ray, joined = self._connect()
         counter = None
         try:

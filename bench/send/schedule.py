@@ -15,7 +15,7 @@ tests use to check each strategy exactly.
   and that wait is its send lag.
 
 Tickets are handed out in order by a :class:`Tickets` source: a local counter, or one
-shared by several sender processes (:class:`bench.sender.SharedTickets`), so the order
+shared by several sender processes (:class:`bench.send.processes.SharedTickets`), so the order
 and the concurrency cap stay global when the slots are spread over processes.
 
 Two options apply to every strategy:
