@@ -10,7 +10,7 @@ Two ways to use it:
   a Python-backend ``model.py`` that runs the model with transformers and streams tokens
   as a decoupled model) and starts ``tritonserver`` on it: the system's when it is on
   PATH (or ``MOEBENCH_TRITON_SERVER``), else the binary shipped in the ``nvidia-pytriton``
-  wheel of the Triton environment (``.venv-triton``, ``make triton``; see the README).
+  wheel of the Triton environment (``.venv-triton``, ``make triton``; see docs/engines.md).
 
 Requests go to ``/v2/models/{model}/generate_stream`` (SSE, one event per response).
 Server metrics come from Triton's Prometheus endpoint (port 8002 by default).

@@ -1,6 +1,6 @@
 """Native engine on a CUDA GPU: a profile run and latency/concurrency runs, exported as bundles.
 
-Made for the lent H200 (see the README): builds the ``random-v2-lite-shape`` model
+Made for the lent H200 (see docs/accelerators.md): builds the ``random-v2-lite-shape`` model
 (DeepSeek-V2-Lite's shape, random bf16 weights) directly on the GPU, runs
 
 1. a profile run (torch.profiler, CPU + CUDA activities) -> operator table, bottleneck

@@ -375,7 +375,7 @@ def stall_text(row: dict[str, Any]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """The README's table: one row per configuration and batch."""
+    """The study's table (studies/native-tuning.md): one row per configuration and batch."""
     head = (
         "| config | batch | ms/step p50 (p99) | output tok/s | TTFT p50 ms | peak GiB | warm-up s | HBM limit ms "
         "| greedy = baseline | logits max abs diff (step 0 / agreeing steps) |\n"

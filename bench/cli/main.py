@@ -41,7 +41,7 @@ def run_tool(name: str, argv: list[str]) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="python -m bench", description="MoE Bench: benchmark DeepSeek MoE models on real engines.")
     p.add_argument("--db", help="SQLite results file (default: $MOEBENCH_DB_PATH or data/moebench.sqlite)")
-    # --db is accepted before or after the command (`run ... --db PATH`, as in the README)
+    # --db is accepted before or after the command (`run ... --db PATH`, as in docs/cli.md)
     db_parent = argparse.ArgumentParser(add_help=False)
     db_parent.add_argument("--db", default=argparse.SUPPRESS, help="SQLite results file")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)

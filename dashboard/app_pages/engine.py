@@ -315,7 +315,7 @@ def _limits_panel(model: str, accelerator: str, dtype: str, info: dict[str, Any]
                 st.markdown(f"- **{name}** {fig.value:,.4g} {fig.unit} ({fig.confidence}): {fig.source}")
             st.caption(
                 "Lower bounds on time: activations, launch gaps and communication only make a real step slower. "
-                "See README: Physical limits."
+                "See docs/accelerators.md: Physical limits."
             )
 
 

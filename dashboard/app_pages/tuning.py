@@ -18,8 +18,8 @@ st.title("Native engine tuning")
 st.caption(
     "The book's tuning advice (8.4.2-8.4.3) measured: the native engine's options one at a time and combined, "
     "at several batch sizes (static batching). ms per decode step is the gap between a sequence's tokens; the HBM "
-    "limit is the hardware's shortest step at that batch (README: Physical limits). Greedy tokens and logits are "
-    "checked against the baseline's generated alone."
+    "limit is the hardware's shortest step at that batch (docs/accelerators.md: Physical limits). Greedy tokens "
+    "and logits are checked against the baseline's generated alone."
 )
 
 store = services.get_store()
@@ -128,7 +128,7 @@ if rows:
                 delta=f"fastest step is {r.step_ms_p50 / fast.limit_ms:.1f}x the limit",
                 delta_color="off", delta_arrow="off",
                 help="the shortest step the memory bandwidth allows: the bytes one step must read / HBM bandwidth "
-                "(README: Physical limits)",
+                "(docs/accelerators.md: Physical limits)",
             )  # fmt: skip
     if top := best.get("throughput"):
         r = top.row
@@ -217,7 +217,7 @@ if rows:
             "where compiling happens. Greedy tokens and "
             "logits: the first four prompts against the baseline's generated alone; in bf16 on random weights any "
             "kernel change moves the logits (near ties flip tokens), so judge correctness in float32 "
-            "(README: Native engine tuning)."
+            "(studies/native-tuning.md)."
         )
 
 # --- the decode step alone (saved studies) ----------------------------------------------------
@@ -226,7 +226,7 @@ if studies:
     st.subheader("The decode step alone")
     st.caption(
         "Where the engine's time goes once `generate` is out of the way: the same step eager, replayed from a "
-        "CUDA graph, and compiled then replayed (README: CUDA graphs; a study with absorbed latent attention "
+        "CUDA graph, and compiled then replayed (docs/engines.md: CUDA graphs; a study with absorbed latent attention "
         "names its steps so)."
     )
 for study in studies:
