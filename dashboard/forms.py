@@ -120,6 +120,7 @@ OPTION_META: dict[str, tuple[str, str]] = {
     # the native engine's tuning (book 8.4.2-8.4.3)
     "batch_size": ("Batch size (static batching)", GROUP_TUNING),
     "batch_wait_ms": ("Batch fill wait (ms)", GROUP_TUNING),
+    "capture_sizes": ("Graph batch sizes", GROUP_TUNING),
     "cache": ("KV cache", GROUP_TUNING),
     "compile": ("torch.compile mode", GROUP_TUNING),
     "experts_impl": ("Experts kernels", GROUP_TUNING),

@@ -24,7 +24,7 @@ import asyncio
 import importlib
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -296,6 +296,19 @@ class Engine:
     def astream(self, request: GenerationRequest, cancel: threading.Event | None = None) -> AsyncIterator[StreamChunk]:
         """The asynchronous twin of :meth:`stream`; only where :meth:`async_capable` says so."""
         raise NotImplementedError(f"the {self.kind} engine has no asynchronous stream")
+
+    def prepare(
+        self,
+        requests: Sequence[GenerationRequest],
+        concurrency: int,
+        progress: Callable[[str], None] | None = None,
+    ) -> str | None:
+        """Get ready for a run before its clock starts: what its first requests must not pay inside
+        the measured window (the native engine compiles and captures its decode step for the batch
+        sizes the run will form). ``requests``: a sample of the run's requests (their lengths);
+        ``concurrency``: the most in flight. Returns a line saying what was done (the run's warm-up
+        phase shows it and the run keeps it), or None when there is nothing to do."""
+        return None
 
     def stop(self) -> None:
         self.started = False

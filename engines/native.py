@@ -16,11 +16,11 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from engines import experts, mla, router
 from engines.accelerators import Accelerator, Availability, MemoryStats, get_accelerator
@@ -123,7 +123,17 @@ class NativeOptions(EngineOptions):
         "(the book's 8.4.1 model, no batching).",
     )
     batch_wait_ms: float = Field(
-        5.0, ge=0.0, le=10_000.0, description="How long a batch waits to fill once its first request is there (ms)."
+        5.0,
+        ge=0.0,
+        le=10_000.0,
+        description="How long a batch waits to fill (ms): it is taken once it is full, or once this long passes "
+        "with no new request (a wave still arriving keeps it open, up to 50 times this long).",
+    )
+    capture_sizes: str = Field(
+        "",
+        description="With cuda_graphs: the batch sizes whose decode step is compiled and captured before a run "
+        "starts its clock, comma-separated (e.g. 1,8,32,128); a batch runs in the smallest captured size that holds "
+        "it (extra rows padded, their tokens dropped). Empty: 1, 2, 4, ... (powers of two) and batch_size.",
     )
     cache: Literal["dynamic", "static"] = Field(
         "dynamic",
@@ -167,6 +177,36 @@ class NativeOptions(EngineOptions):
         "layer) or lean (skips that stage where it keeps every group, e.g. n_group=1 as the V2-Lite shape: the "
         "same experts and weights, bit for bit: engines/router.py). DeepSeek-V3 gates.",
     )
+
+
+    @field_validator("capture_sizes")
+    @classmethod
+    def _sizes(cls, v: str) -> str:
+        try:
+            sizes = sorted({int(x) for x in v.replace(" ", "").split(",") if x})
+        except ValueError:
+            raise ValueError(f"capture_sizes takes batch sizes like 1,8,32,128, got '{v}'") from None
+        if any(s < 1 for s in sizes):
+            raise ValueError(f"capture_sizes takes batch sizes of at least 1, got '{v}'")
+        return ",".join(map(str, sizes))
+
+    @model_validator(mode="after")
+    def _sizes_fit(self) -> NativeOptions:
+        too_big = [s for s in self.graph_sizes() if s > self.batch_size]
+        if too_big:
+            raise ValueError(f"capture_sizes {too_big} exceed batch_size {self.batch_size}: no batch is that large")
+        return self
+
+    def graph_sizes(self) -> list[int]:
+        """The batch sizes captured before a run: ``capture_sizes``, else 1, 2, 4, ... and ``batch_size``."""
+        if self.capture_sizes:
+            sizes = [int(x) for x in self.capture_sizes.split(",")]
+            return sorted({*sizes, self.batch_size})  # the largest batch always has its graph
+        out, s = [], 1
+        while s < self.batch_size:
+            out.append(s)
+            s *= 2
+        return [*out, self.batch_size]
 
 
 def _installed(*modules: str) -> Availability:
@@ -375,6 +415,40 @@ class NativeEngine(Engine):
             self.options = old
             self._apply_tuning()
             raise
+
+    def prepare(
+        self,
+        requests: Sequence[GenerationRequest],
+        concurrency: int,
+        progress: Callable[[str], None] | None = None,
+    ) -> str | None:
+        """With ``cuda_graphs``: compile and capture the decode step for every batch size the run can
+        form (:meth:`NativeOptions.graph_sizes` up to its concurrency) at the cache length of its
+        longest sampled prompt and output, before the clock; a batch then runs in the smallest
+        captured size that holds it. Without graphs there is nothing to prepare."""
+        if self._graphed is None or not requests:
+            return None
+        o: NativeOptions = self.options  # type: ignore[assignment]
+        most = max(1, min(o.batch_size, concurrency))
+        sizes = o.graph_sizes()
+        sizes = [s for s in sizes if s < most] + [next(s for s in sizes if s >= most)]
+        width = max(len(self._prompt_ids(r)) for r in requests)
+        max_new = max(r.sampling.max_tokens for r in requests)
+        before, t0 = self._graphed.captures, time.perf_counter()
+        say = progress or (lambda line: None)
+
+        def step(i: int, n: int, size: int) -> None:
+            spent = time.perf_counter() - t0
+            say(f"compiling and capturing the decode step for batch {size} ({i + 1}/{n}, {spent:.0f} s so far)")
+
+        with self._grad_mode():
+            self._graphed.prepare(sizes, width, max_new, step)
+        self.accelerator.synchronize()
+        new = self._graphed.captures - before
+        return (
+            f"decode step captured for batch sizes {', '.join(map(str, sizes))} (prompts up to {width} tokens, "
+            f"{max_new} out) before the clock: {new} new in {time.perf_counter() - t0:.1f} s"
+        )
 
     def tuning(self) -> dict[str, Any]:
         """The tuning in effect (what transformers resolved, not only what was asked)."""
@@ -701,6 +775,7 @@ class GraphedDecoder:
         self.pipeline = pipeline
         self.max_graphs = max_graphs
         self._shapes: collections.OrderedDict[tuple[int, int], _Captured] = collections.OrderedDict()
+        self.sizes: list[int] = []  # batch sizes prepared before a run (:meth:`prepare`): batches pad up to them
         self.captures = 0
         self.capture_s = 0.0
         self.compile_mode = compile_mode
@@ -739,11 +814,20 @@ class GraphedDecoder:
         if c.mask.dtype != c.valid.dtype:  # eager attention adds its mask
             c.mask[rows, 0, 0, cols] = 0.0
 
+    def bucket(self, batch: int) -> int:
+        """The batch size a batch of ``batch`` rows runs in: the smallest prepared size that holds it
+        (its extra rows padded), else ``batch`` itself (a shape of its own, captured when first met)."""
+        return next((s for s in self.sizes if s >= batch), batch)
+
     def _buffers(self, batch: int, cache_len: int) -> _Captured:
         import torch
         from transformers import StaticCache
 
         key = (batch, cache_len)
+        if key not in self._shapes:
+            # a captured shape of this batch with room for more (its extra cache slots stay masked)
+            roomy = sorted(k for k in self._shapes if k[0] == batch and k[1] >= cache_len and self._shapes[k].graph)
+            key = roomy[0] if roomy else key
         if key in self._shapes:
             self._shapes.move_to_end(key)
             return self._shapes[key]
@@ -864,6 +948,32 @@ class GraphedDecoder:
         self.captures += 1
         self.capture_s += time.perf_counter() - t0
 
+    @staticmethod
+    def cache_len_for(width: int, max_new: int) -> int:
+        """The static cache length of a batch whose longest prompt is ``width`` tokens, generating
+        ``max_new``: rounded up to :data:`CACHE_LEN_STEP` (the capture's warm-ups write 3 slots)."""
+        need = width + max(max_new, 4) - 1  # the last token is never fed back
+        return -(-need // CACHE_LEN_STEP) * CACHE_LEN_STEP
+
+    def prepare(
+        self, sizes: Iterable[int], width: int, max_new: int, progress: Callable[[int, int, int], Any] | None = None
+    ) -> None:
+        """Compile and capture the decode step for each batch size of ``sizes`` at the cache length of
+        prompts up to ``width`` tokens generating ``max_new`` (before a run's clock, as vLLM captures its
+        graph sizes at start-up); later batches run in the smallest of them that holds them.
+        ``progress(i, n, size)`` is called before each."""
+        sizes = sorted(set(sizes))
+        self.sizes = sorted({*self.sizes, *sizes})
+        self.max_graphs = max(self.max_graphs, len(self.sizes) + 2)
+        cache_len = self.cache_len_for(width, max_new)
+        for i, size in enumerate(sizes):
+            if progress is not None:
+                progress(i, len(sizes), size)
+            c = self._buffers(size, cache_len)
+            if c.graph is None:
+                self._prefill(c, [[0] * width] * size, 0)
+                self._capture(c)
+
     def decode(
         self,
         prompts: list[list[int]],
@@ -883,9 +993,13 @@ class GraphedDecoder:
         import torch
 
         width = max(len(p) for p in prompts)
-        need = width + max(max_new, 4) - 1  # the last token is never fed back; capture's warm-ups write 3 slots
-        cache_len = -(-need // CACHE_LEN_STEP) * CACHE_LEN_STEP
-        c = self._buffers(len(prompts), cache_len)
+        rows = len(prompts)
+        padded = self.bucket(rows)
+        if padded > rows:  # run in a prepared size: the extra rows repeat the first prompt, their tokens dropped
+            prompts = [*prompts, *[prompts[0]] * (padded - rows)]
+            deliver = on_step
+            on_step = lambda tokens: deliver(tokens[:rows])  # noqa: E731 - the real rows' tokens only
+        c = self._buffers(padded, self.cache_len_for(width, max_new))
         kept: list[Any] = []
         logits = self._prefill(c, prompts, pad)
         c.eos_bias.zero_()
@@ -916,7 +1030,7 @@ class GraphedDecoder:
         chosen = pick(logits, 0)
         for k in range(max_new):
             if keep_logits:
-                kept.append(logits.to("cpu", copy=True))
+                kept.append(logits[:rows].to("cpu", copy=True))
             if not self.pipeline:
                 on_step(chosen.tolist())
                 if done() or k + 1 == max_new:

@@ -254,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                 engine.retune(**{**{k: None for k in ("experts_impl", "attn_impl")}, "cache": "dynamic",
                                  "compile": "off", "inference_mode": True, "cudnn_benchmark": False,
                                  "cuda_graphs": False, "mla": "expand", "router": "transformers", **changes,
-                                 "batch_size": batch, "batch_wait_ms": 200.0})  # fmt: skip
+                                 "batch_size": batch, "batch_wait_ms": 200.0,
+                                 "capture_sizes": str(batch)})  # fmt: skip  (the row's own batch shape only)
                 row["tuning"] = engine.tuning()
                 if row["tuning"].get("cuda_graphs_pipelined") is False:  # MOEBENCH_GRAPH_PIPELINE=off
                     row["config"] = f"{name}_sync"  # the step-by-step graph loop: rows of its own
@@ -265,7 +266,13 @@ def main(argv: list[str] | None = None) -> int:
                 n = min(batch, CHECK_PROMPTS)
                 row.update(_logits_check(_step_logits(engine, prompts[:n], LOGIT_STEPS), ref_logits[:n]))
                 cfg = RunConfig.build(
-                    engine={**engine_opts, "record_routing": False, **changes, "batch_size": batch},
+                    engine={
+                        **engine_opts,
+                        "record_routing": False,
+                        **changes,
+                        "batch_size": batch,
+                        "capture_sizes": str(batch),
+                    },
                     mode="concurrency",
                     workload={"source": "random", "input_len": args.input_len, "output_len": args.output_len},
                     requests=batch if batch > 1 else 3,  # batch 1: three requests one after another

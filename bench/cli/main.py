@@ -11,6 +11,7 @@ prints one line ``error: <reason>`` on stderr and exits with status 2 (1 for a f
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -117,6 +118,17 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    finally:
+        if os.environ.get("MOEBENCH_EXIT_THREADS"):  # which threads are alive at exit (a C++ abort's suspects)
+            import threading
+
+            alive = [f"{t.name} (daemon={t.daemon})" for t in threading.enumerate() if t is not threading.main_thread()]
+            print(f"threads alive at exit: {', '.join(alive) or 'none'}", file=sys.stderr, flush=True)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in PASSTHROUGH:
         return run_tool(argv[0], argv[1:])

@@ -22,7 +22,13 @@ from bench.cli.common import (
 from bench.config import RunConfig
 from bench.metrics.run_limits import RunLimits
 from bench.report.csv_export import operators_csv, requests_csv, summary_csv
-from bench.run.artifacts import ARTIFACT_DEVICE_TELEMETRY, ARTIFACT_GC, ARTIFACT_LIMITS, ARTIFACT_LOAD_GENERATORS
+from bench.run.artifacts import (
+    ARTIFACT_DEVICE_TELEMETRY,
+    ARTIFACT_GC,
+    ARTIFACT_LIMITS,
+    ARTIFACT_LOAD_GENERATORS,
+    ARTIFACT_PREPARE,
+)
 from bench.run.gc_watch import note as gc_note
 from bench.run.job import Job
 from bench.run.manager import start_run
@@ -104,6 +110,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     assert run_id is not None
     if snap.summary is not None:
         print(format_summary(snap.summary))
+    prepared = store.artifact(run_id, ARTIFACT_PREPARE)
+    if isinstance(prepared, dict) and prepared.get("text"):
+        print(f"prepared      {prepared['text']}")
     telemetry = store.artifact(run_id, ARTIFACT_DEVICE_TELEMETRY)
     if isinstance(telemetry, dict):
         for reason in telemetry.get("missing") or []:

@@ -43,6 +43,7 @@ from bench.run.artifacts import (
     ARTIFACT_LIMITS,
     ARTIFACT_LOAD_GENERATORS,
     ARTIFACT_OPERATORS,
+    ARTIFACT_PREPARE,
     ARTIFACT_ROUTING,
     ARTIFACT_TRACE,
 )
@@ -152,6 +153,26 @@ def _profile(job: Job, engine: Engine, requests: Sequence[Any], warmup: list[Any
             store.put_artifact(run_id, ARTIFACT_TRACE, {"path": res.trace_path})
 
 
+PREPARE_SAMPLE = 256  # requests whose lengths the engine prepares for (the first block is built already)
+
+
+def _prepare_engine(job: Job, engine: Engine, requests: Sequence[Any]) -> None:
+    """Let the engine get ready before the clock (:meth:`engines.base.Engine.prepare`: the native
+    engine compiles and captures its decode step for the batch sizes the run can form); what it
+    did is the run's ``engine_prepare`` artifact and its engine info is read again after it."""
+    cfg, store, run_id = job.config, job.store, job.run_id
+    assert run_id is not None
+    sample = [requests[i] for i in range(min(len(requests), PREPARE_SAMPLE))]
+    t0 = time.perf_counter()
+    line = engine.prepare(sample, cfg.concurrency, job.set_phase)
+    if line is None:
+        return
+    store.put_artifact(run_id, ARTIFACT_PREPARE, {"text": line, "seconds": round(time.perf_counter() - t0, 3)})
+    info = {**engine.describe(), "host": socket.gethostname()}
+    store.set_engine_info(run_id, info, model=info.get("model"))
+    job.set_phase(line)
+
+
 def _measure(
     job: Job,
     engine: Engine,
@@ -228,6 +249,7 @@ def _measure(
         sampler.begin(t0)
         job.transition("running", t0=t0)
 
+    _prepare_engine(job, engine, requests)
     job.set_phase(f"warm-up ({cfg.warmup} request{'s' if cfg.warmup != 1 else ''})" if cfg.warmup else "starting")
     try:
         sender.run(strategy, requests, warmup, job.cancel_event, recorder.put, prepare, on_start)

@@ -174,3 +174,33 @@ def test_request_rate_is_refused_for_latency_runs() -> None:
         _config(request_rate=-1.0)
     # 0 is the forms' "closed loop"
     assert _config(request_rate=0).request_rate is None
+
+
+def test_graphs_are_captured_before_the_clock_for_every_batch_size_the_run_can_form(store: Store) -> None:
+    """The native engine with captured decode steps (capture faked on the CPU, as in
+    tests/engines/test_native_tuning.py) and batch_size 4 at concurrency 3: the run's prepare step
+    captures sizes 1, 2 and 4 (3 rows run in 4) before the clock, says so in its artifact, and the
+    measured window captures nothing."""
+    from engines.base import create_engine
+    from engines.native import GraphedDecoder
+    from tests.engines.test_native_tuning import _fake_capture
+
+    engine = create_engine(
+        {"kind": "native", "model": "tiny-deepseek-v3", "accelerator": "cpu", "cache": "static", "batch_size": 4}
+    )
+    engine.start()
+    try:
+        engine._graphed = GraphedDecoder(engine.model)  # type: ignore[attr-defined]
+        _fake_capture(engine._graphed)  # type: ignore[attr-defined]
+        job = start_run(_config(requests=9, concurrency=3, warmup=0), store, engine=engine)
+        snap = job.wait(120)
+        assert snap.status == "completed", snap.error
+        prepared = store.artifact(snap.run_id, "engine_prepare")  # type: ignore[arg-type]
+        assert prepared is not None and prepared["seconds"] >= 0
+        assert prepared["text"].startswith("decode step captured for batch sizes 1, 2, 4 (prompts up to 32 tokens")
+        assert engine._graphed.captures == 3  # type: ignore[attr-defined]  # all before the clock
+        assert set(engine._batcher.batches) <= {1, 2, 3}  # type: ignore[attr-defined]
+        run = store.get_run(snap.run_id)  # type: ignore[arg-type]
+        assert run is not None and run.engine_info["tuning"]["cuda_graphs_captured"] == 3
+    finally:
+        engine.stop()

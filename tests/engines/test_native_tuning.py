@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -570,3 +571,84 @@ def test_cuda_graphs_replay_the_eager_step_exactly_in_bf16(tiny_model: Path, mla
     fp32 = create_engine({**base, "dtype": "float32", "cache": "static", "cuda_graphs": True})
     with pytest.raises(ConfigError, match=r"^cuda_graphs with float32 grouped_mm experts"):
         fp32.start()
+
+
+def test_prepared_batch_sizes_serve_smaller_batches_and_shorter_prompts(tiny_model: Path) -> None:
+    """Sizes prepared before a run (captured once each) serve every later batch: a batch of 3 runs
+    in the prepared size 4 (its extra row padded, its tokens dropped) and gives generate's tokens
+    for its own 3 rows; shorter prompts reuse the prepared longer cache; nothing is captured after."""
+    import torch
+
+    from engines.batching import left_pad
+    from engines.native import GraphedDecoder
+
+    engine = _start(dtype="float32", record_routing=False)
+    try:
+        pad = engine._tokenizer.pad_token_id or 0
+        decoder = GraphedDecoder(engine.model)
+        _fake_capture(decoder)
+        seen: list[int] = []
+        width = max(len(p) for p in PROMPTS) + 70  # a longer cache than these prompts need (2 cache steps)
+        with torch.inference_mode():
+            decoder.prepare([4, 1], width, 8, lambda i, n, size: seen.append(size))
+        assert seen == [1, 4] and decoder.captures == 2 and decoder.sizes == [1, 4]
+        assert sorted(decoder._shapes) == [(1, 128), (4, 128)] and GraphedDecoder.cache_len_for(width, 8) == 128
+        assert decoder.bucket(3) == 4 and decoder.bucket(1) == 1 and decoder.bucket(5) == 5
+        for prompts in (PROMPTS[:3], [PROMPTS[2]], PROMPTS[1:3]):
+            ids, mask = left_pad(prompts, pad)
+            with torch.inference_mode():
+                ref = engine.model.generate(
+                    input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=8,
+                    min_new_tokens=8, do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=pad,
+                )  # fmt: skip
+                got: list[list[int]] = []
+                logits = decoder.decode(prompts, pad, 8, got.append, suppress=[], keep_logits=True)
+            assert all(len(step) == len(prompts) for step in got)  # the padded row's tokens never reach a stream
+            assert [list(r) for r in zip(*got, strict=True)] == ref[:, len(ids[0]) :].tolist()
+            assert logits[0].shape[0] == len(prompts)
+        assert decoder.captures == 2  # every batch ran in a prepared shape
+    finally:
+        engine.stop()
+
+
+def test_capture_sizes_default_to_powers_of_two_and_are_checked() -> None:
+    """The sizes captured before a run: 1, 2, 4, ... and batch_size; a size past batch_size is refused."""
+    from engines.base import parse_options
+    from engines.errors import ConfigError
+
+    def sizes(**opts: Any) -> list[int]:
+        return parse_options({"kind": "native", **opts}).graph_sizes()
+
+    assert sizes() == [1]
+    assert sizes(batch_size=128) == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert sizes(batch_size=100) == [1, 2, 4, 8, 16, 32, 64, 100]
+    assert sizes(batch_size=128, capture_sizes="32, 8,1") == [1, 8, 32, 128]
+    with pytest.raises(ConfigError, match="exceed batch_size"):
+        parse_options({"kind": "native", "batch_size": 8, "capture_sizes": "16"})
+    with pytest.raises(ConfigError, match="capture_sizes takes batch sizes"):
+        parse_options({"kind": "native", "batch_size": 8, "capture_sizes": "8,x"})
+
+
+def test_a_wave_arriving_over_longer_than_the_wait_batches_together() -> None:
+    """Requests arriving 10 ms apart with a 50 ms wait: one batch of all eight (a fixed window from
+    the first arrival cut such a wave in two, and the two halves alternated for the whole run)."""
+    from engines.batching import Pending, StaticBatcher
+
+    formed: list[int] = []
+
+    def run(batch: list[Any]) -> None:
+        formed.append(len(batch))
+        for p in batch:
+            p.out_q.put(None)
+
+    batcher = StaticBatcher(run, 8, 0.05)
+    try:
+        items = [Pending(ids=[1, 2], max_tokens=1, sampling=SamplingParams(max_tokens=1)) for _ in range(8)]
+        for p in items:
+            batcher.submit(p)
+            time.sleep(0.01)
+        for p in items:
+            p.out_q.get(timeout=10)
+        assert formed == [8]
+    finally:
+        batcher.close()
