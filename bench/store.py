@@ -124,6 +124,9 @@ SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
     "model",
     "accelerator",
     "mode",
+    "workload_source",
+    "input_len",
+    "output_len",
     "requests",
     "completed",
     "failed",
@@ -214,9 +217,19 @@ class RunRow:
             accelerator=self.accelerator,
             mode=self.mode,
             concurrency=self.concurrency,
+            **_workload_fields(self.config),
             error=self.error or "",
         )
         return row
+
+
+def _workload_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """The workload a run asked for, as the summary CSV shows it: its prompt source and its input
+    and output lengths in tokens (the fixed lengths, or the means of a length distribution)."""
+    w = config.get("workload") if isinstance(config, dict) else None
+    if not isinstance(w, dict):
+        return {}
+    return {"workload_source": w.get("source"), "input_len": w.get("input_len"), "output_len": w.get("output_len")}
 
 
 @dataclass(frozen=True)

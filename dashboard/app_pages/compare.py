@@ -8,11 +8,13 @@ import streamlit as st
 from bench.analysis import reference as ref
 from bench.analysis.compare import (
     EFFICIENCY_DEVICE_TELEMETRY,
+    EFFICIENCY_KV_CACHE,
     MEMORY_EFFICIENCY_DEFINITION,
     MEMORY_EFFICIENCY_TELEMETRY_DEFINITION,
     RunMemory,
     common_memory,
     default_pair,
+    gain_context,
     is_vllm,
     memory_efficiency,
     mismatch,
@@ -387,6 +389,9 @@ with left:
 with right:
     st.markdown("**Measured** (runs stored here)")
     st.dataframe(pd.DataFrame(measured_rows), hide_index=True, key="c.engine-measured")
+if comparable and native is not None and vllm is not None:
+    kv_pct = eff_vllm[0] if eff_vllm[1] == EFFICIENCY_KV_CACHE else None
+    st.info(gain_context(native, vllm, kv_pct), icon=":material/lightbulb:")
 with st.expander("How memory efficiency is measured", icon=":material/help:"):
     st.caption(
         "Memory efficiency (measured), a plain figure: "

@@ -24,6 +24,7 @@ from bench.analysis.compare import (
     device_memory_series_peak_gib,
     engine_figures,
     format_compare,
+    gain_context,
     memory_efficiency,
     mismatch,
     peak_device_memory_gib,
@@ -286,3 +287,24 @@ def test_offline_throughput(tiny_model: Path) -> None:
     assert res.requests == 8 and res.output_tokens == 64 and res.prompt_tokens == 8 * 16
     assert res.requests_per_s > 0 and res.total_tok_s > res.output_tok_s > 0
     assert res.vllm_version == "0.32.0" and Path(res.log_path).exists()
+
+
+def test_the_gain_context_names_the_runs_conditions_and_why_the_gain_shrinks(store: Store) -> None:
+    """The Compare page's note beside a measured gain: these runs' model, size, device, load and
+    lengths, the conditions that shrink vLLM's gain here, and what a near-0 % KV figure means."""
+    ids = []
+    for engine in ("native", "vllm"):
+        run_id = store.create_run(
+            mode="concurrency", engine=engine, model="tiny-deepseek-v3", accelerator="cpu", concurrency=4,
+            config={"workload": {"source": "random", "input_len": 32, "output_len": 16}},
+        )  # fmt: skip
+        store.set_engine_info(run_id, {"parameters": 1_500_000, "device": "x86_64 (2 cores)"})
+        ids.append(run_id)
+    native, vllm = (store.get_run(i) for i in ids)
+    assert native is not None and vllm is not None
+    text = gain_context(native, vllm, vllm_kv_pct=0.0155)
+    assert text.startswith("These runs: tiny-deepseek-v3 (1.5 M parameters), random weights, on x86_64 (2 cores), ")
+    assert "4 request(s) in flight, 32 tokens in and 16 out." in text
+    assert "with 4 in flight (little to batch); on a CPU" in text and "with a model this small" in text
+    assert "(0.0155 %) is the largest share of its KV-cache pool" in text
+    assert "KV-cache pool" not in gain_context(native, vllm, vllm_kv_pct=62.0)

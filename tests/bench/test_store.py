@@ -49,6 +49,19 @@ def test_run_lifecycle_samples_and_csv(store: Store) -> None:
     summary = list(csv.DictReader(io.StringIO(summary_csv(store, [run_id]).decode())))
     assert list(summary[0]) == list(SUMMARY_CSV_COLUMNS) and len(summary) == 1
     assert summary[0]["completed"] == "2" and summary[0]["peak_memory_gib"] == "0.5"
+    assert summary[0]["input_len"] == summary[0]["output_len"] == ""  # this run's config names no workload
+
+
+def test_the_summary_csv_carries_the_workload_lengths(store: Store) -> None:
+    """Two runs' rows say what each asked for, so a spreadsheet cannot set unlike runs side by side unnoticed."""
+    ids = [
+        store.create_run(mode="latency", engine="native", model="m", accelerator="cpu",
+                         config={"workload": {"source": src, "input_len": i, "output_len": o}})
+        for src, i, o in (("random", 128, 64), ("sharegpt", 256, 32))
+    ]  # fmt: skip
+    rows = list(csv.DictReader(io.StringIO(summary_csv(store, ids).decode())))
+    got = [(r["workload_source"], r["input_len"], r["output_len"]) for r in rows]
+    assert got == [("random", "128", "64"), ("sharegpt", "256", "32")]
 
 
 def test_bounded_window_returns_the_newest_rows_oldest_first(store: Store) -> None:
