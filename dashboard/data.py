@@ -360,6 +360,7 @@ RUN_COLUMNS: tuple[str, ...] = (
     "status",
     "mode",
     "workload",
+    "setup",
     "engine",
     "model",
     "accelerator",
@@ -454,6 +455,9 @@ def runs_frame(runs: Sequence[RunRow], sweeps: Mapping[int, str] | None = None) 
                 "status": run.status,
                 "mode": run.mode,
                 "workload": workload_text(run.mode, run.concurrency, run.config),
+                "setup": " · ".join(
+                    x for x in (run.engine, run.model, str(run.engine_info.get("device") or run.accelerator)) if x
+                ),
                 "engine": run.engine,
                 "model": run.model,
                 "accelerator": run.accelerator,
@@ -503,8 +507,8 @@ def filter_runs(
 
 
 SORTS: dict[str, tuple[str, bool]] = {
-    "newest first": ("run_id", False),
-    "oldest first": ("run_id", True),
+    "newest first": ("created", False),  # when the run ran (an imported run keeps its own time), then its id
+    "oldest first": ("created", True),
     "output throughput (high → low)": ("output_throughput_tok_s", False),
     "E2E p99 latency (low → high)": ("e2e_ms_p99", True),
     "TTFT p50 (low → high)": ("ttft_ms_p50", True),
@@ -514,7 +518,8 @@ SORTS: dict[str, tuple[str, bool]] = {
 
 def sort_runs(df: pd.DataFrame, how: str) -> pd.DataFrame:
     col, ascending = SORTS.get(how, SORTS["newest first"])
-    return df.sort_values(col, ascending=ascending, na_position="last", kind="stable")
+    by = [col, "run_id"] if col == "created" else [col]
+    return df.sort_values(by, ascending=ascending, na_position="last", kind="stable")
 
 
 # --- summary tables ---------------------------------------------------------------------------

@@ -101,11 +101,11 @@ with st.container(border=True):
 view = data.sort_runs(data.filter_runs(df, statuses, engines, accs, modes, text, sweep_filter), sort)
 st.caption(f"{len(view)} of {len(df)} runs")
 
-# The compact table fits a 1600 px screen; "All columns" shows every stored figure.
+# The compact table fits a 1600 px screen (engine, model and device in one column; peak memory and
+# the rest under "All columns" and Run details).
 COMPACT = [
-    "run_id", "created", "status", "disturbance", "engine", "workload", "model", "device",
-    "output_throughput_tok_s", "goodput_rps", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "e2e_ms_p99",
-    "peak_memory_gib", "error",
+    "run_id", "created", "status", "disturbance", "setup", "workload",
+    "output_throughput_tok_s", "goodput_rps", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "e2e_ms_p99", "error",
 ]  # fmt: skip
 FULL = [
     "run_id", "created", "status", "disturbance", "mode", "workload", "sweep", "engine", "model", "accelerator",
@@ -131,30 +131,31 @@ st.dataframe(
     key="r.table",
     column_order=table_order,
     column_config={
-        "run_id": num("run", format="%d", width=48),
-        "created": st.column_config.DatetimeColumn("created", format="MM-DD HH:mm", width=96),
-        "status": st.column_config.TextColumn("status", width=86),
+        "run_id": num("run", format="%d", width=44),
+        "created": st.column_config.DatetimeColumn("created", format="MM-DD HH:mm", width=88),
+        "status": st.column_config.TextColumn("status", width=80),
+        "setup": st.column_config.TextColumn("engine · model · device", width=210),
         "engine": st.column_config.TextColumn("engine", width=64),
         "workload": st.column_config.TextColumn(
-            "workload", width=190, help="mode, concurrency or rate, prompt → output tokens"
+            "workload", width=160, help="mode, concurrency or rate, prompt → output tokens"
         ),
         "model": st.column_config.TextColumn("model", width=130),
         "device": st.column_config.TextColumn("device", width=110),
         "duration_s": num("duration (s)", format="%.2f"),
-        "output_throughput_tok_s": num("output tok/s", format="%.1f", help="output tokens / duration", width=82),
+        "output_throughput_tok_s": num("output tok/s", format="%.1f", help="output tokens / duration", width=78),
         "request_throughput_rps": num("requests/s", format="%.2f"),
-        "goodput_rps": num("goodput req/s", format="%.2f", help="requests that met every SLO / duration", width=86),
+        "goodput_rps": num("goodput req/s", format="%.2f", help="requests that met every SLO / duration", width=80),
         "sweep": st.column_config.TextColumn("sweep", help="The sweep or capacity search that made the run"),
-        "ttft_ms_p50": num("TTFT p50 ms", format="%.1f", width=80),
-        "ttft_ms_p99": num("TTFT p99 ms", format="%.1f", width=80),
-        "tpot_ms_p50": num("TPOT p50 ms", format="%.2f", width=80),
+        "ttft_ms_p50": num("TTFT p50 ms", format="%.1f", width=76),
+        "ttft_ms_p99": num("TTFT p99 ms", format="%.1f", width=76),
+        "tpot_ms_p50": num("TPOT p50 ms", format="%.2f", width=76),
         "e2e_ms_p50": num("E2E p50 ms", format="%.1f"),
-        "e2e_ms_p99": num("E2E p99 ms", format="%.1f", width=80),
+        "e2e_ms_p99": num("E2E p99 ms", format="%.1f", width=76),
         "e2e_ms_mean": num("E2E mean ms", format="%.1f"),
         "peak_memory_gib": num("peak GiB", format="%.3f", width=70),
-        "error": st.column_config.TextColumn("error", width=160),
+        "error": st.column_config.TextColumn("error", width=110, help="Why the run failed (all of it in Run details)"),
         "disturbance": st.column_config.TextColumn(
-            "disturbed", width=90, help="What else loaded the host during the run (hover a cell for all of it)"
+            "disturbed", width=76, help="What else loaded the host during the run (hover a cell for all of it)"
         ),
     },
 )

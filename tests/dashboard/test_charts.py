@@ -178,6 +178,22 @@ def test_runs_frame_filter_and_sort(store: Store) -> None:
     assert by_tput["output_throughput_tok_s"].iloc[0] == df["output_throughput_tok_s"].max()
 
 
+def test_newest_first_is_by_when_a_run_ran_not_its_id(store: Store) -> None:
+    """An imported run keeps its own time: one recorded two days ago sorts below today's runs although
+    its id is newer (imported runs of 12-04 were listed above runs of 12-06)."""
+    import time
+
+    today = add_synthetic_run(store, 5, name="today")
+    old_bundle = store.export_bundle(add_synthetic_run(store, 5, name="two days ago"))
+    old_bundle["run"]["created_at"] = time.time() - 2 * 86400
+    imported = store.import_bundle(old_bundle)
+    assert imported > today
+    df = data.runs_frame(store.list_runs())
+    newest = list(data.sort_runs(df, "newest first")["run_id"])
+    assert newest.index(today) < newest.index(imported)
+    assert list(data.sort_runs(df, "oldest first")["run_id"])[0] == imported
+
+
 def test_live_data_is_a_bounded_window_with_whole_run_percentiles(store: Store) -> None:
     run_id = add_synthetic_run(store, 300)
     live = data.load_live(store, run_id, window=100)
