@@ -776,17 +776,28 @@ def telemetry_charts(figs: dict[str, Any], key: str) -> None:
                 chart(figs[name], f"{key}-{name.replace(':', '-')}")
 
 
+def progress_line(snap: JobSnapshot, status: str) -> tuple[float, str]:
+    """A run's progress bar: how far (0..1) and the line under it: requests done, in flight,
+    failed and (once stopped) cancelled, the time, and the phase while it is not yet running."""
+    fraction, text = run_progress(snap)
+    done, _, when = text.partition(" · ")
+    counts = [f"{snap.in_flight} in flight", f"{snap.failed} failed"]
+    cancelled = snap.summary.cancelled if snap.summary is not None else 0
+    if cancelled:  # requests in flight when the run was stopped: counted, not hidden in "done"
+        counts.append(f"{cancelled} cancelled")
+    text = " · ".join([done, *counts, when])
+    if snap.active and snap.phase not in ("running", status):
+        text = f"{snap.phase} · {text}"
+    return fraction, text
+
+
 def _progress(snap: JobSnapshot | None, run_id: int, status: str, mode: str) -> None:
     icon = STATUS_ICONS.get(status, "")
     if snap is None:
         st.markdown(f"#### {icon} Run #{run_id} · {status}")
         return
     st.markdown(f"#### {icon} Run #{run_id} · {status}")
-    fraction, text = run_progress(snap)
-    done, _, when = text.partition(" · ")
-    text = f"{done} · {snap.in_flight} in flight · {snap.failed} failed · {when}"
-    if snap.active and snap.phase not in ("running", status):
-        text = f"{snap.phase} · {text}"
+    fraction, text = progress_line(snap, status)
     st.progress(fraction, text=text)
     if snap.error:
         st.error(snap.error, icon=":material/error:")

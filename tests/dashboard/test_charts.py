@@ -191,7 +191,7 @@ def test_newest_first_is_by_when_a_run_ran_not_its_id(store: Store) -> None:
     df = data.runs_frame(store.list_runs())
     newest = list(data.sort_runs(df, "newest first")["run_id"])
     assert newest.index(today) < newest.index(imported)
-    assert list(data.sort_runs(df, "oldest first")["run_id"])[0] == imported
+    assert data.sort_runs(df, "oldest first")["run_id"].iloc[0] == imported
 
 
 def test_live_data_is_a_bounded_window_with_whole_run_percentiles(store: Store) -> None:
@@ -421,3 +421,26 @@ def test_run_progress_counts_time_for_a_duration_bound_run() -> None:
     fraction, text = run_progress(snap(total=1_000_000, config={"duration_s": 60.0}))
     assert fraction == pytest.approx(0.25) and text == "5 requests · 15.0 s of 1:00"
     assert run_progress(snap(total=1_000_000, elapsed_s=61.2, config={"duration_s": 60.0}))[0] == 1.0
+
+
+def test_a_stopped_runs_progress_line_counts_its_cancelled_requests() -> None:
+    """Stop: the 8 requests in flight end cancelled and the line says so (it read "33/64 requests ·
+    0 in flight · 0 failed", the 8 nowhere); before the clock the phase leads."""
+    from bench.metrics.records import CANCELLED, RequestRecord
+    from bench.run.job import JobSnapshot
+    from dashboard.ui import progress_line
+
+    records = [RequestRecord(f"r{i}", 0.0, 1.0, [0.5, 1.0], 4, 2) for i in range(33)]
+    records += [RequestRecord(f"c{i}", 0.0, 1.0, [0.5], 4, 1, error=CANCELLED) for i in range(8)]
+    summary = summarize(records)
+    base = {"job_id": "j", "run_id": 1, "status": "cancelled", "phase": "cancelled", "done": 41, "total": 64,
+            "failed": 0, "in_flight": 0, "elapsed_s": 3.0, "error": None, "summary": summary,
+            "mode": "concurrency"}  # fmt: skip
+    assert progress_line(JobSnapshot(**base), "cancelled")[1] == (  # type: ignore[arg-type]
+        "41/64 requests · 0 in flight · 0 failed · 8 cancelled · 3.0 s"
+    )
+    loading = {**base, "status": "loading", "phase": "compiling and capturing the decode step for batch 8 (2/3)",
+               "done": 0, "summary": None}  # fmt: skip
+    assert progress_line(JobSnapshot(**loading), "loading")[1] == (  # type: ignore[arg-type]
+        "compiling and capturing the decode step for batch 8 (2/3) · 0/64 requests · 0 in flight · 0 failed · 3.0 s"
+    )
