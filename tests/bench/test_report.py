@@ -279,6 +279,21 @@ def test_latency_throughput_figures(curve: tuple[Store, int]) -> None:
     assert tpot.layout.yaxis.title.text == "TPOT (ms)"
 
 
+def test_an_slo_far_above_the_data_is_named_not_drawn_to_scale(curve: tuple[Store, int]) -> None:
+    """A 2,000 ms SLO over TTFTs of at most 300 ms stretched the axis and flattened the data: it is
+    named at the top edge instead, and the axis fits the data; an SLO within reach stays a line."""
+    from bench.metrics.slo import parse_slos
+
+    store, sid = curve
+    near = [p for p in _points(store, sid) if p.point["concurrency"] <= 2]  # TTFT p99 up to 298.5 ms
+    fig = latency_throughput_figure(near, parse_slos(["ttft_ms:p99<=2000"]), "ttft_ms")
+    assert _shape_names(fig) == []
+    assert any(a.text == "▲ SLO TTFT p99 ≤ 2000 ms (above the chart)" for a in fig.layout.annotations)
+    assert fig.layout.yaxis.range[1] == pytest.approx(298.5 * 1.18)
+    within = latency_throughput_figure(near, parse_slos(["ttft_ms:p99<=1000"]), "ttft_ms")
+    assert _shape_names(within) == ["SLO TTFT p99 ≤ 1000 ms"] and within.layout.yaxis.range[1] == pytest.approx(1180)
+
+
 def sweep_slos_tpot() -> list[Any]:
     from bench.metrics.slo import parse_slos
 
