@@ -56,6 +56,9 @@ class StandInDecoder:
         self.pipeline = pipeline
         self.host_s: list[float] = []  # time in on_step, per step
 
+    def prepare(self, sizes: Iterable[int], width: int, max_new: int, progress: Any = None) -> None:
+        """Nothing to compile or capture: a stand-in step takes its fixed time from the first call."""
+
     def decode(
         self,
         prompts: list[list[int]],
