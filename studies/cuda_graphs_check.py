@@ -21,7 +21,7 @@ then also compares ``generate`` absorbed against ``generate`` expanded (transfor
 one comparison of the two that float32 makes meaningful. ``--time-mla expand,absorbed`` times
 each decoder with each.
 
-``--time`` (bf16): ms per decode step through :class:`engines.native.GraphedDecoder` at each
+``--time`` (bf16): ms per decode step through :class:`engines.graphs.GraphedDecoder` at each
 batch: the same step eager (the static cache and mask, no graph), replayed from its graph,
 and compiled then captured (``--compile``). A step's time is the gap between two steps'
 tokens reaching the host (each step's tokens are copied to the CPU, as the engine streams
@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engines import mla
 from engines.base import create_engine
 from engines.batching import left_pad
-from engines.native import GraphedDecoder
+from engines.graphs import GraphedDecoder
 
 
 def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:

@@ -3,7 +3,7 @@
 With ``cuda_graphs`` the native engine's decode step is one graph replay; what remains on the
 host each step is streaming that step's tokens: each row's token to its own queue, each
 request's consumer thread turning it into a chunk, the runner timing it. This benchmark puts a
-stand-in decoder in place of :class:`engines.native.GraphedDecoder` whose "GPU step" takes a
+stand-in decoder in place of :class:`engines.graphs.GraphedDecoder` whose "GPU step" takes a
 fixed ``step_ms`` (a wait, during which the host is free, as while a real graph replays), and
 measures, through the CLI's own runner (``start_run``, concurrency = batch, 128 in / 64 out),
 the ms per step the requests saw (ITL p50 / p90 / p99) and output tok/s against the ideal

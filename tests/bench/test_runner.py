@@ -182,7 +182,7 @@ def test_graphs_are_captured_before_the_clock_for_every_batch_size_the_run_can_f
     captures sizes 1, 2 and 4 (3 rows run in 4) before the clock, says so in its artifact, and the
     measured window captures nothing."""
     from engines.base import create_engine
-    from engines.native import GraphedDecoder
+    from engines.graphs import GraphedDecoder
     from tests.engines.test_native_tuning import _fake_capture
 
     engine = create_engine(

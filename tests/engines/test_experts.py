@@ -110,7 +110,7 @@ def test_other_layouts_fall_back_to_transformers(model: Any) -> None:
 
 def test_engine_with_lean_experts_streams_the_default_tokens(alone3: list[Any]) -> None:
     from engines.batching import StaticBatcher
-    from engines.native import GraphedDecoder
+    from engines.graphs import GraphedDecoder
 
     real = experts.lean_forward
     for opts in ({}, {"cache": "static", "batch_size": 3, "batch_wait_ms": 200}, {"cache": "static", "graph": True}):

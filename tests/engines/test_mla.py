@@ -120,7 +120,7 @@ def test_engine_with_absorbed_mla_streams_eagers_tokens(alone3: list[Any]) -> No
     """Through the engine (bf16 would flip random-weight tokens; the tiny model loads float32 on
     CPU): unbatched, statically batched, and through the graphed decode loop (capture faked)."""
     from engines.batching import StaticBatcher
-    from engines.native import GraphedDecoder
+    from engines.graphs import GraphedDecoder
 
     for opts in ({}, {"cache": "static", "batch_size": 3, "batch_wait_ms": 200}, {"cache": "static", "graph": True}):
         graph = opts.pop("graph", False)

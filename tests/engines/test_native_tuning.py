@@ -299,7 +299,7 @@ def test_graphed_decoder_gives_generates_tokens_and_logits(tiny_model: Path, att
     import torch
 
     from engines.batching import left_pad
-    from engines.native import GraphedDecoder
+    from engines.graphs import GraphedDecoder
 
     engine = _start(dtype="float32", attn_impl=attn, record_routing=False)
     try:
@@ -331,7 +331,7 @@ def test_compile_raises_torchs_recompile_limit_for_generates_shapes(tiny_model: 
     default of 8 it would run uncompiled unnoticed: with compile on, the engine raises the limit."""
     import torch._dynamo.config as dc
 
-    from engines.native import COMPILE_SHAPES
+    from engines.graphs import COMPILE_SHAPES
 
     with dc.patch(recompile_limit=8):  # torch's default, whatever ran before in this process
         engine = _start(cache="static", compile="default", record_routing=False)
@@ -351,14 +351,14 @@ def test_a_shape_past_torchs_recompile_limit_is_captured_uncompiled_and_counted(
     count of shapes is dynamo's either way); the limit lowered to 1 shape."""
     import torch
 
-    from engines import native
+    from engines import graphs
     from engines.batching import left_pad
-    from engines.native import GraphedDecoder
+    from engines.graphs import GraphedDecoder
 
     engine = _start(dtype="float32", record_routing=False)
     try:
         model, pad, steps = engine.model, engine._tokenizer.pad_token_id or 0, 6
-        monkeypatch.setattr(native, "COMPILE_SHAPES", 1)
+        monkeypatch.setattr(graphs, "COMPILE_SHAPES", 1)
         torch._dynamo.reset()  # other tests' compiled steps (the same function) would count here
         lowered = torch._dynamo.config.patch(recompile_limit=1)  # the engine never lowers a limit set higher
         lowered.__enter__()
@@ -397,7 +397,7 @@ def test_graphed_decoder_stops_when_done_and_the_next_decode_is_unharmed(tiny_mo
     pipelined loop has launched one step more (queued before the third step's tokens were read),
     the other none; that wasted step leaves nothing behind: the next decode through the same
     graph gives the tokens of a decode that ran to the end."""
-    from engines.native import GraphedDecoder
+    from engines.graphs import GraphedDecoder
 
     engine = _start(dtype="float32", record_routing=False)
     try:
@@ -432,7 +432,7 @@ def test_graphed_decoder_samples_the_same_tokens_pipelined_or_not(tiny_model: Pa
     pipelined one draws each step's sample in the same order, before the next replay."""
     import torch
 
-    from engines.native import GraphedDecoder
+    from engines.graphs import GraphedDecoder
 
     engine = _start(dtype="float32", record_routing=False)
     try:
@@ -458,7 +458,7 @@ def test_graphed_decoder_samples_the_same_tokens_pipelined_or_not(tiny_model: Pa
 def test_graphed_path_streams_each_request_as_alone(alone: list[Any]) -> None:
     """The engine's graphed decode loop (the capture faked, see above), unbatched and batched:
     each request's tokens, text and exact length as the eager engine's."""
-    from engines.native import GraphedDecoder
+    from engines.graphs import GraphedDecoder
 
     for opts in ({"cache": "static"}, {"cache": "static", "batch_size": 3, "batch_wait_ms": 200}):
         engine = _start(**opts)
@@ -544,7 +544,7 @@ def test_cuda_graphs_replay_the_eager_step_exactly_in_bf16(tiny_model: Path, mla
     import torch
 
     from engines.accelerators import get_accelerator
-    from engines.native import GraphedDecoder
+    from engines.graphs import GraphedDecoder
 
     avail = get_accelerator("cuda").availability()
     if not avail.ok:
@@ -580,7 +580,7 @@ def test_prepared_batch_sizes_serve_smaller_batches_and_shorter_prompts(tiny_mod
     import torch
 
     from engines.batching import left_pad
-    from engines.native import GraphedDecoder
+    from engines.graphs import GraphedDecoder
 
     engine = _start(dtype="float32", record_routing=False)
     try:
