@@ -26,6 +26,7 @@ from bench.run.task import BackgroundTask, error_reason
 from bench.store import Store
 from bench.sweep.spec import CapacitySpec, SweepSpec
 from bench.sweep.task import SweepSnapshot, SweepTask
+from dashboard.compare_task import CompareTask
 from engines.accelerators import MemoryStats, get_accelerator
 from engines.base import Engine, engine_class, parse_options
 from engines.errors import AcceleratorUnavailable, ConfigError, EngineUnavailable
@@ -275,6 +276,28 @@ def _engine_slot(db_path: str) -> EngineSlot:
 @st.cache_resource(show_spinner=False)
 def _sweep_holder(db_path: str) -> SweepHolder:
     return SweepHolder(_store(db_path), _job_manager(db_path))
+
+
+@st.cache_resource(show_spinner=False)
+def _compare_task(db_path: str) -> CompareTask:
+    return CompareTask(_store(db_path))
+
+
+@st.cache_resource(show_spinner=False)
+def _ablation_holder(db_path: str) -> dict[str, Any]:
+    return {"task": None}
+
+
+def get_compare_task() -> CompareTask:
+    """The background native-vs-vLLM comparison of this process (the Compare page starts it; the
+    sidebar shows it)."""
+    return _compare_task(db_path())
+
+
+def get_ablation_holder() -> dict[str, Any]:
+    """This process's tuning ablation, as ``{"task": AblationTask | None}`` (the Tuning page starts it;
+    the sidebar shows it)."""
+    return _ablation_holder(db_path())
 
 
 def db_path() -> str:

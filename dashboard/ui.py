@@ -179,17 +179,18 @@ def sidebar() -> None:
     slot = services.get_engine_slot()
     manager = services.get_job_manager()
     sweeps = services.get_sweep_holder()
-    moving = slot.state().busy or manager.active() is not None or sweeps.active()
+    moving = slot.state().busy or manager.active() is not None or sweeps.active() or bool(background_tasks())
 
     @st.fragment(run_every=1.0 if moving else None)
     def _status() -> None:
         state = slot.state()
         job = manager.active()
         sweep = sweeps.snapshot()
-        if moving and not state.busy and job is None and not (sweep is not None and sweep.active):
+        others = background_tasks()
+        if moving and not state.busy and job is None and not (sweep is not None and sweep.active) and not others:
             st.rerun()  # something finished: redraw the whole page once, then stop refreshing
         _sidebar_engine(state, slot)
-        _sidebar_run(job, sweep)
+        _sidebar_run(job, sweep, others)
 
     _status()
 
@@ -226,8 +227,28 @@ def _sidebar_engine(state: services.EngineState, slot: services.EngineSlot) -> N
         st.page_link(PAGE_ENGINE, label="Load a model", icon=":material/memory:")
 
 
-def _sidebar_run(job: Job | None, sweep: SweepSnapshot | None = None) -> None:
+def background_tasks() -> list[tuple[str, float, str, str]]:
+    """The background jobs besides runs and sweeps, as (what, fraction, progress line, page): the
+    native-vs-vLLM comparison and the tuning ablation, while they go."""
+    tasks = []
+    compare = services.get_compare_task().state()
+    if compare.running:
+        tasks.append(("Native vs vLLM", compare.fraction, compare.message or "starting", PAGE_COMPARE))
+    ablation = services.get_ablation_holder().get("task")
+    if ablation is not None and ablation.active:
+        state = ablation.state()
+        tasks.append(("Tuning ablation", state.fraction, state.phase or state.status, PAGE_TUNING))
+    return tasks
+
+
+def _sidebar_run(
+    job: Job | None, sweep: SweepSnapshot | None = None, others: list[tuple[str, float, str, str]] | None = None
+) -> None:
     st.markdown("##### Run")
+    for what, fraction, line, page in others or []:
+        st.markdown(f":violet-badge[running] **{what}**")
+        st.progress(min(1.0, max(0.0, fraction)), text=line[:90])
+        st.page_link(page, label="Show", icon=":material/monitoring:")
     in_sweep = sweep is not None and sweep.active
     if in_sweep:
         assert sweep is not None
@@ -236,7 +257,7 @@ def _sidebar_run(job: Job | None, sweep: SweepSnapshot | None = None) -> None:
         total = max(sweep.runs_total, 1)
         st.progress(min(1.0, sweep.runs_done / total), text=f"{sweep.runs_done}/{sweep.runs_total} runs")
     if job is None:
-        if not in_sweep:
+        if not in_sweep and not others:
             st.caption("No run in progress.")
         else:
             st.page_link(PAGE_SWEEP, label="Show live", icon=":material/monitoring:")

@@ -468,13 +468,19 @@ def compare_engines(
     for i, (label, cfg) in enumerate((("native", native_cfg), ("vllm", vllm_cfg))):
         if cancel is not None and cancel.is_set():
             raise MoEBenchError(f"comparison cancelled before the {label} run")
-        report(f"{label} run", i / 2)
+        report(f"run {i + 1} of 2, {'vLLM' if label == 'vllm' else 'native'}: starting", i / 2)
         job = start_run(cfg, store)
         while not job.wait(0.5).status not in ("pending", "loading", "running"):
             if cancel is not None and cancel.is_set():
                 job.cancel()
             snap = job.snapshot()
-            report(f"{label}: {snap.phase} {snap.done}/{snap.total}", (i + snap.fraction) / 2)
+            name = "vLLM" if label == "vllm" else "native"
+            doing = (
+                f"{snap.done}/{snap.total} requests"
+                if snap.status == "running"
+                else ("starting the server" if label == "vllm" else "loading the model")
+            )
+            report(f"run {i + 1} of 2, {name}: {doing}", (i + snap.fraction) / 2)
         assert job.run_id is not None
         run_ids.append(job.run_id)
     report("done", 1.0)

@@ -23,7 +23,7 @@ from bench.analysis.compare import (
 from bench.config import RunConfig, field_bounds
 from bench.store import RunRow
 from bench.workloads import WorkloadSpec
-from dashboard import charts, compare_task, data, services, ui
+from dashboard import charts, data, services, ui
 from engines.base import engine_class
 from engines.errors import MoEBenchError
 
@@ -36,13 +36,7 @@ st.caption(
 store = services.get_store()
 
 
-@st.cache_resource(show_spinner=False)
-def _compare_task(db_path: str) -> compare_task.CompareTask:
-    """The background native-vs-vLLM comparison of this process (outlives pages and sessions)."""
-    return compare_task.CompareTask(services.get_store())
-
-
-task = _compare_task(services.db_path())
+task = services.get_compare_task()  # the process's comparison: outlives pages and sessions
 cstate = task.state()
 # A comparison finished: put its two runs in the pickers below, once per session and comparison.
 if not cstate.running and cstate.task and st.session_state.get("c.compare-applied") != cstate.task:

@@ -26,13 +26,7 @@ store = services.get_store()
 ss = st.session_state
 
 
-@st.cache_resource(show_spinner=False)
-def _holder(db_path: str) -> dict[str, tuning.AblationTask | None]:
-    """This process's ablation task (outlives pages and sessions)."""
-    return {"task": None}
-
-
-holder = _holder(services.db_path())
+holder = services.get_ablation_holder()  # this process's ablation task: outlives pages and sessions
 task = holder["task"]
 running = task is not None and task.state().active
 

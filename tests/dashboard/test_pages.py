@@ -596,3 +596,28 @@ def test_a_run_survives_a_new_session_and_stop_ends_it_within_2_s(
     assert 3 <= session_store.sample_count(job.run_id) < 500
     _poll(other, lambda a: f"Run #{job.run_id} · cancelled" in _texts(a), what="the page to show the cancelled run")
     assert services.get_engine_slot().state().ready  # stopping a run leaves the engine loaded
+
+
+def test_the_sidebar_shows_a_running_comparison_with_a_human_progress_line(
+    app_test: Callable[..., Any], fresh_data_dir: Path
+) -> None:
+    """Every background job is in the sidebar: a native-vs-vLLM comparison in progress shows its
+    progress line (it said "No run in progress" while one ran); once it ends the sidebar says so."""
+    from dashboard import services
+    from dashboard.compare_task import CompareRun
+
+    task = services.get_compare_task()
+    run = CompareRun(1)
+    run.transition("running", phase="run 1 of 2, native: 3/8 requests", fraction=0.2)
+    task._run = run  # as CompareTask.start leaves it while the worker runs (no engine needed here)
+    try:
+        at = app_test("app_pages/results.py")
+        _no_exception(at)
+        side = [m.value for m in at.sidebar.markdown]
+        assert ":violet-badge[running] **Native vs vLLM**" in side
+        assert "No run in progress." not in [c.value for c in at.sidebar.caption]
+        assert any(p.proto.text == "run 1 of 2, native: 3/8 requests" for p in at.sidebar.get("progress"))
+    finally:
+        run.transition("cancelled")
+    at = app_test("app_pages/results.py")
+    assert "No run in progress." in [c.value for c in at.sidebar.caption]
