@@ -663,6 +663,8 @@ def sweep_frame(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str
     for key in ("goodput_rps", "slo_met"):
         if all(r.get(key) is None for r in rows):
             keep = [c for c in keep if c[0] != key]
+    if not any(r.get("disturbed") for r in rows):
+        keep = [c for c in keep if c[0] != "disturbed"]  # nothing disturbed: no empty column
     out = []
     for r in rows:
         row = {}

@@ -172,6 +172,7 @@ TABLE_METRICS: tuple[tuple[str, str], ...] = (
     ("e2e_ms_p99", "E2E p99 (ms)"),
     ("failed", "failed requests"),
     ("slo_met", "SLOs met"),
+    ("disturbed", "disturbed (why)"),
     ("run_ids", "runs"),
 )
 _POINT_HEADERS = {
@@ -202,6 +203,7 @@ def sweep_table(points: Sequence[PointResult], slos: Sequence[Slo | str] | None 
             row[key] = p.mean(key)
         row["failed"] = sum(s.failed for s in p.summaries) if p.summaries else None
         row["slo_met"] = _point_met(p, parsed)
+        row["disturbed"] = p.disturbed  # a figure measured while the host or the client was disturbed
         row["run_ids"] = [r.id for r in p.runs]
         rows.append(row)
     return rows

@@ -124,6 +124,11 @@ def _slo_lines(fig: go.Figure, slos: Sequence[Slo], data_top: float, row: int | 
     return top
 
 
+def _top_value(p: PointResult, metric: str) -> float | None:
+    """The point's marker height on a latency chart: its p99, else its p50."""
+    return next((v for s in ("p99", "p50") if (v := p.mean(f"{metric}_{s}")) is not None), None)
+
+
 def latency_throughput_figure(
     points: Sequence[PointResult],
     slos: Sequence[Slo | str] | None = None,
@@ -192,6 +197,17 @@ def latency_throughput_figure(
                     "<extra></extra>",
                 )
             )  # fmt: skip
+    shaky = [(p, y) for line in lines for p in line if p.disturbed and (y := _top_value(p, metric)) is not None]
+    if shaky:  # a point measured while disturbed: ringed in grey, the reason in its hover
+        fig.add_trace(
+            go.Scatter(
+                x=[p.mean("output_throughput_tok_s") for p, _ in shaky], y=[y for _, y in shaky], mode="markers",
+                name="disturbed", legendrank=2001,
+                marker={"symbol": "square-open", "size": 20, "color": OTHER_COLOR, "line": {"width": 2}},
+                customdata=[escape_text(p.disturbed) for p, _ in shaky],
+                hovertemplate="measured while disturbed:<br>%{customdata}<extra></extra>",
+            )
+        )  # fmt: skip
     y_top = _slo_lines(fig, [s for s in as_slos(slos) if s.metric == metric], y_top)
     x_top = max((p.mean("output_throughput_tok_s") or 0.0) + (spread_err(p, "output_throughput_tok_s")[0] or 0.0)
                 for line in lines for p in line)  # fmt: skip

@@ -342,7 +342,8 @@ def _sweep_report(store: Store, sweep: SweepRow) -> bytes:
         page.figure(goodput_figure(points, axis))
         page.h2("Points")
         rows = sweep_table(points, slos)
-        page.add(_table(table_columns(rows), rows))
+        cols = [c for c in table_columns(rows) if c[0] != "disturbed" or any(r.get("disturbed") for r in rows)]
+        page.add(_table(cols, rows))
     _definitions(page)
     return page.render()
 

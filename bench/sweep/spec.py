@@ -250,6 +250,17 @@ class PointResult:
         vals = [v for s in self.summaries if isinstance(v := s.flat().get(key), (int, float))]
         return statistics.fmean(vals) if vals else None
 
+    @property
+    def disturbed(self) -> str:
+        """What disturbed this point's completed runs (other load on the host, a client that fell
+        behind its schedule), one line each with its run; empty when nothing did."""
+        notes = []
+        for r in self.runs:
+            s = r.summary
+            if r.status == "completed" and s is not None and (why := s.disturbance or s.load_warning):
+                notes.append(f"run {r.id}: {why}")
+        return "; ".join(notes)
+
     def spread(self, key: str) -> tuple[float, float] | None:
         """(min, max) over the repeats."""
         vals = [v for s in self.summaries if isinstance(v := s.flat().get(key), (int, float))]

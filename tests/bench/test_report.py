@@ -551,3 +551,24 @@ def test_html_report_renders_in_chromium(curve: tuple[Store, int], tmp_path: Pat
     assert rendered == 4
     assert markers >= 5 * 2  # at least the p50 and p99 markers of the five points
     assert title == f"Sweep {sid}: curve {EVIL}"  # the escaped name reads back as the text itself
+
+
+def test_a_disturbed_point_is_flagged_in_the_table_the_figure_and_the_report(store: Store) -> None:
+    """A point measured while the host was busy (c=4: 71.5 tok/s against 146-158 from the CLI) was
+    flagged nowhere: its table row says why, the chart rings it, the HTML report shows the column."""
+    import dataclasses
+
+    sid = _sweep(store, concurrency=[1, 2, 4])
+    ids = {c: _run(store, sid, {"concurrency": c, "repeat": 0}, tput=50.0 * c, ttft=10.0 * c) for c in (1, 2, 4)}
+    run = store.get_run(ids[4])
+    assert run is not None and run.summary is not None
+    busy = dataclasses.replace(run.summary, disturbance="other processes used 1.4 cores (pytest 1.2)")
+    store.finish_run(ids[4], "completed", summary=busy)
+    points = _points(store, sid)
+    rows = {r["concurrency"]: r for r in sweep_table(points)}
+    assert rows[4]["disturbed"] == f"run {ids[4]}: other processes used 1.4 cores (pytest 1.2)"
+    assert rows[1]["disturbed"] == rows[2]["disturbed"] == ""
+    ring = _trace(latency_throughput_figure(points, None, "ttft_ms"), "disturbed")
+    assert list(ring.x) == pytest.approx([200.0]) and "pytest 1.2" in ring.customdata[0]
+    page = html_report(store, f"sweep:{sid}").decode()
+    assert "disturbed (why)" in page and "other processes used 1.4 cores" in page
