@@ -705,4 +705,8 @@ def probes_frame(result: Mapping[str, Any], runs: Sequence[RunRow]) -> pd.DataFr
                 "failed requests": flat.get("failed"),
             }
         )
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    for col in ("output (tok/s)", "goodput (req/s)", "TTFT p99 (ms)", "TPOT p99 (ms)", "failed requests"):
+        if col in frame:  # numbers stay numbers; a figure not measured is an empty cell, never "None"
+            frame[col] = pd.to_numeric(frame[col], errors="coerce")
+    return frame

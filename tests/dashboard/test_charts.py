@@ -444,3 +444,14 @@ def test_a_stopped_runs_progress_line_counts_its_cancelled_requests() -> None:
     assert progress_line(JobSnapshot(**loading), "loading")[1] == (  # type: ignore[arg-type]
         "compiling and capturing the decode step for batch 8 (2/3) · 0/64 requests · 0 in flight · 0 failed · 3.0 s"
     )
+
+
+def test_a_probe_without_goodput_is_an_empty_number_cell_not_none(store: Store) -> None:
+    """A capacity search whose runs had no SLO goodput printed a literal "None": the column stays
+    numeric, its missing cells empty."""
+    run_id = add_synthetic_run(store, 10)
+    run = store.get_run(run_id)
+    assert run is not None
+    frame = data.probes_frame({"axis": "rate", "probes": [{"value": 4.0, "passed": True, "run_id": run_id}]}, [run])
+    assert frame["goodput (req/s)"].dtype.kind == "f" and frame["goodput (req/s)"].isna().all()
+    assert frame["output (tok/s)"].iloc[0] == pytest.approx(run.summary.output_throughput_tok_s)  # type: ignore[union-attr]
