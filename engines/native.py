@@ -177,9 +177,16 @@ class NativeOptions(EngineOptions):
     )
 
 
-    @field_validator("capture_sizes")
+    @field_validator("capture_sizes", mode="before")
     @classmethod
-    def _sizes(cls, v: str) -> str:
+    def _sizes(cls, v: Any) -> str:
+        # --engine-opt capture_sizes=128 arrives as the number 128; a list from Python code too
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            v = str(int(v))
+        elif isinstance(v, list | tuple):
+            v = ",".join(str(x) for x in v)
+        elif not isinstance(v, str):
+            raise ValueError(f"capture_sizes takes batch sizes like 1,8,32,128, got {v!r}")
         try:
             sizes = sorted({int(x) for x in v.replace(" ", "").split(",") if x})
         except ValueError:

@@ -76,6 +76,9 @@ def format_profile(store: Store, run_id: int, top: int = 12) -> str:
     return "\n".join(lines)
 
 
+ENGINE_STOP_WAIT_S = 120.0  # how long a finished run's worker may take to stop its engine before the CLI exits
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if args.repeat > 1:
         from bench.cli.sweep import repeat_run
@@ -94,6 +97,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 snap = job.snapshot()
                 if snap.status == "running":
                     sys.stderr.write(f"progress {snap.done}/{snap.total} failed {snap.failed}\n")
+        # The run is final; its worker may still be stopping the engine it started. Wait for it: a
+        # thread still inside CUDA when the interpreter exits aborts the process ("terminate called
+        # without an active exception", exit 134, seen on an H100 with the thread "run-1" alive).
+        if not job.join(ENGINE_STOP_WAIT_S):
+            sys.stderr.write(f"note: the engine was still stopping after {ENGINE_STOP_WAIT_S:.0f} s\n")
     except KeyboardInterrupt:
         job.cancel()
         snap = job.wait(10)

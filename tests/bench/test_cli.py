@@ -274,3 +274,32 @@ def test_repeat_runs_the_same_run_n_times_and_prints_the_spread(tmp_path: Path, 
     assert len(runs) == 3 and all(r.status == "completed" for r in runs)
     assert len({r.config["workload"]["seed"] for r in runs}) == 3  # fresh prompts each time
     assert len(list(csv.DictReader(sum_csv.open()))) == 3
+
+
+
+def test_the_cli_exits_only_after_the_run_has_stopped_its_engine(
+    tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A completed run's worker stops the engine it loaded after the run is final; the CLI waits for
+    it. On an H100 it did not: the worker ("run-1") was still inside CUDA at interpreter exit and
+    the process aborted (exit 134, "terminate called without an active exception"). Here the
+    engine's stop takes 2 s, past the CLI's 1 s poll: no run thread may be left when it returns."""
+    import threading
+    import time
+
+    from bench.cli.main import main
+    from engines.native import NativeEngine
+
+    real_stop = NativeEngine.stop
+
+    def slow_stop(self: NativeEngine) -> None:
+        time.sleep(2.0)
+        real_stop(self)
+
+    monkeypatch.setattr(NativeEngine, "stop", slow_stop)
+    monkeypatch.setenv("MOEBENCH_EXIT_THREADS", "1")
+    code = main(["run", "--engine", "native", "--requests", "2", "--output-len", "4", "--quiet",
+                 "--db", str(tmp_path / "r.sqlite")])  # fmt: skip
+    assert code == 0
+    assert [t.name for t in threading.enumerate() if t.name.startswith("run-")] == []
+    assert "run-" not in capsys.readouterr().err  # the exit report names no run thread

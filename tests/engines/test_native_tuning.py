@@ -623,6 +623,8 @@ def test_capture_sizes_default_to_powers_of_two_and_are_checked() -> None:
     assert sizes(batch_size=128) == [1, 2, 4, 8, 16, 32, 64, 128]
     assert sizes(batch_size=100) == [1, 2, 4, 8, 16, 32, 64, 100]
     assert sizes(batch_size=128, capture_sizes="32, 8,1") == [1, 8, 32, 128]
+    assert sizes(batch_size=128, capture_sizes=128) == [128]  # --engine-opt capture_sizes=128 parses as a number
+    assert sizes(batch_size=128, capture_sizes=[8, 128]) == [8, 128]
     with pytest.raises(ConfigError, match="exceed batch_size"):
         parse_options({"kind": "native", "batch_size": 8, "capture_sizes": "16"})
     with pytest.raises(ConfigError, match="capture_sizes takes batch sizes"):
