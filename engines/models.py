@@ -372,3 +372,10 @@ def checkpoint_stats(folder: str | Path) -> dict[str, Any] | None:
         "weights_gib": weight_bytes / 2**30,
         "checkpoint_dtype": _SAFETENSORS_DTYPE.get(main or "", (main or "").lower() or None),
     }
+
+
+def random_weights(model: str) -> bool:
+    """Whether ``model`` is a preset whose weights are random (built locally or in memory), so its
+    figures measure speed, not a trained model's behaviour."""
+    preset = PRESETS.get(model.strip().lower())
+    return preset is not None and (preset.builtin or preset.random_config is not None)

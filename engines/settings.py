@@ -54,6 +54,9 @@ class Settings:
     # starts (bench/run/gc_watch.py); "off": it does not (GC pauses are timed either way), to see
     # what the freeze changes. Env: MOEBENCH_GC_FREEZE.
     gc_freeze: str = "on"
+    # "on": the CLI names the threads still alive when it exits (a C++ abort's suspects: an H100 run
+    # aborted with the run's worker still inside CUDA). Env: MOEBENCH_EXIT_THREADS.
+    exit_threads: str = "off"
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:

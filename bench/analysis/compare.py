@@ -40,6 +40,7 @@ from bench.run.recorder import SERIES_SERVER_DEVICE_MEM
 from bench.store import RunRow, Store
 from bench.workloads import WorkloadSpec
 from engines.errors import ConfigError, MoEBenchError
+from engines.models import random_weights
 
 KV_USAGE_SERIES = "server_kv_cache_usage_pct"
 
@@ -267,9 +268,8 @@ def gain_context(native: RunRow, vllm: RunRow, vllm_kv_pct: float | None = None)
     device = vllm.engine_info.get("device") or native.engine_info.get("device") or vllm.accelerator
     size = _params_text(native) or _params_text(vllm)
     model = f"{native.model}" + (f" ({size})" if size else "")
-    random_weights = "random" in str(native.model) or "tiny" in str(native.model)
     parts = [
-        f"These runs: {model}{', random weights' if random_weights else ''}, on {device}, "
+        f"These runs: {model}{', random weights' if random_weights(native.model) else ''}, on {device}, "
         f"{vllm.concurrency or 1} request(s) in flight, {w.get('input_len', '?')} tokens in and "
         f"{w.get('output_len', '?')} out.",
         "The book gives no setting for its 10x (model, GPU, load); vLLM's advantage over transformers comes from "

@@ -26,6 +26,7 @@ from bench.bundle import import_bundle_file
 from bench.metrics.run_limits import for_run_or_reason
 from bench.run.task import BackgroundTask
 from bench.store import RunRow, Store
+from engines.models import random_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 SAVED = ROOT / "examples" / "tuning"
@@ -266,7 +267,7 @@ def conditions(h: Headline) -> str:
     """What a headline figure is, on its face: model (random weights or not), dtype, batch, card, the
     baseline's origin and the correctness check's verdict in words."""
     r = h.row
-    random = "random weights" if "random" in r.model or r.model.startswith("tiny") else "trained weights"
+    random = "random weights" if random_weights(r.model) else "trained weights"
     parts = [f"{r.model or 'model'} ({random}), {r.dtype}, batch {r.batch}, {r.device}, run {r.run_id}"]
     if h.baseline is not None:
         b = h.baseline

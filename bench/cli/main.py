@@ -11,7 +11,6 @@ prints one line ``error: <reason>`` on stderr and exits with status 2 (1 for a f
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +19,7 @@ from bench.cli.common import EXIT_USAGE, Parser, positive, run_arguments
 from bench.cli.compare import cmd_compare, cmd_offline
 from bench.cli.run import cmd_accelerators, cmd_engines, cmd_export, cmd_import, cmd_model, cmd_run, cmd_runs
 from engines.errors import MoEBenchError
+from engines.settings import get_settings
 
 # Commands with their own parser: everything after the name is theirs.
 PASSTHROUGH = {
@@ -121,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
     finally:
-        if os.environ.get("MOEBENCH_EXIT_THREADS"):  # which threads are alive at exit (a C++ abort's suspects)
+        if get_settings().exit_threads not in ("off", "0", ""):  # which threads are alive at exit
             import threading
 
             alive = [f"{t.name} (daemon={t.daemon})" for t in threading.enumerate() if t is not threading.main_thread()]

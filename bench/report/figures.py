@@ -99,27 +99,24 @@ def _error(plus: list[float | None], minus: list[float | None], color: str) -> d
 SLO_OFF_SCALE = 5.0
 
 
-def _slo_lines(fig: go.Figure, slos: Sequence[Slo], data_top: float, row: int | None = None) -> float:
+def _slo_lines(fig: go.Figure, slos: Sequence[Slo], data_top: float) -> float:
     """A dashed line per SLO within reach of the data; an SLO far above it (:data:`SLO_OFF_SCALE`) a
     labelled arrow at the top edge instead. Returns the y-axis top the data and the lines need."""
     top = data_top
     near = [s for s in slos if data_top <= 0 or s.limit_ms <= data_top * SLO_OFF_SCALE]
     far = [s for s in slos if s not in near]
-    where = {} if row is None else {"row": row, "col": 1}
     for slo in near:
         top = max(top, slo.limit_ms)
         fig.add_hline(
             y=slo.limit_ms, name=f"SLO {slo.label}", line={"color": SLO_COLOR, "dash": "dash", "width": 1.5},
             annotation_text=escape_text(slo.label), annotation_position="top left",
-            annotation_font={"color": SLO_COLOR, "size": 12}, annotation_bgcolor="rgba(255,255,255,0.85)", **where,
+            annotation_font={"color": SLO_COLOR, "size": 12}, annotation_bgcolor="rgba(255,255,255,0.85)",
         )  # fmt: skip
     if far:
         text = "; ".join(f"{escape_text(s.label)} (above the chart)" for s in far)
-        yref = "y domain" if row is None else f"y{'' if row == 1 else row} domain"
         fig.add_annotation(
-            x=0.99, xref="x domain" if row is None else f"x{'' if row == 1 else row} domain", y=0.99, yref=yref,
-            text=f"▲ SLO {text}", showarrow=False, xanchor="right", yanchor="top",
-            font={"color": SLO_COLOR, "size": 12}, bgcolor="rgba(255,255,255,0.85)",
+            x=0.99, xref="x domain", y=0.99, yref="y domain", text=f"▲ SLO {text}", showarrow=False,
+            xanchor="right", yanchor="top", font={"color": SLO_COLOR, "size": 12}, bgcolor="rgba(255,255,255,0.85)",
         )  # fmt: skip
     return top
 
