@@ -1,27 +1,56 @@
-"""Run bundle files: one run as JSON (``moebench-run/1``: its config, summary, records, series and
+"""Bundle files: one run as JSON (``moebench-run/1``: its config, summary, records, series and
 artifacts), written by ``python -m bench export RUN --bundle`` and read back here, with a profile
-trace kept beside it (``NAME.trace.json[.gz]``)."""
+trace kept beside it (``NAME.trace.json[.gz]``); or a sweep with its runs (``moebench-sweep/1``,
+``python -m bench export SWEEP --sweep --bundle``)."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from bench.store import Store
 from engines.errors import MoEBenchError
 
+RUN_FORMAT = "moebench-run/1"
+SWEEP_FORMAT = "moebench-sweep/1"
 
-def import_bundle_file(store: Store, path: str | os.PathLike[str]) -> int:
-    """Import a bundle file; a trace beside it (``NAME.trace.json[.gz]``) becomes the run's trace."""
+
+def read_bundle(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A bundle file's JSON document (a run's or a sweep's), or one line saying why not."""
     path = Path(path)
     try:
         bundle = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise MoEBenchError(f"cannot read run bundle {path}: {exc}") from exc
+        raise MoEBenchError(f"cannot read bundle {path}: {exc}") from exc
     except RecursionError as exc:
-        raise MoEBenchError(f"cannot read run bundle {path}: JSON nested too deeply") from exc
-    if not isinstance(bundle, dict) or bundle.get("format") != "moebench-run/1":
+        raise MoEBenchError(f"cannot read bundle {path}: JSON nested too deeply") from exc
+    if not isinstance(bundle, dict) or bundle.get("format") not in (RUN_FORMAT, SWEEP_FORMAT):
+        raise MoEBenchError(f"{path.name} is not a MoE Bench bundle (format {RUN_FORMAT} or {SWEEP_FORMAT})")
+    return bundle
+
+
+def bundle_name(bundle: dict[str, Any]) -> str:
+    """The name of the run or sweep a bundle holds ('' when it has none)."""
+    inner = bundle.get("sweep" if bundle.get("format") == SWEEP_FORMAT else "run")
+    return str(inner.get("name") or "") if isinstance(inner, dict) else ""
+
+
+def import_file(store: Store, path: str | os.PathLike[str]) -> tuple[str, int]:
+    """Import a run or a sweep bundle: ("run", run id) or ("sweep", sweep id)."""
+    bundle = read_bundle(path)
+    if bundle["format"] == SWEEP_FORMAT:
+        return "sweep", store.import_sweep_bundle(bundle)
+    return "run", import_bundle_file(store, path, bundle)
+
+
+def import_bundle_file(store: Store, path: str | os.PathLike[str], bundle: dict[str, Any] | None = None) -> int:
+    """Import a run bundle file; a trace beside it (``NAME.trace.json[.gz]``) becomes the run's trace."""
+    path = Path(path)
+    if bundle is None:
+        bundle = read_bundle(path)
+    if bundle.get("format") != RUN_FORMAT:
         raise MoEBenchError(f"{path.name} is not a MoE Bench run bundle (format moebench-run/1)")
     if not isinstance(bundle.get("artifacts", {}), dict):
         raise MoEBenchError("run bundle: 'artifacts' must be an object")

@@ -723,6 +723,55 @@ class Store:
             conn.execute("COMMIT")
         return run_id
 
+    def export_sweep_bundle(self, sweep_id: int) -> dict[str, Any]:
+        """A sweep (or capacity search) with every run it made, JSON-ready (``moebench-sweep/1``)."""
+        from engines.errors import MoEBenchError
+
+        r = self._conn().execute("SELECT * FROM sweeps WHERE id=?", (sweep_id,)).fetchone()
+        if r is None:
+            raise MoEBenchError(f"no sweep with id {sweep_id} in {self.path}")
+        sweep = {k: r[k] for k in r.keys() if k not in ("id", "pid", "pid_started", "host")}
+        runs = [self.export_bundle(run.id) for run in self.sweep_runs(sweep_id)]
+        return {"format": "moebench-sweep/1", "sweep": sweep, "runs": runs}
+
+    def import_sweep_bundle(self, bundle: dict[str, Any]) -> int:
+        """Add a sweep and its runs from :meth:`export_sweep_bundle`'s document; returns the sweep's
+        new id. A run that cannot be imported takes the sweep and the runs before it back out."""
+        from engines.errors import MoEBenchError
+
+        if not isinstance(bundle, dict) or bundle.get("format") != "moebench-sweep/1":
+            raise MoEBenchError("not a MoE Bench sweep bundle (format moebench-sweep/1)")
+        sweep, runs = bundle.get("sweep"), bundle.get("runs")
+        if not isinstance(sweep, dict) or not isinstance(runs, list):
+            raise MoEBenchError("sweep bundle: 'sweep' must be an object and 'runs' a list")
+        row = {c: sweep.get(c) for c in ("kind", "name", "created_at", "finished_at", "status", "config_json",
+                                         "result_json", "error")}  # fmt: skip
+        if row["kind"] not in ("sweep", "capacity") or not isinstance(row["created_at"], int | float):
+            raise MoEBenchError("sweep bundle: the sweep lacks its kind or creation time")
+        if not _json_text(row["config_json"], dict) or not _json_text(row["result_json"] or "{}", dict):
+            raise MoEBenchError("sweep bundle: the sweep's config_json and result_json must be JSON objects")
+        if row["status"] == "running":
+            row["status"] = "interrupted"
+        if row["status"] not in SWEEP_STATUSES:
+            raise MoEBenchError(f"sweep bundle: unknown status {str(row['status'])[:40]!r}")
+        row["name"], row["result_json"] = str(row["name"] or ""), row["result_json"] or "{}"
+        conn = self._conn()
+        cols = list(row)
+        cur = conn.execute(
+            f"INSERT INTO sweeps ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", [row[c] for c in cols]
+        )
+        sweep_id = int(cur.lastrowid or 0)
+        made: list[int] = []
+        try:
+            for run in runs:
+                made.append(self.import_bundle(run))
+                conn.execute("UPDATE runs SET sweep_id=? WHERE id=?", (sweep_id, made[-1]))
+        except BaseException:
+            self.delete_runs(made)
+            conn.execute("DELETE FROM sweeps WHERE id=?", (sweep_id,))
+            raise
+        return sweep_id
+
     def _columns(self, table: str) -> list[str]:
         return [r[1] for r in self._conn().execute(f"PRAGMA table_info({table})")]
 

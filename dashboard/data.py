@@ -438,6 +438,56 @@ def sweep_label(sweep: SweepRow) -> str:
     return f"{what} #{sweep.id}" + (f" · {sweep.name}" if sweep.name else "")
 
 
+def native_tuning(run: RunRow) -> list[str] | None:
+    """The native engine's tuning options a run used, in words (``[]``: none, the eager baseline);
+    None for another engine."""
+    if run.engine != "native":
+        return None
+    e = run.config.get("engine") if isinstance(run.config.get("engine"), Mapping) else {}
+    words = []
+    if e.get("cuda_graphs"):
+        words.append("CUDA graphs")
+    elif e.get("cache") == "static":
+        words.append("static cache")
+    if e.get("compile") not in (None, "", "off"):
+        words.append("torch.compile")
+    if e.get("mla") == "absorbed":
+        words.append("absorbed MLA")
+    if e.get("experts_impl") == "lean_grouped_mm":
+        words.append("lean experts")
+    elif e.get("experts_impl"):
+        words.append(f"experts {e['experts_impl']}")
+    if e.get("router") == "lean":
+        words.append("lean gate")
+    if int(e.get("batch_size") or 1) > 1:
+        words.append(f"batches of up to {int(e['batch_size'])}")
+    return words
+
+
+def tuning_tag(run: RunRow) -> str:
+    """``tuned`` / ``eager baseline`` for a native run, '' for another engine (labels and tables)."""
+    words = native_tuning(run)
+    return "" if words is None else "tuned" if words else "eager baseline"
+
+
+def run_conditions(run: RunRow) -> str:
+    """What a run is, on its face: model (random weights or not), dtype, card, engine and its tuning."""
+    from engines.models import random_weights
+
+    e = run.config.get("engine") if isinstance(run.config.get("engine"), Mapping) else {}
+    dtype = run.engine_info.get("dtype") or e.get("dtype") or "auto dtype"
+    weights = "random weights: speed, not answers" if random_weights(run.model) else "trained weights"
+    device = run.engine_info.get("device") or run.accelerator
+    words = native_tuning(run)
+    if words is None:
+        how = f"{run.engine} engine"
+    elif words:
+        how = "native engine, tuned: " + ", ".join(words) + " (shapes compiled and captured before the clock)"
+    else:
+        how = "native engine, no tuning options: the eager baseline (transformers' generate for each request, no batching)"
+    return f"{run.model} ({weights}), {dtype}, {device}; {how}."
+
+
 def runs_frame(runs: Sequence[RunRow], sweeps: Mapping[int, str] | None = None) -> pd.DataFrame:
     """One row per run with its key metrics (empty cells where a run has no summary); ``sweep_id``
     and ``sweep`` (the label from ``sweeps``, id -> label) for the runs a sweep made."""
@@ -456,7 +506,14 @@ def runs_frame(runs: Sequence[RunRow], sweeps: Mapping[int, str] | None = None) 
                 "mode": run.mode,
                 "workload": workload_text(run.mode, run.concurrency, run.config),
                 "setup": " · ".join(
-                    x for x in (run.engine, run.model, str(run.engine_info.get("device") or run.accelerator)) if x
+                    x
+                    for x in (
+                        run.engine,
+                        run.model,
+                        str(run.engine_info.get("device") or run.accelerator),
+                        tuning_tag(run),
+                    )
+                    if x
                 ),
                 "engine": run.engine,
                 "model": run.model,

@@ -4,7 +4,6 @@ breakdown, expert routing, memory timeline, EPLB balance), and importing the exa
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench.bundle import import_bundle_file
+from bench.bundle import bundle_name, import_bundle_file, read_bundle
 from bench.report.csv_export import OPERATOR_CSV_COLUMNS
 from bench.run.artifacts import (
     ARTIFACT_BREAKDOWN,
@@ -21,8 +20,8 @@ from bench.run.artifacts import (
     ARTIFACT_TRACE,
 )
 from bench.store import RunRow, Store
+from dashboard import data
 from dashboard.data import MEMORY_SERIES
-from engines.errors import MoEBenchError
 from engines.profiling import CATEGORIES, CATEGORY_RULES
 
 # --- profiling ---------------------------------------------------------------------------------
@@ -43,8 +42,14 @@ OPERATOR_MEMORY: tuple[str, ...] = ("cpu_memory_mib", "device_memory_mib")
 
 
 def profile_runs(store: Store, limit: int = 500) -> list[RunRow]:
-    """Finished profile runs, newest first (imported examples included; the one running has no table yet)."""
-    return [r for r in store.list_runs(limit=limit) if r.mode == "profile" and r.status != "running"]
+    """Finished profile runs, newest first by when they ran (imported examples among them by their
+    own dates; the one running has no table yet)."""
+    return newest_first([r for r in store.list_runs(limit=limit) if r.mode == "profile" and r.status != "running"])
+
+
+def newest_first(runs: Sequence[RunRow]) -> list[RunRow]:
+    """By when each run was made (an imported run keeps its date), then by id."""
+    return sorted(runs, key=lambda r: (r.created_at, r.id), reverse=True)
 
 
 EPLB_SERIES = "server_eplb_balancedness"  # a served EPLB deployment's balance (engines.vllm)
@@ -61,7 +66,7 @@ def routing_runs(store: Store, limit: int = 500) -> list[RunRow]:
             r.engine != "native" and EPLB_SERIES in store.series_names(r.id)
         ):
             out.append(r)
-    return out
+    return newest_first(out)
 
 
 def eplb_balancedness(store: Store, run_id: int) -> pd.DataFrame:
@@ -70,36 +75,68 @@ def eplb_balancedness(store: Store, run_id: int) -> pd.DataFrame:
     return pd.DataFrame([(t, v) for t, _, v in rows if v is not None], columns=["t_s", "value"])
 
 
+SWEEP_SUFFIX = ".sweep.json"
+
+
 def example_files(folder: Path = EXAMPLES_DIR) -> list[Path]:
-    """The run bundles in ``examples/`` (their ``*.trace.json[.gz]`` neighbours are not bundles)."""
+    """The run bundles in ``examples/`` (not their ``*.trace.json[.gz]`` neighbours, not the sweep
+    bundles ``*.sweep.json``)."""
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.glob("*.json") if not p.name.endswith(".trace.json"))
+    return sorted(
+        p for p in folder.glob("*.json") if not p.name.endswith(".trace.json") and not p.name.endswith(SWEEP_SUFFIX)
+    )
+
+
+def example_sweep_files(folder: Path = EXAMPLES_DIR) -> list[Path]:
+    """The sweep bundles in ``examples/`` (``NAME.sweep.json``: a sweep with its runs)."""
+    return sorted(folder.glob("*" + SWEEP_SUFFIX)) if folder.is_dir() else []
 
 
 def example_names(folder: Path = EXAMPLES_DIR) -> set[str]:
-    """Run names of the example bundles (their file names without ``.json``)."""
+    """Run names of the example run bundles (their file names without ``.json``)."""
     return {p.stem for p in example_files(folder)}
 
 
+def example_sweep_names(folder: Path = EXAMPLES_DIR) -> set[str]:
+    """Sweep names of the example sweep bundles (their file names without ``.sweep.json``)."""
+    return {p.name.removesuffix(SWEEP_SUFFIX) for p in example_sweep_files(folder)}
+
+
+def examples_missing(store: Store, folder: Path = EXAMPLES_DIR) -> bool:
+    """Whether an example run or sweep is not in the store yet (by name)."""
+    runs = {r.name for r in store.list_runs()}
+    sweeps = {s.name for s in store.list_sweeps()}
+    return not (example_names(folder) <= runs and example_sweep_names(folder) <= sweeps)
+
+
 def import_examples(store: Store, folder: Path = EXAMPLES_DIR) -> tuple[list[str], list[str]]:
-    """Import every example bundle whose run name is not in the store yet; (imported, skipped) names.
+    """Import every example run and sweep whose name is not in the store yet; (imported, skipped)
+    names (a sweep's name stands for it and its runs).
 
     Raises :class:`MoEBenchError` naming the file when a bundle cannot be read.
     """
     existing = {r.name for r in store.list_runs()}
+    existing_sweeps = {s.name for s in store.list_sweeps()}
     imported: list[str] = []
     skipped: list[str] = []
     for path in example_files(folder):
-        try:
-            name = str(json.loads(path.read_text(encoding="utf-8"))["run"].get("name") or path.stem)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise MoEBenchError(f"cannot read run bundle {path}: {type(exc).__name__}: {exc}") from exc
+        bundle = read_bundle(path)
+        name = bundle_name(bundle) or path.stem
         if name in existing:
             skipped.append(name)
             continue
-        import_bundle_file(store, path)
+        import_bundle_file(store, path, bundle)
         existing.add(name)
+        imported.append(name)
+    for path in example_sweep_files(folder):
+        bundle = read_bundle(path)
+        name = bundle_name(bundle) or path.name.removesuffix(SWEEP_SUFFIX)
+        if name in existing_sweeps:
+            skipped.append(name)
+            continue
+        store.import_sweep_bundle(bundle)
+        existing_sweeps.add(name)
         imported.append(name)
     return imported, skipped
 
@@ -114,9 +151,22 @@ def profile_run_label(run: RunRow, examples: set[str] | frozenset[str] = frozens
         parts.append(run.mode)
     if run.status != "completed":
         parts.append(run.status)
+    tag = data.tuning_tag(run)
+    if tag:
+        parts.append(tag)
     if run.name in examples:
         parts.append("imported example")
     return " · ".join(parts)
+
+
+def showcase_run(runs: Sequence[RunRow], examples: set[str] | frozenset[str]) -> int | None:
+    """The run a demo opens on: an imported example, tuned before eager, concurrency before
+    latency, newest first; None when no example is stored. Profiles are not replayed."""
+    shown = [r for r in runs if r.name in examples and r.mode != "profile"]
+    if not shown:
+        return None
+    best = max(shown, key=lambda r: (data.tuning_tag(r) == "tuned", r.mode == "concurrency", r.created_at))
+    return best.id
 
 
 def short_run_label(run: RunRow) -> str:
@@ -163,8 +213,8 @@ def top_operators(df: pd.DataFrame, sort: str, n: int) -> pd.DataFrame:
 
 def breakdown_basis(art: dict[str, Any] | None) -> list[str]:
     """The time bases a breakdown artifact has: ``["device", "cpu"]`` on a device, ``["cpu"]`` on CPU."""
-    if not art or not art.get("rows"):
-        return []
+    if not art or not art.get("rows") or not art.get("total_ms"):
+        return []  # none, or nothing classified (a captured or compiled step: the artifact's note says so)
     has_device = any(r.get("device_ms") is not None for r in art["rows"])
     return ["device", "cpu"] if has_device else ["cpu"]
 

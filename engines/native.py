@@ -176,7 +176,6 @@ class NativeOptions(EngineOptions):
         "same experts and weights, bit for bit: engines/router.py). DeepSeek-V3 gates.",
     )
 
-
     @field_validator("capture_sizes", mode="before")
     @classmethod
     def _sizes(cls, v: Any) -> str:

@@ -401,6 +401,13 @@ def operator_table_from_trace(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
+NO_BREAKDOWN_NOTE = (
+    "no bottleneck breakdown: no operator time fell inside the per-module scopes it classifies. The engine "
+    "ran its steps as a captured CUDA graph or compiled code (cuda_graphs, compile), where those scopes are "
+    "not recorded; the operator table and the trace still hold every kernel and its time"
+)
+
+
 def compute_breakdown(events: list[Any]) -> tuple[list[dict[str, Any]], str, float]:
     """Split the time of the ``generate`` scopes into :data:`CATEGORIES`; rows sum to the total.
 

@@ -251,11 +251,22 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             row: dict[str, Any] = {"config": name, "batch": batch, **tag, "options": changes}
             try:
-                engine.retune(**{**{k: None for k in ("experts_impl", "attn_impl")}, "cache": "dynamic",
-                                 "compile": "off", "inference_mode": True, "cudnn_benchmark": False,
-                                 "cuda_graphs": False, "mla": "expand", "router": "transformers", **changes,
-                                 "batch_size": batch, "batch_wait_ms": 200.0,
-                                 "capture_sizes": str(batch)})  # fmt: skip  (the row's own batch shape only)
+                engine.retune(
+                    **{
+                        **{k: None for k in ("experts_impl", "attn_impl")},
+                        "cache": "dynamic",
+                        "compile": "off",
+                        "inference_mode": True,
+                        "cudnn_benchmark": False,
+                        "cuda_graphs": False,
+                        "mla": "expand",
+                        "router": "transformers",
+                        **changes,
+                        "batch_size": batch,
+                        "batch_wait_ms": 200.0,
+                        "capture_sizes": str(batch),
+                    }
+                )  # fmt: skip  (the row's own batch shape only)
                 row["tuning"] = engine.tuning()
                 if row["tuning"].get("cuda_graphs_pipelined") is False:  # MOEBENCH_GRAPH_PIPELINE=off
                     row["config"] = f"{name}_sync"  # the step-by-step graph loop: rows of its own

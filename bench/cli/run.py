@@ -33,7 +33,7 @@ from bench.run.gc_watch import note as gc_note
 from bench.run.job import Job
 from bench.run.manager import start_run
 from bench.store import Store
-from engines.errors import MoEBenchError
+from engines.errors import ConfigError, MoEBenchError
 
 
 def _bar(snap: Any, width: int = 30) -> str:
@@ -54,7 +54,9 @@ def format_profile(store: Store, run_id: int, top: int = 12) -> str:
 
     lines = []
     bd = store.artifact(run_id, ARTIFACT_BREAKDOWN)
-    if bd:
+    if bd and bd.get("note") and not bd.get("rows"):
+        lines.append(f"\nbreakdown     {bd['note']}")
+    elif bd:
         lines.append(f"\nbottleneck breakdown (share of {bd['basis']} time, total {bd['total_ms']:.1f} ms)")
         lines.append(f"  {'category':<16}{'cpu ms':>10}{'device ms':>11}{'share':>9}")
         for row in bd["rows"]:
@@ -184,6 +186,13 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     store = open_store(args)
+    if args.sweep:
+        if not args.bundle:
+            raise ConfigError("--sweep exports a sweep's bundle: add --bundle (its CSV is `sweep --csv`)")
+        data = json.dumps(store.export_sweep_bundle(args.run_id)).encode()
+        Path(args.csv).write_bytes(data)
+        print(f"wrote {args.csv} (sweep {args.run_id} bundle)")
+        return EXIT_OK
     if store.get_run(args.run_id) is None:
         raise MoEBenchError(f"no run with id {args.run_id} in {store.path}")
     if args.bundle:
@@ -204,10 +213,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from bench.bundle import import_bundle_file
+    from bench.bundle import import_file
 
-    run_id = import_bundle_file(open_store(args), args.path)
-    print(f"imported {args.path} as run {run_id}")
+    kind, new_id = import_file(open_store(args), args.path)
+    print(f"imported {args.path} as {kind} {new_id}")
     return EXIT_OK
 
 

@@ -62,6 +62,7 @@ from bench.store import Store
 from bench.workloads import RequestSource, build_requests, request_source
 from engines.accelerators import GIB
 from engines.base import SERIES_PREFIX_HITS, SERIES_PREFIX_QUERIES, Engine, create_engine
+from engines.profiling import NO_BREAKDOWN_NOTE
 from engines.settings import get_settings
 
 
@@ -145,10 +146,13 @@ def _profile(job: Job, engine: Engine, requests: Sequence[Any], warmup: list[Any
     if res is not None:
         if res.operators:
             store.put_artifact(run_id, ARTIFACT_OPERATORS, res.operators)
-        if res.breakdown:
+        if res.breakdown and res.total_ms > 0:
             store.put_artifact(
                 run_id, ARTIFACT_BREAKDOWN, {"rows": res.breakdown, "basis": res.time_basis, "total_ms": res.total_ms}
             )
+        elif res.breakdown:  # scopes classified nothing: say why rather than show nine 0 % bars
+            store.put_artifact(run_id, ARTIFACT_BREAKDOWN, {"rows": [], "basis": None, "total_ms": 0.0,
+                                                            "note": NO_BREAKDOWN_NOTE})  # fmt: skip
         if res.trace_path:
             store.put_artifact(run_id, ARTIFACT_TRACE, {"path": res.trace_path})
 

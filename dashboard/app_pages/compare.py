@@ -583,7 +583,7 @@ st.caption(
     "compares two runs on a source both have (the same kind of engine peak, else device telemetry) and names it. "
     "Imported run bundles are listed in these pickers too: `python -m bench import FILE` imports one (exported "
     "with `python -m bench export RUN_ID --bundle --out FILE`, or examples/*.json), and the Results page offers "
-    "to import the H200 example runs while the store is empty."
+    "to import the GPU example runs while the store is empty."
 )
 
 metric_names = [label for _, label, _ in ref.ACCELERATOR_METRICS]

@@ -1,7 +1,7 @@
 """Profiling page (seed 8.1.1 ``profile_inference``, 8.1.2 bottlenecks): operators, breakdown, routing, memory.
 
 Starts a ``profile`` run on the loaded engine through the job manager, shows its progress and
-live memory, and for any stored profile run (imported H200 examples included) draws the
+live memory, and for any stored profile run (imported GPU examples included) draws the
 operator table, the bottleneck breakdown, the expert routing and the memory timeline.
 """
 
@@ -181,7 +181,9 @@ def _show(run_id: int) -> None:
     bases = profile_data.breakdown_basis(store.artifact(run_id, "profile_breakdown"))
     if bases:
         ss["p.basis"] = bases[0]
-    ss["p.op-sort"] = "self device time" if "device" in bases else "self CPU time"
+    ops = store.artifact(run_id, "profile_operators") or []
+    on_device = "device" in bases or any(o.get("self_device_ms") for o in ops)  # a captured step: kernels only
+    ss["p.op-sort"] = "self device time" if on_device else "self CPU time"
     ss["p.compare-runs"] = []
 
 
@@ -195,29 +197,34 @@ def _import_examples() -> None:
     if imported:
         ss["p.flash"] = ("success", f"Imported {len(imported)} example run(s): {', '.join(imported)}.")
         newest = profile_data.profile_runs(store, limit=50)
-        if newest:
-            _show(newest[0].id)  # the imported example profile
+        # the newest profile whose time a breakdown splits (an eager step; a captured one has no scopes)
+        shown = next(
+            (r for r in newest if profile_data.breakdown_basis(store.artifact(r.id, "profile_breakdown"))), None
+        )
+        if shown or newest:
+            _show((shown or newest[0]).id)
     else:
         ss["p.flash"] = ("success", f"The example runs are already here ({', '.join(skipped) or 'none found'}).")
 
 
 examples = profile_data.example_names()
 runs = profile_data.profile_runs(store)
-have_examples = {r.name for r in store.list_runs()} >= examples if examples else True
+have_examples = not profile_data.examples_missing(store)
 with st.container(horizontal=True, vertical_alignment="center"):
     st.button(
-        "Import the H200 example runs",
+        "Import the GPU example runs",
         icon=":material/upload:",
         key="p.btn.import-examples",
         on_click=_import_examples,
         disabled=not examples or services.viewer(),
-        help="Real runs on an NVIDIA H200 from examples/ (a profile with its trace, a latency and a concurrency "
-        "run), so the breakdown shows GPU kernel time without a GPU here. Already imported ones are skipped.",
+        help="Real runs from examples/: on an NVIDIA H100 with the native engine's fastest configuration (a "
+        "latency, a batched concurrency run, a profile with its trace, a sweep) and on an H200 with the eager "
+        "baseline, so the pages show GPU figures without a GPU here. Already imported ones are skipped.",
     )
     st.caption(
-        "Example runs keep their names (`h200-…`) and are marked *imported example*."
+        "Example runs keep their names (`h100-fast-…`, `h200-…`) and are marked *imported example*."
         if not have_examples
-        else "The H200 example runs are imported (marked *imported example* below)."
+        else "The GPU example runs are imported (marked *imported example* below)."
     )
 
 # --- pick a stored profile run ---------------------------------------------------------------
@@ -226,7 +233,7 @@ if not runs:
     st.info(
         "The operator table, breakdown, routing and memory of the run in progress show here when it finishes."
         if running
-        else "No profile run yet. Load the native engine and start one above, or import the H200 example runs.",
+        else "No profile run yet. Load the native engine and start one above, or import the GPU example runs.",
         icon=":material/info:",
     )
     st.stop()
@@ -406,8 +413,11 @@ with breakdown_tab:
     arts = {i: (prof.breakdown if i == run_id else store.artifact(i, "profile_breakdown")) for i in picked}
     bases = profile_data.breakdown_basis(prof.breakdown)
     if not bases:
+        note = (prof.breakdown or {}).get("note")
         st.info(
-            "No bottleneck breakdown for this run: only the native engine's profile runs classify operator time.",
+            (note[0].upper() + note[1:] + ".")
+            if note
+            else "No bottleneck breakdown for this run: only the native engine's profile runs classify operator time.",
             icon=":material/info:",
         )
     else:

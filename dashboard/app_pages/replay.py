@@ -1,6 +1,6 @@
 """Replay page: play a stored run back on the live charts at its recorded pace (or faster).
 
-For demos on a machine without the hardware: the H200 example runs (examples/) play here as
+For demos on a machine without the hardware: the GPU example runs (examples/: H100 and H200) play here as
 they were measured. Every chart is labelled as a replay and the page says so above them;
 each point drawn is one the run recorded (requests by their end time, the per-second series
 by their sample time), nothing is interpolated.
@@ -25,10 +25,12 @@ st.caption(
 store = services.get_store()
 ss = st.session_state
 REPLAYABLE = ("completed", "cancelled", "interrupted", "failed")
-runs = [r for r in store.list_runs(limit=500) if r.status in REPLAYABLE and r.summary is not None]
+runs = profile_data.newest_first(
+    [r for r in store.list_runs(limit=500) if r.status in REPLAYABLE and r.summary is not None]
+)
 if not runs:
     st.info(
-        "No stored run to replay yet. Run one on the Latency or Concurrency page, or import the H200 example runs.",
+        "No stored run to replay yet. Run one on the Latency or Concurrency page, or import the GPU example runs.",
         icon=":material/info:",
     )
 
@@ -40,7 +42,7 @@ if not runs:
             ss["rp.flash"] = str(exc)
 
     st.button(
-        "Import the H200 example runs",
+        "Import the GPU example runs",
         icon=":material/upload:",
         key="rp.btn.import",
         on_click=_import,
@@ -54,8 +56,9 @@ examples = profile_data.example_names()
 by_id = {r.id: r for r in runs}
 ids = list(by_id)
 if ss.get("rp.run") not in by_id:
-    # An imported example first (what a demo wants), else the newest run.
-    ss["rp.run"] = next((r.id for r in runs if r.name in examples and r.mode != "profile"), ids[0])
+    # An imported example first, the tuned engine's before the eager baseline's (what a demo wants),
+    # else the newest run.
+    ss["rp.run"] = profile_data.showcase_run(runs, examples) or ids[0]
 ss.setdefault("rp.speed", 1.0)
 ss.setdefault("rp.state", "stopped")  # stopped | playing | paused
 ss.setdefault("rp.pos", 0.0)  # run seconds shown when stopped or paused
@@ -138,6 +141,15 @@ run = by_id[int(run_id)]
 device = run.engine_info.get("device") or run.accelerator
 recorded = data.runs_frame([run])["created"][0]
 banner = f"REPLAY of run #{run.id} · recorded {recorded:%Y-%m-%d %H:%M} on {device}"
+# What the run is and what the recording said about itself, on the page (not only in Results).
+st.info(data.run_conditions(run), icon=":material/memory:")
+if run.summary is not None:
+    for note, icon in (
+        (f"Disturbed run: {run.summary.disturbance}." if run.summary.disturbance else None, ":material/warning:"),
+        (run.summary.load_warning if not run.summary.disturbance else None, ":material/speed:"),
+    ):
+        if note:
+            st.warning(f"As recorded: {note}", icon=icon)
 
 
 @st.fragment(run_every=1.0 if playing else None)

@@ -34,14 +34,14 @@ def _import_examples() -> None:
 if df.empty:
     st.info(
         "No runs yet. Start one on the Latency or Concurrency page, or import the runs measured on an "
-        "NVIDIA H200 (examples/) to explore the pages.",
+        "NVIDIA H100 and H200 (examples/) to explore the pages.",
         icon=":material/info:",
     )
     c1, c2, c3, _ = st.columns([1, 1, 2, 1])
     c1.page_link(ui.PAGE_LATENCY, label="Latency", icon=":material/timer:")
     c2.page_link(ui.PAGE_CONCURRENCY, label="Concurrency", icon=":material/stacked_line_chart:")
     c3.button(
-        "Import the H200 example runs",
+        "Import the GPU example runs",
         icon=":material/upload:",
         key="r.btn.import-examples",
         on_click=_import_examples,

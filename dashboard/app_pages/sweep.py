@@ -481,9 +481,7 @@ def _recommendations(rec: dict[str, Any], stopped: list[dict[str, Any]]) -> None
                 else:
                     (st.warning if key == "best" and rec.get("met_any") is False else st.caption)(pick["text"])
         if stopped:
-            lines = "\n".join(
-                f"- after **{point_label(s.get('after') or {})}**: {s.get('reason')}" for s in stopped
-            )
+            lines = "\n".join(f"- after **{point_label(s.get('after') or {})}**: {s.get('reason')}" for s in stopped)
             st.warning(f"Lines stopped early:\n{lines}", icon=":material/front_hand:")
 
 

@@ -1,4 +1,5 @@
-"""The committed H200 example runs import into a real store and carry a GPU breakdown."""
+"""The committed GPU example runs (H200 eager baseline, H100 fastest configuration) import into a real
+store and carry what they measured: a GPU breakdown, NVML telemetry, the tuning they ran under."""
 
 from __future__ import annotations
 
@@ -112,3 +113,63 @@ def test_the_ablations_stall_finder_names_the_h200_batch_128_stall(store: Store,
     one_run = store.get_run(one)
     assert one_run is not None and one_run.summary is not None
     assert find_stalls(store.records(one), one_run.summary.itl_ms.p50) == []
+
+
+FAST_OPTIONS = {"cuda_graphs": True, "compile": "default", "mla": "absorbed", "experts_impl": "lean_grouped_mm",
+                "router": "lean", "cache": "static"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "mode", "batch"),
+    [("h100-fast-latency-bs1", "latency", 1), ("h100-fast-concurrency-128", "concurrency", 128)],
+)
+def test_h100_fast_examples_were_recorded_by_the_cli_with_the_fast_configuration(
+    store: Store, name: str, mode: str, batch: int
+) -> None:
+    """studies/showcase_gpu.py on an H100 (2026-12-07): `python -m bench run` with the fastest options,
+    every shape captured before the clock (the run's engine_prepare artifact), NVML on, nothing failed."""
+    run_id = import_bundle_file(store, EXAMPLES / f"{name}.json")
+    run = store.get_run(run_id)
+    assert run is not None and run.summary is not None and run.mode == mode and run.name == name
+    assert run.summary.failed == 0 and run.summary.completed == run.summary.requests
+    engine = run.config["engine"]
+    assert {k: engine[k] for k in FAST_OPTIONS} == FAST_OPTIONS and engine["batch_size"] == batch
+    assert run.engine_info["device"] == "NVIDIA H100 80GB HBM3"
+    assert run.engine_info["tuning"]["cuda_graphs_uncompiled"] == 0
+    prepared = store.artifact(run_id, "engine_prepare")
+    assert prepared is not None and f"batch sizes {batch} " in prepared["text"] and prepared["seconds"] > 0
+    telemetry = [v for _, _, v in store.timeseries(run_id, ["dev0_mem_total_gib"]) if v is not None]
+    assert telemetry and 75 < min(telemetry) < 85  # an H100's 80 GB as NVML reports it
+
+
+def test_h100_batch_128_example_reaches_the_tuning_figure(store: Store) -> None:
+    """The product path's batch-128 run against `bench tune` in the same device call: >= 0.9x."""
+    run = store.get_run(import_bundle_file(store, EXAMPLES / "h100-fast-concurrency-128.json"))
+    tune = json.loads((EXAMPLES / "tuning" / "h100-2026-12-07-showcase-tune.results.json").read_text())["rows"]
+    tuned = next(r["output_tok_s"] for r in tune if r["batch"] == 128)
+    assert run is not None and run.summary is not None
+    assert run.summary.output_throughput_tok_s / tuned >= 0.9
+
+
+def test_h100_plain_example_is_the_eager_baseline(store: Store) -> None:
+    run = store.get_run(import_bundle_file(store, EXAMPLES / "h100-plain-latency.json"))
+    assert run is not None and run.summary is not None and run.summary.failed == 0
+    engine = run.config["engine"]
+    assert not engine.get("cuda_graphs") and engine.get("compile") in (None, "off")
+
+
+def test_the_example_sweep_imports_with_its_runs_and_exports_back(store: Store) -> None:
+    """A sweep bundle (moebench-sweep/1): the sweep row and its four runs, each pointing at it; exported
+    again it holds the same runs and points."""
+    from bench.bundle import import_file
+
+    kind, sweep_id = import_file(store, EXAMPLES / "h100-fast-sweep.sweep.json")
+    assert kind == "sweep"
+    sweep = store.get_sweep(sweep_id)
+    assert sweep is not None and sweep.name == "h100-fast-sweep" and sweep.status == "completed"
+    runs = store.sweep_runs(sweep_id)
+    assert [r.sweep_point["concurrency"] for r in runs if r.sweep_point] == [1, 8, 32, 128]
+    assert all(r.summary is not None and r.summary.failed == 0 for r in runs)
+    again = store.export_sweep_bundle(sweep_id)
+    assert again["format"] == "moebench-sweep/1" and len(again["runs"]) == 4
+    assert [b["run"]["name"] for b in again["runs"]] == [r.name for r in runs]

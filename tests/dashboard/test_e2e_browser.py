@@ -249,7 +249,7 @@ def test_load_run_watch_download(browser_page: Any, server: str, moebench_data: 
     # Profiling: import the H200 example runs and look at their GPU (device time) breakdown.
     goto_page(page, "Profiling")
     main = _main(page)
-    main.get_by_role("button", name="Import the H200 example runs").click()
+    main.get_by_role("button", name="Import the GPU example runs").click()
     main.get_by_text("Imported 3 example run(s)").wait_for()
     wait_idle(page)
     assert "h200-profile" in main.inner_text() and "imported example" in main.inner_text()

@@ -34,6 +34,10 @@ from tests.dashboard.test_pages import _frame, _no_exception, _poll, _texts
 
 PAGE = "app_pages/profiling.py"
 EXAMPLE_PROFILE = "h200-profile"
+EXAMPLES = [
+    "h100-fast-concurrency-128", "h100-fast-latency-bs1", "h100-fast-profile", "h100-fast-sweep",
+    "h100-plain-latency", "h200-concurrency-16", "h200-latency-bs1", EXAMPLE_PROFILE,
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +55,7 @@ def profile_store(tmp_path_factory: pytest.TempPathFactory, native_engine: Any) 
     snap = start_run(config, store, engine=native_engine).wait(300)
     assert snap.status == "completed", snap.error
     imported, skipped = profile_data.import_examples(store)
-    assert sorted(imported) == ["h200-concurrency-16", "h200-latency-bs1", EXAMPLE_PROFILE] and skipped == []
+    assert sorted(imported) == EXAMPLES and skipped == []
     yield store
     store.close()
 
@@ -65,18 +69,22 @@ def _run(store: Store, name: str) -> Any:
 
 def test_profile_and_routing_pickers_list_the_right_runs(profile_store: Store) -> None:
     profiles = profile_data.profile_runs(profile_store)
-    assert [r.name for r in profiles] == [EXAMPLE_PROFILE, "tiny profile"]  # newest first
+    # newest first by when each ran: the tiny one now, the H100's of 2026-12-07, the H200's of 2026-12-04
+    assert [r.name for r in profiles] == ["tiny profile", "h100-fast-profile", EXAMPLE_PROFILE]
     routing = {r.name for r in profile_data.routing_runs(profile_store)}
     # Latency and concurrency runs of the native engine recorded routing too.
-    assert routing == {EXAMPLE_PROFILE, "tiny profile", "h200-latency-bs1", "h200-concurrency-16"}
+    # The fast H100 runs replay a CUDA graph, where the gate hooks that count routing cannot run.
+    assert routing == {EXAMPLE_PROFILE, "tiny profile", "h200-latency-bs1", "h200-concurrency-16", "h100-plain-latency"}
     label = profile_data.profile_run_label(_run(profile_store, EXAMPLE_PROFILE), profile_data.example_names())
-    assert label.endswith("native·random-v2-lite-shape·cuda · NVIDIA H200 · imported example")
+    assert label.endswith("native·random-v2-lite-shape·cuda · NVIDIA H200 · eager baseline · imported example")
+    fast = profile_data.profile_run_label(_run(profile_store, "h100-fast-profile"), profile_data.example_names())
+    assert fast.endswith("NVIDIA H100 80GB HBM3 · tuned · imported example")
 
 
 def test_importing_the_examples_twice_skips_them(profile_store: Store) -> None:
     before = len(profile_store.list_runs())
     imported, skipped = profile_data.import_examples(profile_store)
-    assert imported == [] and sorted(skipped) == ["h200-concurrency-16", "h200-latency-bs1", EXAMPLE_PROFILE]
+    assert imported == [] and sorted(skipped) == EXAMPLES
     assert len(profile_store.list_runs()) == before
     trace = profile_data.trace_file(profile_store, _run(profile_store, EXAMPLE_PROFILE).id)
     assert trace.exists and trace.path.name == "h200-profile.trace.json.gz" and trace.mime == "application/gzip"
@@ -235,9 +243,10 @@ def test_page_shows_the_imported_h200_example(app_test: Callable[..., Any], fres
     at = app_test(PAGE)
     at.button(key="p.btn.import-examples").click().run()
     _no_exception(at)
-    assert "Imported 3 example run(s)" in _texts(at)
+    assert f"Imported {len(EXAMPLES)} example run(s)" in _texts(at)
     store = Store(get_settings().db_path)
     example = _run(store, EXAMPLE_PROFILE)
+    # the newest example profile whose time the breakdown splits (the H100's step is a captured graph)
     assert at.selectbox(key="p.run").value == example.id
     assert "imported example" in _texts(at)
 
@@ -280,7 +289,7 @@ def test_page_shows_the_imported_h200_example(app_test: Callable[..., Any], fres
     # A second import adds nothing; a trace that is gone is said to be gone.
     at.button(key="p.btn.import-examples").click().run()
     assert "already here" in _texts(at)
-    assert len(profile_data.profile_runs(store)) == 1
+    assert [r.name for r in profile_data.profile_runs(store)] == ["h100-fast-profile", EXAMPLE_PROFILE]
     store.put_artifact(example.id, ARTIFACT_TRACE, {"path": "/nonexistent/run9.trace.json"})
     at.run()
     assert any("is no longer on disk" in w.value for w in at.warning)
@@ -495,3 +504,17 @@ def test_a_servers_operator_table_shows_no_made_up_memory(app_test: Callable[...
     assert "read from the vllm server's trace" in _texts(at)
     assert "execute_context_1(8)_generation_0(0)" in set(table.value["operator"])
     store.close()
+
+
+def test_a_captured_profile_says_why_it_has_no_breakdown(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+    """The H100 fast profile replays a compiled CUDA graph: the breakdown tab says so in words instead
+    of drawing nine 0 % bars; its operator table still lists the kernels with their device time."""
+    at = app_test(PAGE)
+    at.button(key="p.btn.import-examples").click().run()
+    store = Store(get_settings().db_path)
+    at.selectbox(key="p.run").set_value(_run(store, "h100-fast-profile").id).run()
+    _no_exception(at)
+    assert "No bottleneck breakdown: no operator time fell inside the per-module scopes" in _texts(at)
+    assert "CUDA graph" in _texts(at)
+    ops = _frame(at, "self_device_ms")
+    assert len(ops) > 0 and ops["self_device_ms"].iloc[0] > 10  # the grouped GEMM kernels, in ms

@@ -43,7 +43,7 @@ def test_a_run_without_requests_cannot_be_replayed(store: Store) -> None:
         data.load_recording(store, empty)
 
 
-def test_the_replay_page_plays_the_h200_example_labelled_as_a_replay(
+def test_the_replay_page_opens_on_the_tuned_h100_example_with_its_conditions_on_its_face(
     app_test: Callable[..., Any], fresh_data_dir: Path
 ) -> None:
     store = Store(get_settings().db_path)
@@ -53,18 +53,40 @@ def test_the_replay_page_plays_the_h200_example_labelled_as_a_replay(
     at.switch_page("app_pages/replay.py").run()
     assert not at.exception
     run = store.get_run(at.session_state["rp.run"])
-    assert run is not None and run.name in profile_data.example_names() and run.mode != "profile"
+    # the demo opens on the fastest configuration's batched run, not on an eager one
+    assert run is not None and run.name == "h100-fast-concurrency-128"
+    info = " ".join(i.value for i in at.info)
+    assert "random weights" in info and "bfloat16" in info and "NVIDIA H100 80GB HBM3" in info
+    assert "tuned: CUDA graphs, torch.compile, absorbed MLA, lean experts, lean gate, batches of up to 128" in info
     at.button(key="rp.btn.play").click().run()
     assert at.session_state["rp.state"] == "playing"
     texts = " ".join(m.value for m in at.markdown) + " ".join(c.value for c in at.caption)
-    assert "replay" in texts and f"REPLAY of run #{run.id}" in texts and "NVIDIA H200" in texts
-    # Jump to the middle of the run (as if it had played that long) and check what is drawn.
+    assert "replay" in texts and f"REPLAY of run #{run.id}" in texts and "NVIDIA H100" in texts
+    # Jump to three quarters of the run (as if it had played that long; the batch-128 run ends its
+    # first wave of 128 near the middle) and check what is drawn.
     rec = data.load_recording(store, run.id)
     at.session_state["rp.state"] = "paused"
-    at.session_state["rp.pos"] = rec.duration_s / 2
+    at.session_state["rp.pos"] = rec.duration_s * 0.75
     at.run()
     assert not at.exception
-    expected = data.replay_frame(rec, rec.duration_s / 2)
+    expected = data.replay_frame(rec, rec.duration_s * 0.75)
     bar = at.get("progress")[0]
     assert f"{expected.done:,}/{expected.total:,} requests" in bar.proto.text
     assert 0 < expected.done < expected.total
+
+
+def test_an_eager_example_says_it_is_the_baseline_and_what_its_recording_said(
+    app_test: Callable[..., Any], fresh_data_dir: Path
+) -> None:
+    """The H200 eager concurrency run: labelled the eager baseline, with its stored client-bound note."""
+    store = Store(get_settings().db_path)
+    profile_data.import_examples(store)
+    eager = next(r for r in store.list_runs() if r.name == "h200-concurrency-16")
+    at = app_test()
+    at.switch_page("app_pages/replay.py").run()
+    at.selectbox(key="rp.run").set_value(eager.id).run()
+    assert not at.exception
+    assert "the eager baseline" in " ".join(i.value for i in at.info)
+    warnings = " ".join(w.value for w in at.warning)
+    assert "As recorded:" in warnings and "client-bound: p90 send lag 31.3 ms" in warnings
+    assert "eager baseline" in profile_data.profile_run_label(eager)

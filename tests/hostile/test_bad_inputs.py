@@ -116,7 +116,7 @@ def _set(where: str, key: str, value: Any) -> Callable[[dict[str, Any]], Any]:
 BAD_BUNDLES = [
     ("missing_fields", _without("created_at", "status", "mode"), "run bundle: the run lacks created_at, status, mode"),
     ("missing_config", _without("config_json", "engine"), "run bundle: the run lacks engine, config_json"),
-    ("a_json_list", lambda b: [b], "run bundle"),
+    ("a_json_list", lambda b: [b], "MoE Bench bundle"),
     ("artifacts_a_list", _set("top", "artifacts", [1, 2]), "artifacts"),
     ("timeseries_rows_short", _set("top", "timeseries", [[1.0]]), "timeseries"),
     ("config_json_not_json", _set("run", "config_json", "{not json"), "config_json"),
@@ -138,6 +138,38 @@ def test_a_bad_bundle_is_refused_in_one_line_and_nothing_is_imported(
     assert [run.id for run in stored_runs(db)] == [1]  # nothing half-imported
     listed = bench("runs", "--db", str(db), data_dir=tmp_path)
     assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+
+
+SWEEP_EXAMPLE = ROOT / "examples" / "h100-fast-sweep.sweep.json"
+
+
+def test_a_sweep_bundle_goes_out_and_back_through_the_cli(tmp_path: Path) -> None:
+    """`import` takes a sweep bundle; `export ID --sweep --bundle` writes it back with its runs;
+    `--sweep` without `--bundle` is refused in one line."""
+    db = tmp_path / "db.sqlite"
+    r = bench("import", str(SWEEP_EXAMPLE), "--db", str(db), data_dir=tmp_path)
+    assert r.returncode == 0 and "as sweep 1" in r.stdout, r.stderr
+    out = tmp_path / "again.sweep.json"
+    r = bench("export", "1", "--sweep", "--bundle", "--out", str(out), "--db", str(db), data_dir=tmp_path)
+    assert r.returncode == 0 and "sweep 1 bundle" in r.stdout, r.stderr
+    again = json.loads(out.read_text())
+    assert again["sweep"]["name"] == "h100-fast-sweep" and len(again["runs"]) == 4
+    r = bench("export", "1", "--sweep", "--out", str(tmp_path / "x.csv"), "--db", str(db), data_dir=tmp_path)
+    assert r.returncode == 2 and "add --bundle" in r.one_error()
+    r = bench("export", "9", "--sweep", "--bundle", "--out", str(out), "--db", str(db), data_dir=tmp_path)
+    assert r.returncode == 2 and "no sweep with id 9" in r.one_error()
+
+
+def test_a_sweep_bundle_with_a_bad_run_imports_nothing(tmp_path: Path) -> None:
+    """The third run of the sweep is broken: the sweep and the two runs before it go back out."""
+    db = _seeded_store(tmp_path)
+    bundle = json.loads(SWEEP_EXAMPLE.read_text())
+    bundle["runs"][2]["run"].pop("config_json")
+    path = tmp_path / "bad.sweep.json"
+    path.write_text(json.dumps(bundle))
+    r = bench("import", str(path), "--db", str(db), data_dir=tmp_path)
+    assert r.returncode == 2 and "the run lacks config_json" in r.one_error()
+    assert [run.id for run in stored_runs(db)] == [1] and Store(db).list_sweeps() == []
 
 
 def test_a_bundle_whose_keys_and_values_are_sql_is_imported_as_data(tmp_path: Path) -> None:
