@@ -484,7 +484,7 @@ def run_conditions(run: RunRow) -> str:
     elif words:
         how = "native engine, tuned: " + ", ".join(words) + " (shapes compiled and captured before the clock)"
     else:
-        how = "native engine, no tuning options: the eager baseline (transformers' generate for each request, no batching)"
+        how = "native engine, no tuning options: the eager baseline (transformers' generate per request, no batching)"
     return f"{run.model} ({weights}), {dtype}, {device}; {how}."
 
 
