@@ -488,6 +488,24 @@ def run_conditions(run: RunRow) -> str:
     return f"{run.model} ({weights}), {dtype}, {device}; {how}."
 
 
+def unlike_runs_note(chosen: pd.DataFrame) -> str | None:
+    """One line when runs compared side by side differ in what they ran (workload, model or card),
+    so their bars compare those too; None when they match (engines may differ: that is the point)."""
+    if len(chosen) < 2:
+        return None
+    differ = []
+    for col, what in (("workload", "workloads"), ("model", "models"), ("device", "cards")):
+        if col in chosen and chosen[col].nunique(dropna=False) > 1:
+            values = list(dict.fromkeys(str(v) or "?" for v in chosen[col]))
+            differ.append(f"{what} ({'; '.join(values[:4])}{'; …' if len(values) > 4 else ''})")
+    if not differ:
+        return None
+    return (
+        "These runs differ in " + " and ".join(differ) + ": a bar against a bar compares those too, not "
+        "only the engines."
+    )
+
+
 def runs_frame(runs: Sequence[RunRow], sweeps: Mapping[int, str] | None = None) -> pd.DataFrame:
     """One row per run with its key metrics (empty cells where a run has no summary); ``sweep_id``
     and ``sweep`` (the label from ``sweeps``, id -> label) for the runs a sweep made."""

@@ -187,6 +187,8 @@ with compare_tab:
     if not selected:
         st.info("Select runs above to compare them side by side.", icon=":material/info:")
     else:
+        if note := data.unlike_runs_note(chosen):
+            st.warning(note, icon=":material/compare_arrows:")
         ui.chart(charts.compare_bars(chosen), "r.compare-bars")
     ui.chart(charts.latency_throughput_scatter(view, highlight=selected), "r.scatter")
 

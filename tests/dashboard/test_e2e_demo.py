@@ -6,7 +6,8 @@
 - Stop lands: the run ends "cancelled", its cut-short requests are counted as cancelled, never failed.
 - The book page pairs runs of one workload by default and refuses a gain between different ones.
 - Viewer mode (a second dashboard on the same store, as `make demo` starts it) refuses every action.
-- Replay plays the H200 example on the live charts, labelled as a replay.
+- Replay opens on the H100 example of the fastest configuration (its conditions on the page) and plays it
+  on the live charts, labelled as a replay.
 Screenshots of each step are saved under tests/artifacts/demo-*.png.
 """
 
@@ -202,20 +203,22 @@ def test_run_state_stop_pairing_viewer_and_replay(page: Any, operator: str, view
     assert f"{n_runs} of {n_runs} runs" in _main(page).inner_text()  # the operator's runs are there to show
     _shot(page, "viewer")
 
-    # --- replay the H200 example, on the viewer (a replay changes nothing) ------------------
+    # --- replay the GPU example, on the viewer (a replay changes nothing) -------------------
     from dashboard.profile_data import import_examples
 
     import_examples(store)
     goto_page(page, "Replay a run")
     main = _main(page)
-    assert "h200" in main.inner_text().lower()
+    # the demo opens on the fastest configuration's batched H100 run, its conditions on the page
+    assert "h100-fast-concurrency-128" in main.inner_text()
+    assert "tuned: CUDA graphs, torch.compile" in main.inner_text() and "random weights" in main.inner_text()
     main.get_by_role("button", name="Play").click()
     progress = main.locator('[data-testid="stProgress"]').first
     progress.wait_for()
     first = progress.inner_text()
     _seconds_until(lambda: progress.inner_text() != first, 15)  # it plays: the clock moves
     text = main.inner_text()
-    assert "REPLAY of run #" in text and "NVIDIA H200" in text and "nothing is measured now" in text
+    assert "REPLAY of run #" in text and "NVIDIA H100" in text and "nothing is measured now" in text
     page.wait_for_timeout(2500)
     _shot(page, "replay")
     (ARTIFACTS / "demo-state-times.json").write_text(json.dumps(times, indent=2))

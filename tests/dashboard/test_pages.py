@@ -171,14 +171,29 @@ def test_delete_runs_from_the_results_page(app_test: Callable[..., Any], fresh_d
     assert store.sample_count(gone) == 0
 
 
-def test_empty_results_page_imports_the_h200_examples(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+def test_empty_results_page_imports_the_gpu_examples_and_warns_on_unlike_bars(
+    app_test: Callable[..., Any], fresh_data_dir: Path
+) -> None:
     at = app_test("app_pages/results.py")
     _no_exception(at)
     at.button(key="r.btn.import-examples").click().run()
     _no_exception(at)
-    names = sorted(r.name for r in Store(get_settings().db_path).list_runs())
-    assert names == ["h200-concurrency-16", "h200-latency-bs1", "h200-profile"]
-    assert "Imported 3 example run(s)" in _texts(at)
+    store = Store(get_settings().db_path)
+    names = sorted(r.name for r in store.list_runs() if r.sweep_id is None)
+    assert names == ["h100-fast-concurrency-128", "h100-fast-latency-bs1", "h100-fast-profile", "h100-plain-latency",
+                     "h200-concurrency-16", "h200-latency-bs1", "h200-profile"]  # fmt: skip
+    assert [s.name for s in store.list_sweeps()] == ["h100-fast-sweep"]
+    assert "Imported 8 example run(s)" in _texts(at)
+    by_name = {r.name: r.id for r in store.list_runs()}
+    # the same workload on the same card, tuned against eager: like for like, no warning
+    at.multiselect(key="r.selected").set_value([by_name["h100-fast-latency-bs1"], by_name["h100-plain-latency"]]).run()
+    assert not [w for w in at.warning if "These runs differ" in w.value]
+    # batch 1 on the H100 against 16 in flight on the H200: said so above the bars
+    at.multiselect(key="r.selected").set_value([by_name["h100-fast-latency-bs1"], by_name["h200-concurrency-16"]]).run()
+    _no_exception(at)
+    note = next(w.value for w in at.warning if "These runs differ" in w.value)
+    assert "workloads (latency · 128→64 tok; concurrency c=16 · 128→32 tok)" in note
+    assert "cards (NVIDIA H100 80GB HBM3; NVIDIA H200)" in note
 
 
 def test_bad_jsonl_upload_is_a_clear_error(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
