@@ -145,7 +145,7 @@ def test_h100_fast_examples_were_recorded_by_the_cli_with_the_fast_configuration
 def test_h100_batch_128_example_reaches_the_tuning_figure(store: Store) -> None:
     """The product path's batch-128 run against `bench tune` in the same device call: >= 0.9x."""
     run = store.get_run(import_bundle_file(store, EXAMPLES / "h100-fast-concurrency-128.json"))
-    tune = json.loads((EXAMPLES / "tuning" / "h100-2026-12-07-showcase-tune.results.json").read_text())["rows"]
+    tune = json.loads((EXAMPLES / "tuning" / "h100-2026-12-07-showcase-tune.json").read_text())["rows"]
     tuned = next(r["output_tok_s"] for r in tune if r["batch"] == 128)
     assert run is not None and run.summary is not None
     assert run.summary.output_throughput_tok_s / tuned >= 0.9

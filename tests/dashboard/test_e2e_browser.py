@@ -246,11 +246,12 @@ def test_load_run_watch_download(browser_page: Any, server: str, moebench_data: 
     goto_page(page, "Latency")
     _shot(page, "latency")
 
-    # Profiling: import the H200 example runs and look at their GPU (device time) breakdown.
+    # Profiling: import the GPU example runs and look at the H200 profile's device-time breakdown
+    # (the page opens on the newest example profile the breakdown can split).
     goto_page(page, "Profiling")
     main = _main(page)
     main.get_by_role("button", name="Import the GPU example runs").click()
-    main.get_by_text("Imported 3 example run(s)").wait_for()
+    main.get_by_text("Imported 8 example run(s)").wait_for()
     wait_idle(page)
     assert "h200-profile" in main.inner_text() and "imported example" in main.inner_text()
     main.get_by_role("tab", name="Bottlenecks").click()
