@@ -9,10 +9,13 @@ a store is opened. Time series are kept long (``t_s, name, value``) so new serie
 
 from __future__ import annotations
 
+import array
 import json
+import math
 import os
 import socket
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -90,6 +93,23 @@ CREATE TABLE IF NOT EXISTS timeseries (
 );
 CREATE INDEX IF NOT EXISTS timeseries_run ON timeseries(run_id, name, t_s);
 CREATE INDEX IF NOT EXISTS samples_run_end ON samples(run_id, end_s);
+-- How many samples a run has, kept by add_samples and import_bundle: the live view's count
+-- without a COUNT(*) over a million rows.
+CREATE TABLE IF NOT EXISTS sample_counts (
+    run_id INTEGER PRIMARY KEY REFERENCES runs(id) ON DELETE CASCADE,
+    n INTEGER NOT NULL
+);
+-- Per-second series rolled up into 10 s and 100 s buckets as they are written (mean of the
+-- non-empty values, n of them), so a long run's charts read a bounded number of points.
+CREATE TABLE IF NOT EXISTS timeseries_rollup (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    level INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    t_s REAL NOT NULL,
+    value REAL NOT NULL,
+    n INTEGER NOT NULL,
+    PRIMARY KEY (run_id, level, name, t_s)
+);
 CREATE TABLE IF NOT EXISTS artifacts (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
     name TEXT NOT NULL,
@@ -270,7 +290,48 @@ def _process_started(pid: int) -> float | None:
         return None
 
 
-_OUR_TABLES = frozenset({"runs", "samples", "timeseries", "artifacts", "sweeps", "sqlite_sequence"})
+_OUR_TABLES = frozenset(
+    {"runs", "samples", "timeseries", "artifacts", "sweeps", "sqlite_sequence", "sample_counts", "timeseries_rollup"}
+)
+ROLLUP_LEVELS = (10, 100)  # seconds per bucket of the series' rollups (the raw series is 1 s)
+_ROLLUP_UPSERT = (
+    "INSERT INTO timeseries_rollup VALUES (?,?,?,?,?,1) ON CONFLICT(run_id, level, name, t_s) DO UPDATE SET "
+    "value = (value * n + excluded.value) / (n + 1), n = n + 1"
+)
+
+
+def _rollup_rows(run_id: int, points: Sequence[tuple[float, str, float | None]]) -> list[tuple[Any, ...]]:
+    """Upsert arguments that fold ``points`` into their 10 s and 100 s buckets (empty values skipped)."""
+    return [
+        (run_id, level, name, math.floor(t / level) * level, value)
+        for t, name, value in points
+        if isinstance(value, int | float) and isinstance(t, int | float) and math.isfinite(t) and math.isfinite(value)
+        for level in ROLLUP_LEVELS
+    ]
+
+
+def pack_times(start_s: float, times: Sequence[float]) -> bytes:
+    """Chunk times as stored: microseconds after the request's start, int32 (``b"i"``) or, for a
+    request longer than 35 minutes, int64 (``b"q"``), little-endian, after a one-byte type code.
+    The same 1 µs resolution as the JSON it replaces, at a quarter of the cost to write."""
+    us = [round((t - start_s) * 1e6) for t in times]
+    code = "i" if not us or (min(us) >= -(2**31) and max(us) < 2**31) else "q"
+    arr = array.array(code, us)
+    if sys.byteorder == "big":
+        arr.byteswap()
+    return code.encode() + arr.tobytes()
+
+
+def unpack_times(start_s: float, stored: bytes | str) -> list[float]:
+    """:func:`pack_times`'s bytes (or the JSON list of seconds that files before them hold) back
+    to seconds since the run's start."""
+    if isinstance(stored, str):
+        return json.loads(stored)
+    arr = array.array(chr(stored[0]))
+    arr.frombytes(stored[1:])
+    if sys.byteorder == "big":
+        arr.byteswap()
+    return [start_s + v / 1e6 for v in arr]
 
 
 def _refuse_foreign(path: Path) -> None:
@@ -511,6 +572,8 @@ class Store:
             conn.execute("BEGIN")
             conn.execute(f"DELETE FROM samples WHERE run_id IN ({q})", ids)
             conn.execute(f"DELETE FROM timeseries WHERE run_id IN ({q})", ids)
+            conn.execute(f"DELETE FROM timeseries_rollup WHERE run_id IN ({q})", ids)
+            conn.execute(f"DELETE FROM sample_counts WHERE run_id IN ({q})", ids)
             conn.execute(f"DELETE FROM artifacts WHERE run_id IN ({q})", ids)
             cur = conn.execute(f"DELETE FROM runs WHERE id IN ({q}) AND status != 'running'", ids)
             conn.execute("COMMIT")
@@ -538,7 +601,7 @@ class Store:
                     row["prompt_tokens"],
                     row["output_tokens"],
                     row["error"],
-                    json.dumps([round(t, 6) for t in rec.chunk_times_s]),
+                    pack_times(rec.start_s, rec.chunk_times_s),
                     row["usage_output_tokens"],
                     row["ttft_any_ms"],
                     row["send_lag_ms"],
@@ -547,7 +610,26 @@ class Store:
         conn = self._conn()
         with self._lock:
             conn.execute("BEGIN")
-            conn.executemany("INSERT OR REPLACE INTO samples VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+            try:
+                counted = conn.execute("SELECT 1 FROM sample_counts WHERE run_id=?", (run_id,)).fetchone()
+                if counted is None:  # a run from a file before the counts (or its first batch)
+                    conn.execute(
+                        "INSERT INTO sample_counts VALUES (?, (SELECT COUNT(*) FROM samples WHERE run_id=?))",
+                        (run_id, run_id),
+                    )
+                seqs = [r[1] for r in rows]
+                again = 0  # a request stored again replaces its row: not one more
+                for i in range(0, len(seqs), 900):
+                    part = seqs[i : i + 900]
+                    again += conn.execute(
+                        f"SELECT COUNT(*) FROM samples WHERE run_id=? AND seq IN ({','.join('?' * len(part))})",
+                        [run_id, *part],
+                    ).fetchone()[0]
+                conn.executemany("INSERT OR REPLACE INTO samples VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+                conn.execute("UPDATE sample_counts SET n = n + ? WHERE run_id=?", (len(set(seqs)) - again, run_id))
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
             conn.execute("COMMIT")
 
     def records(self, run_id: int) -> list[RequestRecord]:
@@ -566,7 +648,7 @@ class Store:
                 request_id=r["request_id"],
                 start_s=r["start_s"],
                 end_s=r["end_s"],
-                chunk_times_s=json.loads(r["chunk_times_json"]),
+                chunk_times_s=unpack_times(r["start_s"], r["chunk_times_json"]),
                 prompt_tokens=r["prompt_tokens"],
                 output_tokens=r["output_tokens"],
                 error=r["error"] or None,
@@ -596,6 +678,10 @@ class Store:
         return [{c: r[c] for c in REQUEST_CSV_COLUMNS} for r in self._conn().execute(sql, args).fetchall()]
 
     def sample_count(self, run_id: int) -> int:
+        """How many requests a run stored (kept as they are written; counted for older files)."""
+        row = self._conn().execute("SELECT n FROM sample_counts WHERE run_id=?", (run_id,)).fetchone()
+        if row is not None:
+            return int(row[0])
         return int(self._conn().execute("SELECT COUNT(*) FROM samples WHERE run_id=?", (run_id,)).fetchone()[0])
 
     # --- time series ------------------------------------------------------------------
@@ -606,16 +692,42 @@ class Store:
         with self._lock:
             conn.execute("BEGIN")
             conn.executemany("INSERT INTO timeseries VALUES (?,?,?,?)", [(run_id, t, n, v) for t, n, v in points])
+            conn.executemany(_ROLLUP_UPSERT, _rollup_rows(run_id, points))
             conn.execute("COMMIT")
 
-    def timeseries(self, run_id: int, names: Sequence[str] | None = None) -> list[tuple[float, str, float | None]]:
-        sql = "SELECT t_s, name, value FROM timeseries WHERE run_id=?"
-        args: list[Any] = [run_id]
+    def timeseries(
+        self, run_id: int, names: Sequence[str] | None = None, level: int = 1
+    ) -> list[tuple[float, str, float | None]]:
+        """A run's per-second series, oldest first; ``level`` 10 or 100: the rollup's buckets
+        instead (each point the bucket's mean, at the bucket's start; :meth:`series_level`)."""
+        if level > 1:
+            sql = "SELECT t_s, name, value FROM timeseries_rollup WHERE run_id=? AND level=?"
+            args: list[Any] = [run_id, level]
+        else:
+            sql = "SELECT t_s, name, value FROM timeseries WHERE run_id=?"
+            args = [run_id]
         if names:
             sql += f" AND name IN ({','.join('?' * len(names))})"
             args.extend(names)
         sql += " ORDER BY t_s"
         return [(r[0], r[1], r[2]) for r in self._conn().execute(sql, args).fetchall()]
+
+    def series_level(self, run_id: int, max_points: int) -> int:
+        """The finest bucket (1, 10 or 100 s) whose series keep under ``max_points`` points each,
+        so a view's read is bounded by what it draws, not by the run's length; the span is read
+        from the coarsest rollup (a row per 100 s per series). Files before the rollups: 1."""
+        conn = self._conn()
+        coarsest = ROLLUP_LEVELS[-1]
+        row = conn.execute(
+            "SELECT MIN(t_s), MAX(t_s) FROM timeseries_rollup WHERE run_id=? AND level=?", (run_id, coarsest)
+        ).fetchone()
+        if row is None or row[0] is None:
+            return 1
+        span = float(row[1]) - float(row[0]) + coarsest
+        for level in (1, *ROLLUP_LEVELS):
+            if span / level <= max_points:
+                return level
+        return coarsest
 
     def series_names(self, run_id: int) -> list[str]:
         """The names of a run's per-second series."""
@@ -655,6 +767,10 @@ class Store:
         ]
         for x in samples:
             x.pop("run_id")
+            if isinstance(x["chunk_times_json"], bytes):  # bundles keep the JSON list of seconds
+                x["chunk_times_json"] = json.dumps(
+                    [round(t, 6) for t in unpack_times(x["start_s"], x["chunk_times_json"])]
+                )
         points = self.timeseries(run_id)
         arts = {n: self.artifact(run_id, n) for n in self.artifact_names(run_id)}
         return {"format": "moebench-run/1", "run": run, "samples": samples, "timeseries": points, "artifacts": arts}
@@ -711,6 +827,11 @@ class Store:
                 conn.executemany(
                     "INSERT INTO timeseries VALUES (?,?,?,?)",
                     [(run_id, t, n, v) for t, n, v in series],
+                )
+                conn.executemany(_ROLLUP_UPSERT, _rollup_rows(run_id, [(t, n, v) for t, n, v in series]))
+                conn.execute(
+                    "INSERT OR REPLACE INTO sample_counts VALUES (?, (SELECT COUNT(*) FROM samples WHERE run_id=?))",
+                    (run_id, run_id),
                 )
                 for name, content in artifacts.items():
                     conn.execute("INSERT INTO artifacts VALUES (?,?,?)", (run_id, name, json.dumps(content)))

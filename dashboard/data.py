@@ -58,16 +58,23 @@ class LiveData:
     samples: pd.DataFrame  # REQUEST_CSV_COLUMNS, newest ``window`` requests, oldest first
     timeseries: pd.DataFrame  # long: t_s, name, value
     total_samples: int
+    series_step_s: int = 1  # the series' bucket: 1 s, or 10 s / 100 s means on a long run
 
 
 def load_live(store: Store, run_id: int, window: int = LIVE_WINDOW) -> LiveData:
-    """The newest ``window`` requests of a run and its per-second series."""
+    """The newest ``window`` requests of a run and its series: per second, or 10 s / 100 s means
+    once a run is longer than :data:`SERIES_POINTS` seconds. Every read is bounded (an index range,
+    a kept count, a rollup), so a million-request run draws as fast as a small one."""
     rows = store.sample_rows(run_id, limit=window)
     samples = pd.DataFrame(rows, columns=list(REQUEST_CSV_COLUMNS))
-    points = store.timeseries(run_id)  # per-second series: bounded by the run's duration
-    ts = pd.DataFrame(points, columns=["t_s", "name", "value"])
+    step = store.series_level(run_id, SERIES_POINTS)
+    ts = pd.DataFrame(store.timeseries(run_id, level=step), columns=["t_s", "name", "value"])
     total = len(samples) if len(samples) < window else store.sample_count(run_id)
-    return LiveData(samples, ts, total)
+    return LiveData(samples, ts, total, step)
+
+
+SERIES_POINTS = 1500  # most points per series a live or detail view reads (25 minutes at 1 s)
+
 
 
 # --- replay ------------------------------------------------------------------------------------
@@ -278,6 +285,11 @@ def live_figures(
         figs[f"telemetry:{group.key}"] = charts.line_chart(
             data.timeseries, group.series, group.title, group.unit, integer=group.integer
         )
+    if data.series_step_s > 1:  # a long run's series come as bucket means: say so on each chart
+        for key, fig in figs.items():
+            if key in ("throughput", "in_flight", "memory") or key.startswith("telemetry:"):
+                title = fig.layout.title.text or ""
+                fig.update_layout(title_text=f"{title} ({data.series_step_s} s means)")
     return figs
 
 

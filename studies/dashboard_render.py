@@ -41,6 +41,8 @@ from bench.send.core import Completion
 from bench.store import Store
 from dashboard import charts, data
 
+RATE_SAMPLE = 100_000  # requests per recorder-rate measurement (made in memory first)
+
 
 def synthetic_run(
     store: Store, n: int, concurrency: int = 64, output_tokens: int = 64, seed: int = 0
@@ -90,6 +92,32 @@ def synthetic_run(
     return run_id, time.perf_counter() - t_write, recorder
 
 
+def recorder_rate(store: Store, n: int, output_tokens: int = 64, seed: int = 1) -> float:
+    """Requests per second the recorder takes and stores: ``n`` finished requests of
+    ``output_tokens`` chunks, made beforehand, handed over as fast as a sender can, until
+    ``close()`` has written the last one (the accumulators, the live summary's sketches and the
+    SQLite writes all included). The client must never wait on this."""
+    rng = random.Random(seed)
+    run_id = store.create_run(mode="concurrency", engine="native", model="synthetic", accelerator="cpu",
+                              config={"requests": n}, name=f"recorder rate {n}")  # fmt: skip
+    done = []
+    for i in range(n):
+        start = i * 0.001
+        chunks = tuple(start + 0.02 + rng.random() * 0.01 + k * 0.01 for k in range(output_tokens))
+        done.append(Completion(i, f"r{i}", start, chunks[-1], chunks, 128, output_tokens, None, chunks[0], start, None))
+    recorder = Recorder(store, run_id)
+    recorder.start()
+    recorder.t0 = 0.0
+    t0 = time.perf_counter()
+    for c in done:
+        recorder.put(c)
+    recorder.close()
+    rate = n / (time.perf_counter() - t0)
+    assert store.sample_count(run_id) == n, "the recorder lost requests"
+    store.delete_runs([run_id])
+    return rate
+
+
 def _time(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
     """Median milliseconds of ``repeat`` calls, and the last result."""
     times, result = [], None
@@ -105,6 +133,7 @@ def measure(sizes: Sequence[int], repeat: int) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="moebench-render-") as tmp:
         store = Store(Path(tmp) / "render.sqlite")
         for n in sizes:
+            rates = [recorder_rate(store, min(n, RATE_SAMPLE), seed=k) for k in range(repeat)]
             run_id, write_s, recorder = synthetic_run(store, n)
             summary = store.get_run(run_id).summary  # type: ignore[union-attr]
             # What the sampler does once a second during a run: the live summary from the accumulators.
@@ -130,6 +159,8 @@ def measure(sizes: Sequence[int], repeat: int) -> list[dict[str, Any]]:
                 {
                     "requests": n,
                     "write_s": write_s,
+                    "recorder_rps": statistics.median(rates),
+                    "recorder_rps_min": min(rates),
                     "live_read_ms": live_read,
                     "live_build_ms": live_build,
                     "live_json_ms": live_json,
@@ -147,7 +178,7 @@ def measure(sizes: Sequence[int], repeat: int) -> list[dict[str, Any]]:
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     header = (
-        f"{'requests':>9} {'write s':>8} | {'summary':>8} | "
+        f"{'requests':>9} {'write s':>8} {'recorder req/s':>15} | {'summary':>8} | "
         f"{'live read':>9} {'build':>7} {'json':>7} {'total ms':>9} | "
         f"{'results build':>13} {'json':>7} {'total ms':>9} | {'points':>6}"
     )
@@ -155,7 +186,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     print("-" * len(header))
     for r in rows:
         print(
-            f"{r['requests']:>9,} {r['write_s']:>8.2f} | {r['live_summary_ms']:>8.1f} | "
+            f"{r['requests']:>9,} {r['write_s']:>8.2f} {r['recorder_rps']:>8,.0f} ({r['recorder_rps_min']:>5,.0f}) | "
+            f"{r['live_summary_ms']:>8.1f} | "
             f"{r['live_read_ms']:>9.1f} {r['live_build_ms']:>7.1f} "
             f"{r['live_json_ms']:>7.1f} {r['live_total_ms']:>9.1f} | {r['results_build_ms']:>13.1f} "
             f"{r['results_json_ms']:>7.1f} {r['results_total_ms']:>9.1f} | {r['points_drawn']:>6}"
@@ -164,7 +196,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         "\nlive: one refresh of the live fragment (window of the newest "
         "requests + per-second series -> 6 figures -> JSON); results: the Results page's comparison bars, "
         "scatter and one run's detail charts. Medians; 'write s': the recorder's time to take and store the run; "
-        "'summary': the live summary from the recorder's accumulators (the runner's sampler thread, once a second)."
+        "'summary': the live summary from the recorder's accumulators (the runner's sampler thread, once a second); "
+        f"'recorder req/s': finished requests (64 chunks each) taken and stored per second, {RATE_SAMPLE:,} at most "
+        "per measurement, made beforehand, median (lowest) of --repeat measurements."
     )
 
 

@@ -149,8 +149,8 @@ def test_bundle_round_trip_keeps_everything(store: Store, tmp_path: Path) -> Non
     store.finish_run(run_id, "completed", summarize([_rec(i) for i in range(4)]))
     other = Store(tmp_path / "other.sqlite")
     new_id = other.import_bundle(store.export_bundle(run_id))
-    assert requests_csv(other, new_id).replace(b"\n" + str(new_id).encode(), b"\nX") == requests_csv(store,
-        run_id
+    assert requests_csv(other, new_id).replace(b"\n" + str(new_id).encode(), b"\nX") == requests_csv(
+        store, run_id
     ).replace(b"\n" + str(run_id).encode(), b"\nX")
     assert other.timeseries(new_id) == store.timeseries(run_id)
     assert other.artifact(new_id, "profile_breakdown") == store.artifact(run_id, "profile_breakdown")
@@ -225,3 +225,73 @@ def test_bundle_keys_never_reach_sql_and_bad_bundles_say_why(store: Store) -> No
         with pytest.raises(MoEBenchError, match=reason):
             store.import_bundle(broken)
     assert len(store.list_runs()) == n_runs  # nothing half-imported
+
+
+# --- compact chunk times, kept counts, series rollups (issue 32: a million-request run) ---------
+
+
+def test_chunk_times_are_stored_packed_and_read_back_to_the_microsecond(store: Store) -> None:
+    from bench.store import pack_times, unpack_times
+
+    run_id = _run(store)
+    times = [1000.0 + k * 0.0123456789 for k in range(64)]
+    long = RequestRecord("long", 5.0, 2405.0, [5.5, 2405.0], 8, 2, None)  # 40 minutes: int64 microseconds
+    store.add_samples(run_id, [(0, RequestRecord("a", 999.9, times[-1], times, 8, 64, None)), (1, long)])
+    raw = store._conn().execute("SELECT chunk_times_json FROM samples WHERE run_id=? ORDER BY seq", (run_id,))
+    blobs = [r[0] for r in raw.fetchall()]
+    assert [b[:1] for b in blobs] == [b"i", b"q"] and len(blobs[0]) == 1 + 4 * 64
+    a, b = store.records(run_id)
+    assert max(abs(x - y) for x, y in zip(a.chunk_times_s, times, strict=True)) <= 0.5e-6
+    assert b.chunk_times_s == pytest.approx([5.5, 2405.0], abs=1e-6)
+    # a file written before packing holds the JSON list: it still reads
+    assert unpack_times(0.0, "[0.25, 0.5]") == [0.25, 0.5]
+    assert unpack_times(2.0, pack_times(2.0, [])) == []
+
+
+def test_bundles_keep_chunk_times_as_json_text(store: Store, tmp_path: Path) -> None:
+    """A bundle written from packed rows is the same JSON document as before (moebench-run/1)."""
+    import json
+
+    run_id = _run(store)
+    store.add_samples(run_id, [(i, _rec(i)) for i in range(3)])
+    store.finish_run(run_id, "completed", summarize([_rec(i) for i in range(3)]))
+    bundle = json.loads(json.dumps(store.export_bundle(run_id)))
+    assert json.loads(bundle["samples"][1]["chunk_times_json"]) == pytest.approx([0.2, 0.6])
+    again = store.import_bundle(bundle)
+    for x, y in zip(store.records(again), store.records(run_id), strict=True):
+        assert x.chunk_times_s == pytest.approx(y.chunk_times_s, abs=1e-6)
+    assert store.sample_count(again) == 3
+
+
+def test_the_sample_count_is_kept_not_counted(store: Store) -> None:
+    run_id = _run(store)
+    store.add_samples(run_id, [(i, _rec(i)) for i in range(5)])
+    store.add_samples(run_id, [(4, _rec(4)), (5, _rec(5))])  # request 4 stored again: replaced, not added
+    assert store.sample_count(run_id) == 6 == len(store.records(run_id))
+    assert store._conn().execute("SELECT n FROM sample_counts WHERE run_id=?", (run_id,)).fetchone()[0] == 6
+    store.finish_run(run_id, "completed", summarize(store.records(run_id)))
+    store.delete_runs([run_id])
+    assert store.sample_count(run_id) == 0
+    assert store._conn().execute("SELECT COUNT(*) FROM sample_counts").fetchone()[0] == 0
+
+
+def test_a_long_runs_series_are_read_from_bounded_rollups(store: Store) -> None:
+    """Three hours at one point a second: the view asks for 1,500 points and gets the 10 s means
+    (1,080 of them), each the mean of its ten seconds; a short run keeps its 1 s points."""
+    run_id = _run(store)
+    hours = 3 * 3600
+    store.add_points(run_id, [(float(t), "output_tok_s", float(t % 20)) for t in range(hours)])
+    store.add_points(run_id, [(float(t), "in_flight", None) for t in range(0, hours, 7)])  # empty values: no rollup
+    assert store.series_level(run_id, 1500) == 10 and store.series_level(run_id, 200) == 100
+    assert store.series_level(run_id, 20_000) == 1
+    tens = store.timeseries(run_id, ["output_tok_s"], level=10)
+    assert len(tens) == hours // 10 and tens[0] == (0.0, "output_tok_s", pytest.approx(4.5))  # mean of 0..9
+    assert tens[1][2] == pytest.approx(14.5)  # 10..19
+    assert len(store.timeseries(run_id, level=100)) == hours // 100
+    short = _run(store)
+    store.add_points(short, [(float(t), "output_tok_s", 1.0) for t in range(600)])
+    assert store.series_level(short, 1500) == 1 and len(store.timeseries(short)) == 600
+    old = _run(store)  # a file from before the rollups: the raw series, every point
+    store.add_points(old, [(float(t), "x", 1.0) for t in range(3000)])
+    store._conn().execute("DELETE FROM timeseries_rollup WHERE run_id=?", (old,))
+    assert store.series_level(old, 1500) == 1

@@ -455,3 +455,18 @@ def test_a_probe_without_goodput_is_an_empty_number_cell_not_none(store: Store) 
     frame = data.probes_frame({"axis": "rate", "probes": [{"value": 4.0, "passed": True, "run_id": run_id}]}, [run])
     assert frame["goodput (req/s)"].dtype.kind == "f" and frame["goodput (req/s)"].isna().all()
     assert frame["output (tok/s)"].iloc[0] == pytest.approx(run.summary.output_throughput_tok_s)  # type: ignore[union-attr]
+
+
+def test_a_long_runs_live_charts_read_10_s_means_and_say_so(store: Store) -> None:
+    """Two hours of per-second series: the live view reads the 10 s rollup (720 points a series,
+    not 7,200) and the series charts' titles say they are means."""
+    run_id = add_synthetic_run(store, 50)
+    store.add_points(run_id, [(float(t), SERIES_OUTPUT_TOK_S, 100.0 + t % 10) for t in range(7200)])
+    live = data.load_live(store, run_id)
+    assert live.series_step_s == 10
+    tok = live.timeseries[live.timeseries["name"] == SERIES_OUTPUT_TOK_S]
+    # the mean of 100..109 in every bucket (the first also holds the synthetic run's own points)
+    assert len(tok) == 720 and tok["value"].iloc[1:].eq(104.5).all()
+    figs = data.live_figures(live, store.get_run(run_id).summary)
+    assert figs["throughput"].layout.title.text.endswith("(10 s means)")
+    assert "means" not in (figs["latency"].layout.title.text or "")
