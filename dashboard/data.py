@@ -76,7 +76,6 @@ def load_live(store: Store, run_id: int, window: int = LIVE_WINDOW) -> LiveData:
 SERIES_POINTS = 1500  # most points per series a live or detail view reads (25 minutes at 1 s)
 
 
-
 # --- replay ------------------------------------------------------------------------------------
 
 REPLAY_SPEEDS: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0)

@@ -86,6 +86,7 @@ STATUS_ICONS = {
     "pending": ":material/hourglass_top:",
     "failed": ":material/error:",
     "cancelled": ":material/cancel:",
+    "stopping": ":material/hourglass_top:",
     "interrupted": ":material/warning:",
 }
 
@@ -174,6 +175,9 @@ def chart(fig: Any, key: str) -> None:
 # --- sidebar ---------------------------------------------------------------------------------
 
 
+SIDEBAR_REFRESH_S = 0.5
+
+
 def sidebar() -> None:
     """Loaded engine, memory and the run in progress; refreshes itself only while something moves."""
     slot = services.get_engine_slot()
@@ -181,7 +185,9 @@ def sidebar() -> None:
     sweeps = services.get_sweep_holder()
     moving = slot.state().busy or manager.active() is not None or sweeps.active() or bool(background_tasks())
 
-    @st.fragment(run_every=1.0 if moving else None)
+    # Twice a second while something moves: the main panel refreshes once a second on its own
+    # timer, and a sidebar on the same period could trail it by a whole refresh (a request).
+    @st.fragment(run_every=SIDEBAR_REFRESH_S if moving else None)
     def _status() -> None:
         state = slot.state()
         job = manager.active()
@@ -729,8 +735,13 @@ def live_panel(mode: str) -> None:
     elsewhere = newest is not None and newest.status == "running"
     # Repeats (a one-point sweep) run one job after another: keep refreshing between them.
     sweeping = services.get_sweep_holder().active()
+    # Stop pressed, the run not ended yet (the click's own rerun comes here): look four times a
+    # second, so "cancelled" shows as soon as it is recorded (the issue saw 3.2 s at one a second).
+    stopping = running and job is not None and job.cancel_event.is_set()
 
-    @st.fragment(run_every=1.0 if running or sweeping else 2.0 if elsewhere else None)
+    @st.fragment(
+        run_every=STOPPING_REFRESH_S if stopping else 1.0 if running or sweeping else 2.0 if elsewhere else None
+    )
     def _panel() -> None:
         snap = job.snapshot() if job is not None else None
         if running and snap is not None and not snap.active:
@@ -752,7 +763,7 @@ def live_panel(mode: str) -> None:
                 f"Showing the latest stored {mode} run (started {data.runs_frame([last])['created'][0]}){where}."
             )
         assert run_id is not None
-        _progress(snap, run_id, status, mode)
+        _progress(snap, run_id, "stopping" if stopping and snap is not None and snap.active else status, mode)
         live = data.load_live(store, run_id)
         slos = data.run_slos(config, summary)
         run = store.get_run(run_id)
@@ -768,6 +779,9 @@ def live_panel(mode: str) -> None:
             show_repeat_spread(*repeat, key=f"{mode}-live")
 
     _panel()
+
+
+STOPPING_REFRESH_S = 0.25  # the live panel's refresh between a Stop and the run's end
 
 
 def live_charts(figs: dict[str, Any], key: str) -> None:

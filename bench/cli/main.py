@@ -2,7 +2,8 @@
 
 Commands: ``run`` (a benchmark with a progress bar, then a summary), ``runs`` (list),
 ``sweep``, ``capacity``, ``report`` and ``sweeps`` (:mod:`bench.cli.sweep`),
-``export`` (CSV), ``import`` (a run bundle), ``model tiny`` (build the tiny checkpoint), ``engines`` and
+``export`` (CSV), ``import`` (a run bundle), ``routing`` (a run's routing on an EP deployment,
+:mod:`bench.cli.routing`), ``model tiny`` (build the tiny checkpoint), ``engines`` and
 ``accelerators`` (what is usable here, and why not), ``compare-engines`` and ``offline``
 (:mod:`bench.cli.compare`), ``stub`` (a zero-compute OpenAI server, :mod:`bench.stub_server`) and
 ``tune`` (the native engine's tuning ablation, :mod:`bench.analysis.tuning_ablation`). Every user error
@@ -95,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_compare_arguments(sub.add_parser("compare-engines", help="the same workload on native and vLLM, with ratios"))
     add_offline_arguments(sub.add_parser("offline", help="vLLM offline throughput (LLM.generate in a worker process)"))
+
+    from bench.cli.routing import add_routing_arguments
+
+    add_routing_arguments(
+        sub.add_parser("routing", help="a run's expert routing on an expert-parallel deployment, with the EPLB what-if")
+    )
 
     for name, text in PASSTHROUGH.items():
         tool = sub.add_parser(name, help=text, add_help=False)
