@@ -197,6 +197,9 @@ SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
     "tpot_pct_of_limit",
     "output_tok_s_limit",
     "throughput_pct_of_limit",
+    "moe_imbalance_max",
+    "ep_rank_imbalance",
+    "eplb_balancedness_whatif",
     "error",
 )
 
@@ -800,6 +803,7 @@ class Store:
                 raise MoEBenchError(f"run bundle: the run's {c} is not a JSON object")
         if run.get("status") not in STATUSES:
             raise MoEBenchError(f"run bundle: unknown status {str(run.get('status'))[:40]!r}")
+        run["summary_json"] = _with_moe_figures(run.get("summary_json"), bundle.get("artifacts"))
         samples, series = bundle.get("samples", []), bundle.get("timeseries", [])
         artifacts = bundle.get("artifacts", {})
         if not isinstance(samples, list) or not isinstance(series, list) or not isinstance(artifacts, dict):
@@ -947,6 +951,20 @@ class Store:
         """The runs of a sweep, in the order they were made."""
         rows = self._conn().execute("SELECT * FROM runs WHERE sweep_id=? ORDER BY id", (sweep_id,)).fetchall()
         return [self._row(r) for r in rows]
+
+
+def _with_moe_figures(summary_json: Any, artifacts: Any) -> Any:
+    """A bundle's summary with the MoE figures (:func:`bench.metrics.moe.run_figures`) filled in
+    from its routing record when a run from before them lacks them; otherwise as it was."""
+    if not isinstance(summary_json, str) or not isinstance(artifacts, dict):
+        return summary_json
+    routing = artifacts.get("expert_routing")
+    summary = json.loads(summary_json)
+    if not isinstance(routing, dict) or not isinstance(summary, dict) or "moe_imbalance_max" in summary:
+        return summary_json
+    from bench.metrics.moe import run_figures
+
+    return json.dumps({**summary, **run_figures(routing)})
 
 
 def _json_text(value: Any, kind: type | tuple[type, ...]) -> bool:

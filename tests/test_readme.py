@@ -23,8 +23,6 @@ REPORTS_DOC = (ROOT / "docs" / "reports.md").read_text(encoding="utf-8")
 STATS = ("mean", "p50", "p90", "p99")
 
 
-
-
 def _section(text: str, heading: str) -> str:
     """The text under ``heading`` (a whole line, e.g. ``## Metric definitions``) up to the next heading of any level."""
     lines = text.splitlines()

@@ -1,5 +1,5 @@
 """``python -m bench routing RUN_ID [--ep 8] [--redundant 32]``: what a run's expert routing means
-for an expert-parallel deployment (:mod:`bench.analysis.moe`), as text: per layer the expert
+for an expert-parallel deployment (:mod:`bench.metrics.moe`), as text: per layer the expert
 imbalance, entropy, hot and cold experts and the rank imbalance at ``--ep`` now and with EPLB;
 then the run's balancedness both ways."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from bench.analysis import moe
 from bench.cli.common import EXIT_OK, open_store
+from bench.metrics import moe
 from bench.run.artifacts import ARTIFACT_ROUTING
 from engines.errors import ConfigError
 

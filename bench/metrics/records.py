@@ -91,6 +91,14 @@ METRIC_DEFINITIONS: dict[str, str] = {
     "tpot_pct_of_limit": "tpot_limit_ms / TPOT p50 x 100: how close the engine's decode step came to the hardware's "
     "limit (100 % = at the limit).",
     "throughput_pct_of_limit": "output_throughput_tok_s / output_tok_s_limit x 100.",
+    "moe_imbalance_max": "From the run's expert routing (engines that report it): for each MoE layer, the tokens "
+    "routed to its busiest expert / the mean over its experts; the worst layer's. 1 = every expert equally busy.",
+    "ep_rank_imbalance": "The same routing on an expert-parallel deployment of 8 ranks (EP 8) with the experts "
+    "placed in contiguous blocks (vLLM's and SGLang's default without EPLB): for each layer the busiest rank's tokens "
+    "/ the mean rank's; the worst layer's. `python -m bench routing RUN --ep N` gives it for any EP size.",
+    "eplb_balancedness_whatif": "vLLM's balancedness (over the MoE layers: sum of the mean rank loads / sum of the "
+    "max rank loads; 1 = even) that DeepSeek's EPLB placement (vLLM's DefaultEplbPolicy) would reach for this "
+    "routing at EP 8 with 8 redundant experts (one per rank), a replicated expert's tokens split evenly.",
     "peak_memory_gib": "Highest memory seen during the run: the device allocator's peak on CUDA/NPU/MLU, "
     "the process's peak RSS on CPU (native engine); for a server MoE Bench launched, the device memory its process "
     "tree holds where device telemetry sees processes (NVML, npu-smi), highest sample, else the peak RSS of that "

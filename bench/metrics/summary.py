@@ -60,6 +60,9 @@ class RunSummary:
     output_tok_s_limit: float | None = None  # the most output tokens/s at the run's batch (bench.metrics.run_limits)
     tpot_pct_of_limit: float | None = None  # tpot_limit_ms / TPOT p50 x 100
     throughput_pct_of_limit: float | None = None  # output tokens/s / output_tok_s_limit x 100
+    moe_imbalance_max: float | None = None  # the worst MoE layer's busiest expert / mean (bench.metrics.moe)
+    ep_rank_imbalance: float | None = None  # the worst layer's busiest EP rank / mean, EP 8, contiguous
+    eplb_balancedness_whatif: float | None = None  # vLLM's balancedness EPLB would reach at EP 8 (8 replicas)
 
     @property
     def bursty(self) -> bool:

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bench.config import RunConfig
+from bench.metrics import moe
 from bench.metrics.summary import RunSummary, summarize
 from bench.run.artifacts import (
     ARTIFACT_BREAKDOWN,
@@ -384,6 +385,7 @@ def _finish(job: Job, engine: Engine) -> None:
         # (its process tree's RSS, the fallback, holds none of its weights or KV cache).
         summary = dataclasses.replace(summary, peak_memory_gib=job.server_device_peak_gib)
     summary = _with_limits(store, run_id, cfg, summary)
+    summary = dataclasses.replace(summary, **moe.run_figures(store.artifact(run_id, ARTIFACT_ROUTING)))
     job.set_summary(summary)
     engine_error = job.error
     if job.write_error is not None:

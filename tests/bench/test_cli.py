@@ -276,7 +276,6 @@ def test_repeat_runs_the_same_run_n_times_and_prints_the_spread(tmp_path: Path, 
     assert len(list(csv.DictReader(sum_csv.open()))) == 3
 
 
-
 def test_the_cli_exits_only_after_the_run_has_stopped_its_engine(
     tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

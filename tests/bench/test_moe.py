@@ -1,4 +1,4 @@
-"""The MoE deployment analysis (bench.analysis.moe): per-layer figures, EP rank loads and the EPLB
+"""The MoE deployment analysis (bench.metrics.moe): per-layer figures, EP rank loads and the EPLB
 what-if, checked against vLLM's own EPLB policy (DefaultEplbPolicy, in the vLLM environment) on
 the same loads, placement for placement."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.analysis import moe
+from bench.metrics import moe
 from engines.errors import ConfigError
 from engines.vllm import vllm_python
 
@@ -131,3 +131,36 @@ def test_the_routing_command_prints_the_table_and_says_why_when_a_run_has_none(t
     assert r.returncode == 2 and "has no routing record" in r.one_error()
     r = bench("routing", str(eager), "--ep", "6", "--db", str(db), data_dir=tmp_path)
     assert r.returncode == 2 and "EP size 6 does not divide the 64 experts" in r.one_error()
+
+
+def test_runs_carry_the_moe_figures_in_their_summary(tmp_path: Path, native_engine: object) -> None:
+    """A native run of the tiny model (gate hooks count its routing) and an imported example from
+    before the figures: both get moe_imbalance_max, ep_rank_imbalance and eplb_balancedness_whatif,
+    equal to what bench.metrics.moe computes from the stored routing record; the summary CSV has them."""
+    from bench.bundle import import_bundle_file
+    from bench.config import RunConfig
+    from bench.report.csv_export import summary_csv
+    from bench.run.manager import start_run
+    from bench.store import Store
+    from tests.hostile.clirun import ROOT
+
+    store = Store(tmp_path / "db.sqlite")
+    cfg = RunConfig.build(
+        engine={"kind": "native", "model": "tiny-deepseek-v3", "accelerator": "cpu"},
+        workload={"source": "random", "input_len": 16, "output_len": 4},
+        requests=2,
+    )
+    snap = start_run(cfg, store, engine=native_engine).wait(300)
+    assert snap.status == "completed", snap.error
+    example = import_bundle_file(store, ROOT / "examples" / "h200-concurrency-16.json")
+    for run_id in (snap.run_id, example):
+        run = store.get_run(run_id)
+        routing = store.artifact(run_id, "expert_routing")
+        assert run is not None and run.summary is not None and routing
+        want = moe.run_figures(routing)
+        assert all(v is not None for v in want.values()), want
+        got = {k: getattr(run.summary, k) for k in moe.MOE_RUN_COLUMNS}
+        assert got == pytest.approx(want)
+        assert 1.0 <= got["moe_imbalance_max"] and 0 < got["eplb_balancedness_whatif"] <= 1.0
+    header = summary_csv(store, [example]).decode().splitlines()[0].split(",")
+    assert set(moe.MOE_RUN_COLUMNS) <= set(header)

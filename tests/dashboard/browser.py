@@ -82,4 +82,3 @@ def set_number(page: Any, label: str, value: int) -> None:
         if box.input_value() == str(value):
             return
     raise AssertionError(f"{label} did not take the value {value}")
-

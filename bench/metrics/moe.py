@@ -259,7 +259,10 @@ def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in EP_SIZES if n % d == 0) or "1"
 
 
-def run_figures(routing: dict[str, Any] | None, ep: int = 8, redundant: int = 0) -> dict[str, float | None]:
+RUN_EP = 8  # the EP size of the per-run figures (and one redundant expert per rank)
+
+
+def run_figures(routing: dict[str, Any] | None, ep: int = RUN_EP, redundant: int = RUN_EP) -> dict[str, float | None]:
     """The per-run MoE numbers for tables and CSV: ``moe_imbalance_max`` (the worst layer's busiest
     expert / mean), ``ep_rank_imbalance`` (the worst layer's busiest rank / mean at ``ep``,
     contiguous placement) and ``eplb_balancedness_whatif`` (vLLM's balancedness EPLB would reach
