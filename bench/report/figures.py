@@ -27,6 +27,7 @@ from bench.analysis.sweep_analysis import (
     spread_err,
     varying_keys,
 )
+from bench.metrics.moe import EpWhatIf
 from bench.metrics.slo import Slo
 from bench.report.style import COLORS, P50_COLOR, P99_COLOR, PRIMARY, register_template
 from bench.store import RunRow, SweepRow
@@ -445,3 +446,38 @@ def run_throughput_figure(series: Sequence[tuple[float, float | None]]) -> go.Fi
 def escape_text(value: Any) -> str:
     """``value`` as HTML text (hover labels, the report page)."""
     return html.escape(str(value), quote=True)
+
+
+def ep_rank_figure(what: EpWhatIf) -> go.Figure:
+    """Tokens per expert-parallel rank over the run's MoE layers, as % of the mean rank: the
+    contiguous placement beside the EPLB what-if (:func:`bench.metrics.moe.eplb_whatif`)."""
+    now = what.rank_loads.sum(axis=0)
+    then = what.eplb_rank_loads.sum(axis=0)
+    mean = float(now.mean()) or 1.0
+    ranks = [f"rank {r}" for r in range(what.ep)]
+    title = (
+        f"EP {what.ep}: tokens per rank, % of the mean · balancedness {_fmt3(what.balancedness)} contiguous, "
+        f"{_fmt3(what.eplb_balancedness)} with EPLB ({what.redundant} redundant)"
+    )
+    fig = _figure(title, height=340)
+    fig.add_trace(
+        go.Bar(
+            x=ranks, y=100.0 * now / mean, name="contiguous experts (no EPLB)", marker={"color": COLORS[3]},
+            hovertemplate="%{x}<br>%{y:.0f} % of the mean<extra>contiguous</extra>",
+        )
+    )  # fmt: skip
+    fig.add_trace(
+        go.Bar(
+            x=ranks, y=100.0 * then / mean, name=f"EPLB what-if, {what.redundant} redundant",
+            marker={"color": COLORS[0]},
+            hovertemplate="%{x}<br>%{y:.0f} % of the mean<extra>EPLB</extra>",
+        )
+    )  # fmt: skip
+    fig.add_hline(y=100.0, line={"color": P50_COLOR, "dash": "dash", "width": 2})
+    fig.update_layout(barmode="group", legend={"orientation": "h", "y": -0.2})
+    fig.update_yaxes(title="tokens, % of the mean rank", rangemode="tozero")
+    return fig
+
+
+def _fmt3(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"

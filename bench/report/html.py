@@ -247,8 +247,44 @@ def _run_report(store: Store, run: RunRow) -> bytes:
     page.h2("Output throughput over time")
     series = [(t, v) for t, _, v in store.timeseries(run.id, [SERIES_OUTPUT_TOK_S])]
     page.figure(run_throughput_figure(series))
+    _moe_section(page, store, run)
     _definitions(page)
     return page.render()
+
+
+def _moe_section(page: _Page, store: Store, run: RunRow) -> None:
+    """The run's expert routing on an expert-parallel deployment (EP 8, 8 redundant experts for
+    EPLB), when the engine reported routing."""
+    from bench.metrics import moe
+    from bench.report.figures import ep_rank_figure
+    from bench.run.artifacts import ARTIFACT_ROUTING
+    from engines.errors import ConfigError
+
+    routing = store.artifact(run.id, ARTIFACT_ROUTING)
+    if not routing:
+        return
+    try:
+        what = moe.eplb_whatif(routing, moe.RUN_EP, moe.RUN_EP)
+    except ConfigError as exc:
+        page.h2("MoE routing")
+        page.add(f'<div class="card warn">{escape_text(str(exc))}</div>')
+        return
+    figures = moe.run_figures(routing)
+    page.h2("MoE routing")
+    page.add(
+        '<div class="card">'
+        + _kv_table(
+            [
+                ("MoE layers x experts", f"{len(routing['counts'])} x {len(routing['counts'][0])}"),
+                ("busiest expert / mean, worst layer (moe_imbalance_max)", figures["moe_imbalance_max"]),
+                (f"busiest EP {moe.RUN_EP} rank / mean, worst layer (ep_rank_imbalance)", figures["ep_rank_imbalance"]),
+                (f"balancedness at EP {moe.RUN_EP}, contiguous experts", what.balancedness),
+                (f"balancedness with EPLB, {moe.RUN_EP} redundant (eplb_balancedness_whatif)", what.eplb_balancedness),
+            ]
+        )
+        + "</div>"
+    )
+    page.figure(ep_rank_figure(what))
 
 
 def _sweep_config_items(sweep: SweepRow, first: RunRow | None) -> list[tuple[str, Any]]:

@@ -7,13 +7,17 @@ operator table, the bottleneck breakdown, the expert routing and the memory time
 
 from __future__ import annotations
 
+from typing import Any
+
 import streamlit as st
 
 from bench.config import field_bounds
+from bench.metrics import moe
+from bench.report import figures
 from bench.report.csv_export import operators_csv
 from bench.workloads import WorkloadSpec
 from dashboard import charts, data, profile_data, services, ui
-from engines.errors import MoEBenchError
+from engines.errors import ConfigError, MoEBenchError
 
 st.title("Profiling")
 st.caption(
@@ -271,6 +275,33 @@ if run.name in examples:
         f"{data.fmt_params(run.engine_info.get('parameters'))} parameters"
     )
 
+
+def _ep_whatif(routing: dict[str, Any]) -> None:
+    """This routing on an expert-parallel deployment: tokens per rank for an EP size the user
+    picks, placed in contiguous blocks and as DeepSeek's EPLB would place them."""
+    st.markdown("###### On an expert-parallel deployment")
+    experts = int(routing.get("num_experts") or len(routing["counts"][0]))
+    sizes = [e for e in moe.EP_SIZES if experts % e == 0 and e <= experts] or [1]
+    c1, c2, c3 = st.columns([1, 1, 3], vertical_alignment="bottom")
+    ep = c1.selectbox("EP size (ranks)", sizes, index=sizes.index(8) if 8 in sizes else 0, key="p.ep")
+    spare = [r for r in (0, ep, 2 * ep, 4 * ep, experts // 2) if (experts + r) % ep == 0]
+    redundant = c2.selectbox(
+        "Redundant experts (EPLB)", sorted(set(spare)), index=1 if len(set(spare)) > 1 else 0, key="p.redundant",
+        help="Extra replicas of the busiest experts EPLB may place (DeepSeek-V3 serves 256 experts with 32 on EP 32)",
+    )  # fmt: skip
+    try:
+        what = moe.eplb_whatif(routing, int(ep), int(redundant))
+    except ConfigError as exc:
+        st.warning(str(exc), icon=":material/warning:")
+        return
+    c3.caption(
+        f"Balancedness (vLLM's: mean / max tokens per rank over the layers, 1 = even): **{what.balancedness:.3f}** "
+        f"with experts in contiguous blocks, **{what.eplb_balancedness:.3f}** with EPLB's placement "
+        f"(`python -m bench routing RUN --ep {ep} --redundant {redundant}` prints it per layer)."
+    )
+    ui.chart(figures.ep_rank_figure(what), "p.ep-ranks")
+
+
 ops_tab, breakdown_tab, routing_tab, memory_tab = st.tabs(
     [
         ":material/table_rows: Operators",
@@ -512,6 +543,8 @@ with routing_tab:
             st.dataframe(profile_data.routing_summary(routing), hide_index=True, key="p.routing-summary")
         if not balance.empty:
             ui.chart(charts.eplb_balancedness(balance), "p.routing-eplb")
+        if routing:
+            _ep_whatif(routing)
 
 # --- d. memory timeline ----------------------------------------------------------------------
 

@@ -572,3 +572,20 @@ def test_a_disturbed_point_is_flagged_in_the_table_the_figure_and_the_report(sto
     assert list(ring.x) == pytest.approx([200.0]) and "pytest 1.2" in ring.customdata[0]
     page = html_report(store, f"sweep:{sid}").decode()
     assert "disturbed (why)" in page and "other processes used 1.4 cores" in page
+
+
+def test_html_report_of_a_run_carries_its_moe_routing(store: Store) -> None:
+    """A run with a routing record (the H200 example): the MoE section with the per-run figures and
+    the EP-rank chart; a run without one has no such section."""
+    from bench.bundle import import_bundle_file
+    from bench.metrics import moe
+    from bench.report.html import html_report
+
+    root = Path(__file__).resolve().parents[2]
+    with_routing = import_bundle_file(store, root / "examples" / "h200-latency-bs1.json")
+    without = import_bundle_file(store, root / "examples" / "h100-fast-latency-bs1.json")
+    page = html_report(store, str(with_routing)).decode()
+    what = moe.eplb_whatif(store.artifact(with_routing, "expert_routing"), 8, 8)
+    assert "<h2>MoE routing</h2>" in page or ">MoE routing<" in page
+    assert f"{what.eplb_balancedness:.3g}"[:4] in page and "EP 8: tokens per rank" in page
+    assert "MoE routing" not in html_report(store, str(without)).decode()

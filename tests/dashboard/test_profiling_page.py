@@ -274,6 +274,17 @@ def test_page_shows_the_imported_h200_example(app_test: Callable[..., Any], fres
     heat = _chart(at, "Tokens routed to each expert")
     assert len(heat.data[0].z) == 26 and len(heat.data[0].z[0]) == 64
     _chart(at, "Load imbalance per layer")
+    # the EP what-if: EP 8 with 8 redundant experts by default, the figures bench.metrics.moe computes
+    from bench.metrics import moe
+
+    what = moe.eplb_whatif(store.artifact(example.id, ARTIFACT_ROUTING), 8, 8)
+    ranks = _chart(at, "EP 8: tokens per rank")
+    assert f"balancedness {what.balancedness:.3f} contiguous, {what.eplb_balancedness:.3f} with EPLB" in (
+        ranks.layout.title.text
+    )
+    assert [len(t.x) for t in ranks.data] == [8, 8] and what.eplb_balancedness > what.balancedness
+    at.selectbox(key="p.ep").set_value(16).run()
+    assert _chart(at, "EP 16: tokens per rank").data[0].x[-1] == "rank 15"
     memory = _chart(at, "Memory timeline")
     assert [t.name for t in memory.data] == ["allocated", "reserved", "peak"]
     assert memory.layout.annotations[0].text == "weights 29.3 GiB"
