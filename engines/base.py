@@ -76,6 +76,9 @@ class StreamChunk:
     # ``tokens`` is a guess (one per chunk: no server count and no client tokenizer here)
     estimated: bool = False
     token_ids: tuple[int, ...] | None = None  # the chunk's token ids, where the engine has them (native)
+    # the request's expert routing as the server reports it: tokens per (phase, MoE layer, routed
+    # expert), phase 0 the prompt and 1 the generated tokens (int array [2, layers, experts])
+    routing: Any | None = None
 
 
 @dataclass
@@ -107,6 +110,7 @@ class TimedResult:
     error: str | None = None
     estimated: bool = False  # some chunk's token count was a guess (see StreamChunk.estimated)
     unreachable: bool = False  # failed without reaching the server (connection refused, ...)
+    routing: Any | None = None  # the server's routing counts for this request (StreamChunk.routing)
 
 
 def output_cap(max_tokens: int) -> int:
@@ -137,6 +141,8 @@ class Stamper:
             result.prompt_tokens = chunk.prompt_tokens
         if chunk.usage_output_tokens is not None:
             result.usage_output_tokens = chunk.usage_output_tokens
+        if chunk.routing is not None:
+            result.routing = chunk.routing
         carries = chunk.tokens > 0 or bool(chunk.text)
         if chunk.estimated:
             result.estimated = True
@@ -368,6 +374,12 @@ class Engine:
         return None
 
     def reset_expert_routing(self) -> None:
+        return None
+
+    def routing_layout(self) -> dict[str, Any] | None:
+        """For an engine whose server reports each request's routing (:attr:`StreamChunk.routing`):
+        ``layers`` (labels), ``num_experts``, ``top_k``, ``n_group`` and ``source`` (where the
+        counts come from, in words); None when its server reports none."""
         return None
 
     def profiler(self, trace_path: Any, with_stack: bool = True) -> Any:

@@ -111,6 +111,75 @@ class RoutingRecorder:
         self._handles.clear()
 
 
+ROUTING_WINDOW_S = 10.0  # the time windows of a served run's routing (the heat map's time slider)
+MAX_WINDOWS = 120  # more than this many windows: neighbours merged (a long run's record stays small)
+
+
+def served_record(
+    phases: Any, layout: dict[str, Any], windows: dict[int, Any] | None = None, requests: int = 0
+) -> dict[str, Any]:
+    """The per-run routing record, as the native engine's :meth:`RoutingRecorder.snapshot`, from
+    a server's per-request counts summed over the run: ``phases`` [2, layers, experts] (prompt,
+    generated tokens), ``windows`` {window index: [layers, experts]} by the request's end time.
+    Adds ``phases`` (the split), ``windows`` (``t_s`` and counts, each ``window_s`` long) and
+    ``source``."""
+    import numpy as np
+
+    arr = np.asarray(phases, dtype=np.int64)
+    counts = arr.sum(axis=0)
+    experts = counts.shape[1]
+    groups = max(1, int(layout.get("n_group") or 1))
+    top_k = int(layout.get("top_k") or 0)
+    group_counts = (
+        counts.reshape(len(counts), groups, experts // groups).sum(axis=-1) if experts % groups == 0 else None
+    )
+    labels = list(layout.get("layers") or [f"layer {i}" for i in range(len(counts))])
+    step = ROUTING_WINDOW_S
+    merged: dict[int, Any] = dict(windows or {})
+    while len(merged) > MAX_WINDOWS:  # halve the resolution until it fits
+        step *= 2
+        halved: dict[int, Any] = {}
+        for k, v in merged.items():
+            halved[k // 2] = halved[k // 2] + v if k // 2 in halved else v
+        merged = halved
+    tokens = [int(row.sum()) // top_k if top_k else int(row.sum()) for row in counts]
+    return {
+        "layers": labels[: len(counts)],
+        "num_experts": experts,
+        "top_k": top_k,
+        "n_group": groups,
+        "counts": counts.tolist(),
+        "group_counts": group_counts.tolist() if group_counts is not None else [[0] * groups for _ in counts],
+        "tokens": tokens,
+        "imbalance": [float(row.max() / row.mean()) if row.mean() > 0 else None for row in counts],
+        "phases": {"prefill": arr[0].tolist(), "decode": arr[1].tolist()},
+        "window_s": step,
+        "windows": [{"t_s": k * step, "counts": np.asarray(v).tolist()} for k, v in sorted(merged.items())],
+        "requests": requests,
+        "source": layout.get("source") or "reported by the server with each request",
+    }
+
+
+def check_routing(value: Any, shape: tuple[int, ...] | None) -> tuple[Any, str | None]:
+    """A request's routing counts as an int array [2, layers, experts], or (None, one-line reason):
+    a wrong shape (or one unlike the run's earlier requests), negative or non-integer counts."""
+    import numpy as np
+
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        return None, f"not an array ({type(exc).__name__})"
+    if arr.dtype.kind not in "iu":
+        return None, f"counts of dtype {arr.dtype}, not integers"
+    if arr.ndim != 3 or arr.shape[0] != 2 or arr.size == 0:
+        return None, f"shape {arr.shape}, not [2 phases, layers, experts]"
+    if shape is not None and arr.shape != shape:
+        return None, f"shape {arr.shape}, unlike the run's earlier requests' {shape}"
+    if (arr < 0).any():
+        return None, "negative counts"
+    return arr.astype(np.int64), None
+
+
 def _layer_label(name: str) -> str:
     m = _LAYER_RE.search(name)
     return f"layer {m.group(1)}" if m else name

@@ -85,6 +85,14 @@ class TritonOptions(HTTPOptions):
     )
     instance_count: int = Field(1, ge=1, le=64)
     start_timeout_s: float | None = Field(None, gt=0)
+    record_routing: bool = Field(
+        True,
+        description="Managed server: MoE Bench's model counts each request's expert routing at its gates and "
+        "returns it (the run's routing record, as the native engine's)",
+    )
+    routing_name: str | None = Field(
+        "expert_routing", description="Output holding a request's routing counts (JSON shape + counts); empty: none"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -148,7 +156,14 @@ def server_env() -> tuple[dict[str, Any] | None, str]:
 
 
 def write_repository(
-    repo: Path, name: str, model_dir: str, device: str, dtype: str, instances: int, extra_sys_path: list[str]
+    repo: Path,
+    name: str,
+    model_dir: str,
+    device: str,
+    dtype: str,
+    instances: int,
+    extra_sys_path: list[str],
+    record_routing: bool = True,
 ) -> Path:
     """Write a Triton model repository with one decoupled Python-backend model; return it."""
     model = repo / name
@@ -171,12 +186,14 @@ input [
 ]
 output [
   {{ name: "text_output" data_type: TYPE_STRING dims: [ 1 ] }},
-  {{ name: "num_tokens" data_type: TYPE_INT32 dims: [ 1 ] }}
+  {{ name: "num_tokens" data_type: TYPE_INT32 dims: [ 1 ] }},
+  {{ name: "expert_routing" data_type: TYPE_STRING dims: [ 1 ] }}
 ]
 instance_group [ {{ count: {instances} kind: {kind} }} ]
 parameters {{ key: "model_dir" value: {{ string_value: {json.dumps(model_dir)} }} }}
 parameters {{ key: "device" value: {{ string_value: "{device}" }} }}
 parameters {{ key: "dtype" value: {{ string_value: "{dtype}" }} }}
+parameters {{ key: "record_routing" value: {{ string_value: "{str(record_routing).lower()}" }} }}
 """
     (model / "config.pbtxt").write_text(config, encoding="utf-8")
     return repo
@@ -264,6 +281,7 @@ class TritonEngine(ServerEngine):
             dtype,
             self.topts.instance_count,
             [layout["purelib"], str(PROJECT_ROOT)],
+            self.topts.record_routing,
         )
         env = dict(os.environ)
         backend_args: list[str] = []
@@ -356,6 +374,9 @@ class TritonEngine(ServerEngine):
             obj = sse_object(payload, "Triton")
             if "error" in obj:
                 raise RequestFailed(f"Triton error: {one_line(obj['error'], 200)}")
+            if o.routing_name and o.routing_name in obj:
+                yield StreamChunk(text="", tokens=0, routing=routing_payload(obj[o.routing_name]))
+                continue
             if o.output_name not in obj:
                 continue
             text = obj[o.output_name]
@@ -383,6 +404,23 @@ class TritonEngine(ServerEngine):
         out.update(self._rates.update({name: values[prom] for prom, name in COUNTERS.items() if prom in values}))
         return out
 
+    def routing_layout(self) -> dict[str, Any] | None:
+        """The managed model's MoE layers (MoE Bench's model counts at their gates), from its config."""
+        if self.topts.base_url or not self.topts.record_routing or not getattr(self, "checkpoint_dir", None):
+            return None
+        try:
+            cfg = json.loads((Path(self.checkpoint_dir) / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        first, total = int(cfg.get("first_k_dense_replace", 0) or 0), int(cfg.get("num_hidden_layers", 0) or 0)
+        return {
+            "layers": [f"layer {i}" for i in range(first, total)],
+            "num_experts": cfg.get("n_routed_experts"),
+            "top_k": cfg.get("num_experts_per_tok"),
+            "n_group": cfg.get("n_group") or 1,
+            "source": "counted at the gates of the Triton server's model (MoE Bench's Python backend), per request",
+        }
+
     def describe(self) -> dict[str, Any]:
         info = super().describe()
         info.update(
@@ -392,6 +430,19 @@ class TritonEngine(ServerEngine):
             metrics_url=self.metrics_url,
         )
         return info
+
+
+def routing_payload(value: Any) -> Any:
+    """A response's routing output (JSON ``{"shape": [...], "counts": [...]}``, as MoE Bench's model
+    sends it) as an int array of that shape; what cannot be read is passed on as it came, for the
+    recorder to refuse with its reason (engines.routing.check_routing)."""
+    import numpy as np
+
+    try:
+        obj = json.loads(value) if isinstance(value, str) else value
+        return np.asarray(obj["counts"], dtype=np.int64).reshape(obj["shape"])
+    except (ValueError, TypeError, KeyError, IndexError):
+        return str(value)[:80]
 
 
 def _model_load_error(server: ManagedProcess) -> str | None:

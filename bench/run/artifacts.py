@@ -5,6 +5,7 @@ ARTIFACT_OPERATORS = "profile_operators"
 ARTIFACT_BREAKDOWN = "profile_breakdown"
 ARTIFACT_TRACE = "profile_trace"
 ARTIFACT_ROUTING = "expert_routing"
+ARTIFACT_ROUTING_ERROR = "expert_routing_error"  # {"error": why} when a server's routing could not be read
 # {"sources": [{"source", "name"}], "missing": [reason, ...], "devices": ["dev0: NVIDIA H200 (nvml)", ...]}
 ARTIFACT_DEVICE_TELEMETRY = "device_telemetry"
 ARTIFACT_LOAD_GENERATORS = "load_generators"  # Ray runs: each sender actor's node, pid, clock offset

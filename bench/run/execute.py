@@ -46,6 +46,7 @@ from bench.run.artifacts import (
     ARTIFACT_OPERATORS,
     ARTIFACT_PREPARE,
     ARTIFACT_ROUTING,
+    ARTIFACT_ROUTING_ERROR,
     ARTIFACT_TRACE,
 )
 from bench.run.gc_watch import GcWatch
@@ -64,6 +65,7 @@ from bench.workloads import RequestSource, build_requests, request_source
 from engines.accelerators import GIB
 from engines.base import SERIES_PREFIX_HITS, SERIES_PREFIX_QUERIES, Engine, create_engine
 from engines.profiling import NO_BREAKDOWN_NOTE
+from engines.routing import served_record
 from engines.settings import get_settings
 
 
@@ -98,7 +100,7 @@ def execute(job: Job, engine: Engine | None, owns_engine: bool) -> None:
             _profile(job, engine, requests, warmup)
         else:
             _measure(job, engine, requests, warmup)
-        _store_routing(store, run_id, engine)
+        _store_routing(store, run_id, engine, job)
         _finish(job, engine)
     except _Cancelled:
         store.finish_run(run_id, "cancelled", error="cancelled before any request was sent")
@@ -118,10 +120,23 @@ def execute(job: Job, engine: Engine | None, owns_engine: bool) -> None:
                 job.set_phase(f"engine stop failed: {exc}")
 
 
-def _store_routing(store: Store, run_id: int, engine: Engine) -> None:
+def _store_routing(store: Store, run_id: int, engine: Engine, job: Job) -> None:
+    """The run's routing record: the engine's own (native: its gate hooks), else the one summed
+    from what the server reported with each request (engines.routing.served_record)."""
     routing = engine.expert_routing()
-    if routing is not None:
+    served = job.served_routing
+    if routing is None and served is not None and served[0] is not None:
+        phases, windows, requests, error = served
+        layout = engine.routing_layout() or {}
+        routing = served_record(phases, layout, windows, requests)
+        if error:
+            routing["error"] = error
+    elif routing is None and served is not None and served[3]:
+        routing = {"error": served[3]}  # every payload was bad: say so, keep the run
+    if routing is not None and "counts" in routing:
         store.put_artifact(run_id, ARTIFACT_ROUTING, routing)
+    elif routing is not None:
+        store.put_artifact(run_id, ARTIFACT_ROUTING_ERROR, routing)
 
 
 def _profile(job: Job, engine: Engine, requests: Sequence[Any], warmup: list[Any]) -> None:
@@ -270,6 +285,8 @@ def _measure(
                 run_id, ARTIFACT_LOAD_GENERATORS, {"ray_address": cfg.ray_address, "actors": sender.placement}
             )
         job.write_error = recorder.write_error
+        job.served_routing = (recorder.routing_phases, recorder.routing_windows, recorder.routing_requests,
+                              recorder.routing_error)  # fmt: skip
         job.host = (sampler.host_means(), sampler.busiest)
         job.devices = sampler.device_means()
         job.server_device_peak_gib = sampler.server_device_peak_gib

@@ -31,6 +31,7 @@ from bench.send.core import Completion
 from bench.store import Store
 from engines.accelerators import GIB
 from engines.base import Engine
+from engines.routing import ROUTING_WINDOW_S, check_routing
 from engines.telemetry import (
     DeviceReading,
     TelemetrySource,
@@ -180,6 +181,11 @@ class Recorder:
         self._gaps: list[float] = []  # ITL gaps of the batch being taken, added to the sketch at once
         self._thread: threading.Thread | None = None
         self.write_error: str | None = None
+        # the server's routing, summed over requests (engines.routing.served_record builds the record)
+        self.routing_phases: Any | None = None  # [2, layers, experts]
+        self.routing_windows: dict[int, Any] = {}  # window (request end // ROUTING_WINDOW_S) -> [layers, experts]
+        self.routing_requests = 0
+        self.routing_error: str | None = None  # the first bad payload's reason (the rest of the run is kept)
 
     # --- senders' side ----------------------------------------------------------------
     def start(self) -> None:
@@ -280,6 +286,26 @@ class Recorder:
             send_lag_ms=(c.start - c.due) * 1000.0,
         )
 
+    def _add_routing(self, c: Completion, rec: RequestRecord) -> None:
+        """Sum one request's routing counts into the run's (a bad payload is noted, never fatal)."""
+        shape = None if self.routing_phases is None else self.routing_phases.shape
+        arr, why = check_routing(c.routing, shape)
+        if arr is None:
+            if self.routing_error is None:
+                self.routing_error = f"request {c.request_id}: routing {why}; its routing is left out"
+            return
+        if self.routing_phases is None:
+            self.routing_phases = arr.copy()
+        else:
+            self.routing_phases += arr
+        window = int(max(rec.end_s, 0.0) // ROUTING_WINDOW_S)
+        both = arr.sum(axis=0)
+        if window in self.routing_windows:
+            self.routing_windows[window] += both
+        else:
+            self.routing_windows[window] = both
+        self.routing_requests += 1
+
     def _accumulate(self, rec: RequestRecord) -> None:
         d = self.dists
         self.done += 1
@@ -329,6 +355,8 @@ class Recorder:
                     stop = True
                     continue
                 rec = self.record(c)
+                if c.routing is not None:
+                    self._add_routing(c, rec)
                 recs.append(rec)
                 pending.append((c.seq, rec))
                 failed_now |= rec.failed

@@ -67,6 +67,7 @@ class Completion:
     due: float
     error: str | None
     text: str | None = None
+    routing: Any = None  # the server's routing counts for this request (engines.base.StreamChunk.routing)
 
 
 class FedRequests(Sequence[GenerationRequest]):
@@ -168,6 +169,7 @@ def completion(seq: int, req: GenerationRequest, res: TimedResult, due: float, k
         due=due,
         error=res.error,
         text=res.text if keep_text and res.estimated and res.usage_output_tokens != res.output_tokens else None,
+        routing=res.routing,
     )
 
 

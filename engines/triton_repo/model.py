@@ -5,7 +5,13 @@ It runs a causal LM with transformers on the configured device and streams token
 ``num_tokens``), then a final empty response. With ``stream`` false it sends one
 response holding the whole text. Inputs follow Triton's vLLM-backend conventions
 (``text_input``, ``max_tokens``, ``stream``) plus ``ignore_eos``, ``temperature``,
-``top_p``. Parameters (``config.pbtxt``): ``model_dir``, ``device``, ``dtype``.
+``top_p``. Parameters (``config.pbtxt``): ``model_dir``, ``device``, ``dtype``, ``record_routing``.
+
+With ``record_routing`` on and a model with DeepSeek MoE gates, each request's expert routing is
+counted at the gates (forward hooks; a thread-local says which request a forward belongs to)
+and sent in one more response before the final one: ``expert_routing``, JSON
+``{"shape": [2, layers, experts], "counts": [...]}``, tokens per (phase, MoE layer, routed
+expert), phase 0 the prompt (the first forward) and 1 the generated tokens.
 
 This file runs inside Triton's Python stub, not in MoE Bench's process; it imports only
 numpy, torch, transformers and Triton's ``triton_python_backend_utils``.
@@ -51,6 +57,43 @@ class TritonPythonModel:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(self.device).eval()
         self.torch = torch
+        self.local = threading.local()  # .counts: the running request's [2, layers, experts] on this thread
+        self.gates = []
+        if params.get("record_routing", "true") == "true":
+            self._hook_gates()
+
+    def _hook_gates(self):
+        """Count each request's routing at the MoE gates (modules returning top-k expert ids)."""
+        cfg = self.model.config
+        self.num_experts = int(getattr(cfg, "n_routed_experts", 0) or 0)
+        self.top_k = int(getattr(cfg, "num_experts_per_tok", 0) or 0)
+        if self.num_experts <= 0 or self.top_k <= 0:
+            return
+        for name, module in self.model.named_modules():
+            if name.endswith("mlp.gate") and type(module).__name__.endswith(("Router", "Gate", "MoEGate")):
+                module.register_forward_hook(self._make_hook(len(self.gates)))
+                self.gates.append(name)
+
+    def _make_hook(self, layer):
+        def hook(module, args, output):
+            counts = getattr(self.local, "counts", None)
+            if counts is None:
+                return
+            for item in output if isinstance(output, (tuple, list)) else (output,):
+                if hasattr(item, "dtype") and not item.is_floating_point() and item.shape[-1] == self.top_k:
+                    flat = item.reshape(-1).to("cpu").numpy()
+                    phase = 1 if self.local.seen[layer] else 0  # the first forward is the prompt's
+                    self.local.seen[layer] = True
+                    counts[phase, layer] += np.bincount(flat, minlength=self.num_experts)[: self.num_experts]
+                    return
+
+        return hook
+
+    def _routing_response(self, counts):
+        payload = json.dumps({"shape": list(counts.shape), "counts": counts.reshape(-1).tolist()})
+        return pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor("expert_routing", np.array([payload.encode("utf-8")], dtype=np.object_))]
+        )
 
     def execute(self, requests):
         for request in requests:
@@ -120,14 +163,19 @@ class TritonPythonModel:
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         errors = []
+        counts = np.zeros((2, len(self.gates), getattr(self, "num_experts", 0)), dtype=np.int64) if self.gates else None
 
         def run():
+            self.local.counts = counts  # the gates' hooks run on this thread: they count for this request
+            self.local.seen = [False] * len(self.gates)
             try:
                 with torch.inference_mode():
                     self.model.generate(**kwargs)
             except Exception as exc:  # noqa: BLE001 - handed to the sending thread
                 errors.append(exc)
                 out_q.put(end)
+            finally:
+                self.local.counts = None
 
         worker = threading.Thread(target=run, daemon=True)
         worker.start()
@@ -147,6 +195,8 @@ class TritonPythonModel:
             raise errors[0]
         if not stream:
             sender.send(self._response(emitted, len(generated)))
+        if counts is not None:
+            sender.send(self._routing_response(counts))
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def finalize(self):

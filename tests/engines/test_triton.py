@@ -115,3 +115,37 @@ def test_model_that_fails_to_load_gives_tritons_reason(tmp_path: Path, tiny_mode
         engine.start()
     assert "\n" not in str(err.value)
     assert engine.server is not None and not engine.server.running()  # type: ignore[attr-defined]
+
+
+def test_the_managed_server_reports_routing_that_matches_the_native_gates(
+    triton: TritonEngine, native_engine: object, tmp_path: Path
+) -> None:
+    """MoE Bench's Triton model counts each request's routing at its gates and sends it back; the
+    run's routing record (summed by the recorder) holds the same counts as the native engine's gate
+    hooks on the same prompts and weights, split into prompt and generated tokens, in time windows."""
+    import numpy as np
+
+    store = Store(tmp_path / "r.sqlite")
+    runs = {}
+    for kind, engine in (("triton", triton), ("native", native_engine)):
+        cfg = RunConfig.build(
+            engine={"kind": kind, "model": "tiny-deepseek-v3", "accelerator": "cpu"},
+            workload={"source": "random", "input_len": 24, "output_len": 8, "seed": 5},
+            requests=4,
+            warmup=0,
+        )
+        snap = start_run(cfg, store, engine=engine).wait(300)
+        assert snap.status == "completed", snap.error
+        runs[kind] = store.artifact(snap.run_id, "expert_routing")  # type: ignore[arg-type]
+    served, native = runs["triton"], runs["native"]
+    assert served and native and served["layers"] == native["layers"] == ["layer 1", "layer 2"]
+    assert served["num_experts"] == 8 and served["top_k"] == 2 and served["requests"] == 4
+    counts = np.asarray(served["counts"])
+    prefill, decode = np.asarray(served["phases"]["prefill"]), np.asarray(served["phases"]["decode"])
+    assert (prefill + decode == counts).all()
+    prompt_tokens = sum(r.prompt_tokens for r in store.records(1))
+    assert prefill.sum(axis=1).tolist() == [prompt_tokens * 2] * 2  # every prompt token, top-2, each layer
+    assert decode.sum(axis=1).tolist() == [4 * 7 * 2] * 2  # 7 decode steps after the prompt's token
+    assert sum(np.asarray(w["counts"]).sum() for w in served["windows"]) == counts.sum()
+    assert served["counts"] == native["counts"], (served["counts"], native["counts"])
+    assert store.get_run(1).summary.moe_imbalance_max is not None  # type: ignore[union-attr]
