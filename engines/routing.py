@@ -198,3 +198,43 @@ def _find_indices(output: Any, top_k: int) -> Any | None:
         ):
             return item
     return None
+
+
+ROUTED_EXPERTS_MAX_B64 = 64 * 1024 * 1024  # a routed_experts field larger than this is refused, not decoded
+
+
+def counts_from_routed_experts(
+    b64: Any, prompt_tokens: int, num_experts: int, prompt_start: int = 0
+) -> tuple[Any, str | None]:
+    """vLLM's per-request ``routed_experts`` (``--enable-return-routed-experts``: base64 of a
+    ``.npy`` array [tokens - 1, MoE layers, top-k] of expert ids, one row per token forwarded,
+    the prompt's first ``prompt_start`` tokens left out) as routing counts [2, layers, experts]:
+    phase 0 the prompt's rows, 1 the generated tokens'. (counts, None) or (None, one-line reason)."""
+    import base64
+    import binascii
+    import io
+
+    import numpy as np
+
+    if not isinstance(b64, str):
+        return None, f"routed_experts is a {type(b64).__name__}, not base64 text"
+    if len(b64) > ROUTED_EXPERTS_MAX_B64:
+        return (
+            None,
+            f"routed_experts is {len(b64) / 2**20:.0f} MiB of base64, over the {ROUTED_EXPERTS_MAX_B64 >> 20} MiB cap",
+        )
+    try:
+        ids = np.load(io.BytesIO(base64.b64decode(b64, validate=True)), allow_pickle=False)
+    except (binascii.Error, ValueError, OSError, EOFError) as exc:
+        return None, f"routed_experts is not a base64 .npy array ({type(exc).__name__}: {str(exc)[:80]})"
+    if ids.dtype.kind not in "iu" or ids.ndim != 3:
+        return None, f"routed_experts holds {ids.dtype} of shape {ids.shape}, not integer ids [tokens, layers, top-k]"
+    if ids.size and (ids.min() < 0 or ids.max() >= num_experts):
+        return None, f"routed_experts names expert {int(ids.max())}, outside the model's {num_experts}"
+    prompt_rows = max(0, min(len(ids), prompt_tokens - prompt_start))
+    layers = ids.shape[1]
+    counts = np.zeros((2, layers, num_experts), dtype=np.int64)
+    for phase, rows in ((0, ids[:prompt_rows]), (1, ids[prompt_rows:])):
+        for layer in range(layers):
+            counts[phase, layer] = np.bincount(rows[:, layer, :].reshape(-1), minlength=num_experts)
+    return counts, None

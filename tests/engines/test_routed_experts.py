@@ -1,0 +1,94 @@
+"""vLLM's ``routed_experts`` field (engines.routing.counts_from_routed_experts), decoded the way vLLM
+encodes it (vllm/utils/serial_utils.py numpy2base64: ``np.save`` then base64), and refused in one line
+when it is not that. The vLLM CPU build here cannot produce the field (docs/engines.md says why),
+so these payloads are built with vLLM's own encoding, not recorded from a server."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pytest
+
+from engines.routing import check_routing, counts_from_routed_experts
+
+
+def _b64(arr: np.ndarray) -> str:
+    with io.BytesIO() as buf:
+        np.save(buf, arr, allow_pickle=False)
+        return base64.b64encode(buf.getbuffer()).decode("ascii")
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.int32])  # the dtypes vLLM documents
+def test_routed_experts_become_counts_split_into_prompt_and_generated(dtype: type) -> None:
+    # 5 prompt tokens + 3 generated = 8 tokens: 7 rows (the last sampled token was never forwarded)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 8, size=(7, 2, 2)).astype(dtype)
+    counts, why = counts_from_routed_experts(_b64(ids), prompt_tokens=5, num_experts=8)
+    assert why is None and counts.shape == (2, 2, 8)
+    for layer in range(2):
+        assert counts[0, layer].tolist() == np.bincount(ids[:5, layer].reshape(-1), minlength=8).tolist()
+        assert counts[1, layer].tolist() == np.bincount(ids[5:, layer].reshape(-1), minlength=8).tolist()
+    assert counts.sum() == 7 * 2 * 2
+    assert check_routing(counts, None)[1] is None  # what the recorder takes
+    # routed_experts_prompt_start=2: the first two prompt rows were left out by the server
+    skipped, _ = counts_from_routed_experts(_b64(ids[2:]), prompt_tokens=5, num_experts=8, prompt_start=2)
+    assert skipped[0].sum() == 3 * 2 * 2 and skipped[1].sum() == 2 * 2 * 2
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (12, "is a int, not base64 text"),
+        ("not base64!!", "not a base64 .npy array"),
+        (base64.b64encode(b"just bytes").decode(), "not a base64 .npy array"),
+        (_b64(np.zeros((3, 2), dtype=np.int32)), "not integer ids [tokens, layers, top-k]"),
+        (_b64(np.zeros((3, 2, 2), dtype=np.float32)), "float32"),
+        (_b64(np.full((3, 2, 2), 9, dtype=np.int32)), "names expert 9, outside the model's 8"),
+    ],
+)
+def test_bad_routed_experts_say_why_in_one_line(payload: object, reason: str) -> None:
+    counts, why = counts_from_routed_experts(payload, prompt_tokens=2, num_experts=8)
+    assert counts is None and reason in why and "\n" not in why
+
+
+def test_an_oversized_field_is_refused_before_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    import engines.routing as routing
+
+    monkeypatch.setattr(routing, "ROUTED_EXPERTS_MAX_B64", 1024)
+    counts, why = counts_from_routed_experts("A" * 4096, prompt_tokens=2, num_experts=8)
+    assert counts is None and "over the 0 MiB cap" in why
+
+
+def test_the_recorder_sums_good_routing_and_notes_the_first_bad_payload(tmp_path: object) -> None:
+    """Through the real recorder and store: requests with routing counts are summed (prompt and
+    generated, by 10 s window); a wrong shape, a float array and a string are left out with the
+    first one's reason; every request is still recorded and counted."""
+    from pathlib import Path
+
+    from bench.run.recorder import Recorder
+    from bench.send.core import Completion
+    from bench.store import Store
+    from engines.routing import served_record
+
+    store = Store(Path(str(tmp_path)) / "r.sqlite")
+    run = store.create_run(mode="latency", engine="triton", model="m", accelerator="cpu", config={})
+    rec = Recorder(store, run)
+    rec.start()
+    rec.t0 = 0.0
+    good = np.ones((2, 3, 4), dtype=np.int64)
+    payloads = [good, good * 2, np.ones((2, 2, 4), dtype=np.int64), np.ones((2, 3, 4)), "garbage", good]
+    for i, routing in enumerate(payloads):
+        t = 3.0 * i
+        rec.put(Completion(i, f"r{i}", t, t + 1, (t + 0.5, t + 1), 4, 2, None, t + 0.5, t, None, routing=routing))
+    rec.close()
+    assert rec.done == 6 and store.sample_count(run) == 6  # nothing else lost
+    assert rec.routing_requests == 3 and rec.routing_phases.tolist() == (good * 4).tolist()
+    assert rec.routing_error == (
+        "request r2: routing shape (2, 2, 4), unlike the run's earlier requests' (2, 3, 4); its routing is left out"
+    )
+    layout = {"top_k": 2, "n_group": 1}
+    record = served_record(rec.routing_phases, layout, rec.routing_windows, rec.routing_requests)
+    assert [w["t_s"] for w in record["windows"]] == [0.0, 10.0]  # requests 0, 1 end by 10 s; request 5 at 16 s
+    assert record["counts"] == (good * 8).tolist()[0] and record["tokens"] == [8 * 4 // 2] * 3
