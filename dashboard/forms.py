@@ -187,6 +187,7 @@ OPTION_META: dict[str, tuple[str, str]] = {
     "stream_name": ("Stream tensor name", GROUP_ADVANCED),
     "ignore_eos_name": ("Ignore-EOS tensor name", GROUP_ADVANCED),
     "tokens_name": ("Token-ids tensor name", GROUP_ADVANCED),
+    "routing_name": ("Routing output name", GROUP_ADVANCED),
 }
 
 

@@ -670,6 +670,12 @@ def run_page(mode: str) -> None:
     manager = services.get_job_manager()
     state = slot.state()
     active = manager.active()
+    mine = manager.latest(mode)
+    # While this page's run goes, its progress and live charts come first (in view, not below the
+    # form); the form follows, Start disabled. Idle, the form comes first and the last run below.
+    running_here = mine is not None and mine.snapshot().active
+    if running_here:
+        live_panel(mode)
 
     with st.container(border=True):
         fields = workload_form(mode, state.options)
@@ -695,7 +701,8 @@ def run_page(mode: str) -> None:
     repeats = int(st.session_state.get(f"{mode}.repeats") or 1)
     if start and fields is not None and blocked is None and submit_run(slot, manager, fields, repeats):
         st.rerun()  # redraw at once with the run live: Start disabled, the sidebar and Stop showing it
-    live_panel(mode)
+    if not running_here:
+        live_panel(mode)
 
 
 def _latest_run(mode: str) -> RunRow | None:
@@ -782,6 +789,7 @@ def live_panel(mode: str) -> None:
 
 
 STOPPING_REFRESH_S = 0.25  # the live panel's refresh between a Stop and the run's end
+CANCEL_WAIT_S = 1.0  # the most a Stop click waits for its run to end before the page redraws
 
 
 def live_charts(figs: dict[str, Any], key: str) -> None:
@@ -850,6 +858,10 @@ def _cancel(job_id: str) -> None:
         sweeps.cancel()  # a sweep's run: stopping it stops the sweep, not just this point
     else:
         job.cancel()
+    # A run ends tens of ms after its cancel (requests in flight end as cancelled): wait that long
+    # here, so the click's own rerun already draws it cancelled (else a fragment tick and another
+    # full rerun later: 2.5 s on this machine).
+    job.wait(CANCEL_WAIT_S)
 
 
 def headline(

@@ -505,7 +505,8 @@ with breakdown_tab:
 with routing_tab:
     if not routing_candidates:
         st.info(
-            "No run recorded expert routing: native engine runs do, as do runs against an SGLang server with its "
+            "No run recorded expert routing: native engine runs and managed Triton runs do, as do runs against an "
+            "SGLang server with its "
             "expert distribution recorder and vLLM servers launched with EPLB.",
             icon=":material/info:",
         )
@@ -514,7 +515,7 @@ with routing_tab:
         if ss.get("p.routing-run") not in routing_by_id:
             ss["p.routing-run"] = run_id if run_id in routing_by_id else routing_ids[0]
         rid = st.selectbox(
-            "Run (native runs, SGLang recorder runs, vLLM EPLB runs)",
+            "Run (native and managed Triton runs, SGLang recorder runs, vLLM EPLB runs)",
             routing_ids,
             key="p.routing-run",
             format_func=lambda i: profile_data.profile_run_label(routing_by_id[i], examples),
@@ -530,7 +531,19 @@ with routing_tab:
                 f"(prompt and generated tokens; each counts once per expert of its top-k) · {source}."
             )
         balance = profile_data.eplb_balancedness(store, rid)
-        ui.chart(charts.routing_heatmap(routing), "p.routing-heatmap")
+        shown = routing
+        windows = (routing or {}).get("windows") or []
+        if len(windows) > 1:  # a served run's routing by time window: the heat map at any point of the run
+            step = float(routing.get("window_s") or 10.0)
+            labels = ["whole run"] + [f"{w['t_s']:.0f}-{w['t_s'] + step:.0f} s" for w in windows]
+            pick = st.select_slider("Routing over time", labels, value="whole run", key="p.routing-window")
+            if pick != "whole run":
+                window = windows[labels.index(pick) - 1]
+                shown = {**routing, "counts": window["counts"]}
+        if shown is routing:
+            ui.chart(charts.routing_heatmap(routing), "p.routing-heatmap")
+        else:
+            ui.chart(charts.routing_heatmap(shown, f"Tokens routed to each expert, {pick}"), "p.routing-heatmap")
         r1, r2 = st.columns(2)
         with r1:
             ui.chart(charts.routing_imbalance(routing), "p.routing-imbalance")

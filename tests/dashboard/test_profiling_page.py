@@ -529,3 +529,31 @@ def test_a_captured_profile_says_why_it_has_no_breakdown(app_test: Callable[...,
     assert "CUDA graph" in _texts(at)
     ops = _frame(at, "self_device_ms")
     assert len(ops) > 0 and ops["self_device_ms"].iloc[0] > 10  # the grouped GEMM kernels, in ms
+
+
+def test_a_served_runs_routing_plays_over_time(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+    """A routing record with time windows (as a managed Triton run stores): a slider picks a window
+    and the heat map shows that window's counts."""
+    import numpy as np
+
+    from bench.metrics.summary import summarize
+    from engines.routing import served_record
+
+    at = app_test(PAGE)
+    at.button(key="p.btn.import-examples").click().run()
+    store = Store(get_settings().db_path)
+    run = store.create_run(mode="latency", engine="triton", model="tiny-deepseek-v3", accelerator="cpu", config={})
+    early, late = np.zeros((2, 8), dtype=np.int64), np.zeros((2, 8), dtype=np.int64)
+    early[:, 0], late[:, 7] = 10, 30
+    phases = np.stack([early + late, np.zeros((2, 8), dtype=np.int64)])
+    record = served_record(phases, {"top_k": 2, "layers": ["layer 1", "layer 2"]}, {0: early, 2: late}, 5)
+    store.put_artifact(run, "expert_routing", record)
+    store.finish_run(run, "completed", summarize([]))
+    at.run()
+    at.selectbox(key="p.routing-run").set_value(run).run()
+    _no_exception(at)
+    slider = at.select_slider(key="p.routing-window")
+    assert slider.options == ["whole run", "0-10 s", "20-30 s"]
+    slider.set_value("20-30 s").run()
+    heat = _chart(at, "Tokens routed to each expert, 20-30 s")
+    assert _array(heat.data[0].z) == late.tolist()
