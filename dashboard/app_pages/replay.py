@@ -19,7 +19,7 @@ from engines.errors import MoEBenchError
 st.title("Replay a run")
 st.caption(
     "Plays a stored run back on the live charts at its recorded pace, for showing what a run looked like "
-    "(an H200 run on a laptop without a GPU). A replay measures nothing: it redraws what was recorded."
+    "(a GPU run on a laptop without one). A replay measures nothing: it redraws what was recorded."
 )
 
 store = services.get_store()
