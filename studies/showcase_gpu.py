@@ -12,7 +12,9 @@ output), on ``random-v2-lite-shape`` in bf16, 128 tokens in and 64 out, with NVM
 - ``fp32``: ``studies/lean_float32_check.py`` on the GPU (the lean kernels against transformers');
 - ``latency``: the fastest configuration at batch 1, one request at a time;
 - ``profile``: a profile run of the fastest configuration;
-- ``sweep``: ``bench sweep`` over 1, 8, 32 and 128 in flight (each captured before its clock).
+- ``sweep``: ``bench sweep`` over 1, 8, 32 and 128 in flight (each captured before its clock);
+- ``hosted``: the dashboard's run path without its page: the engine in an engine host process
+  (as ``dashboard/services.py`` loads it), ``start_run`` as the Start button calls it, batch 128.
 
 Every run is stored in ``OUT/showcase.sqlite`` and written as a bundle ``OUT/<card>-fast-*.json``
 (``python -m bench import FILE``); the sweep's SQLite file holds its sweep. Prints each command,
@@ -130,6 +132,37 @@ def tune_tok_s(folder: Path) -> float | None:
     return None
 
 
+HOSTED_SCRIPT = r"""
+import json, sys, time
+from pathlib import Path
+from bench.config import RunConfig
+from bench.run import engine_host
+from bench.run.manager import start_run
+from bench.store import Store
+db, name, fast = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+engine_host.enable()  # as the dashboard does: the model loads in an engine host process
+engine = {"kind": "native", "model": "random-v2-lite-shape", "accelerator": "cuda", "dtype": "bfloat16", **fast}
+cfg = RunConfig.build(engine=engine, mode="concurrency", concurrency=128, requests=256, warmup=0, name=name,
+                      workload={"source": "random", "input_len": 128, "output_len": 64})
+eng = engine_host.make_engine(cfg.engine_options)
+print("hosted:", type(eng).__name__, flush=True)
+t = time.perf_counter(); eng.start(); print(f"loaded in {time.perf_counter() - t:.1f} s", flush=True)
+snap = start_run(cfg, Store(db), engine=eng).wait(500)
+s = snap.summary
+print(snap.status, snap.error or "", f"{s.output_throughput_tok_s:.1f} tok/s, TTFT p50 {s.ttft_ms.p50:.1f} ms, "
+      f"p99 {s.ttft_ms.p99:.1f}, TPOT p50 {s.tpot_ms.p50:.2f} ms" if s else "", flush=True)
+eng.stop()
+"""
+
+
+def hosted_run(db: Path, out: Path, name: str, budget: float) -> dict[str, Any]:
+    """The dashboard's run path without its page: the engine in an engine host process
+    (``bench.run.engine_host``, as ``dashboard/services.py`` loads it), the run started with
+    ``start_run`` as the page's Start button does, batch 128 (a subprocess, like the CLI parts)."""
+    fast = {**FAST, "cuda_graphs": True, "batch_size": 128, "capture_sizes": "128"}
+    return call([sys.executable, "-c", HOSTED_SCRIPT, str(db), name, json.dumps(fast)], budget)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -191,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
                  "--warmup", "1", "--name", name],
                 left(),
             )  # fmt: skip
+        elif part == "hosted":
+            res = hosted_run(db, out, f"{card}-fast-hosted-128", left())
+            name = f"{card}-fast-hosted-128"
         elif part == "sweep":
             res = call(
                 [*py, "--db", str(db), "sweep", "--engine", "native", *MODEL, *LENGTHS,
@@ -202,14 +238,17 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"unknown part {part}")
             continue
-        if db.exists() and part in ("concurrency", "plain", "latency", "profile"):
+        if db.exists() and part in ("concurrency", "plain", "latency", "profile", "hosted"):
             res["run"] = export(Store(db), name, out)
         results["parts"][part] = res
         (out / "showcase.json").write_text(json.dumps(results, indent=2))
-    tuned, cli = tune_tok_s(out / "tune"), results["parts"].get("concurrency", {}).get("run")
-    if tuned and cli and cli.get("output_tok_s"):
-        results["ratio_cli_over_tune"] = cli["output_tok_s"] / tuned
-        print(f"\nCLI {cli['output_tok_s']:.0f} tok/s / tune {tuned:.0f} tok/s = {results['ratio_cli_over_tune']:.3f}x")
+    tuned = tune_tok_s(out / "tune")
+    for part, label in (("concurrency", "CLI"), ("hosted", "dashboard path (engine host)")):
+        got = results["parts"].get(part, {}).get("run")
+        if tuned and got and got.get("output_tok_s"):
+            results[f"ratio_{part}_over_tune"] = got["output_tok_s"] / tuned
+            print(f"\n{label} {got['output_tok_s']:.0f} tok/s / tune {tuned:.0f} tok/s = "
+                  f"{results[f'ratio_{part}_over_tune']:.3f}x")  # fmt: skip
     (out / "showcase.json").write_text(json.dumps(results, indent=2))
     return 0
 
