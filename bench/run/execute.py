@@ -36,6 +36,7 @@ from typing import Any
 
 from bench.config import RunConfig
 from bench.metrics import moe
+from bench.metrics.cpu_limits import measure_cpu
 from bench.metrics.summary import RunSummary, summarize
 from bench.run.artifacts import (
     ARTIFACT_BREAKDOWN,
@@ -182,6 +183,12 @@ def _prepare_engine(job: Job, engine: Engine, requests: Sequence[Any]) -> None:
     did is the run's ``engine_prepare`` artifact and its engine info is read again after it."""
     cfg, store, run_id = job.config, job.store, job.run_id
     assert run_id is not None
+    if engine.describe().get("accelerator") == "cpu":
+        # The run's hardware limits on a CPU need this machine's measured bandwidth (about 1 s,
+        # then kept for a week): measured now, before the clock, not after the last request,
+        # where it held up the first run's end (and a Stop's "cancelled") by a second.
+        job.set_phase("measuring this CPU's bandwidth (once)")
+        measure_cpu()
     sample = [requests[i] for i in range(min(len(requests), PREPARE_SAMPLE))]
     t0 = time.perf_counter()
     line = engine.prepare(sample, cfg.concurrency, job.set_phase)
