@@ -259,6 +259,18 @@ def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in EP_SIZES if n % d == 0) or "1"
 
 
+def routing_overlap(a: dict[str, Any], b: dict[str, Any]) -> float | None:
+    """How alike two runs' routing is: per MoE layer the overlap of their expert-load
+    distributions (sum over experts of the smaller share; 1 = the same shares, 0 = disjoint
+    experts), averaged over the layers; None when their layers or experts differ."""
+    x, y = counts_array(a), counts_array(b)
+    if x.shape != y.shape:
+        return None
+    px = x / np.maximum(x.sum(axis=1, keepdims=True), 1e-12)
+    py = y / np.maximum(y.sum(axis=1, keepdims=True), 1e-12)
+    return float(np.minimum(px, py).sum(axis=1).mean())
+
+
 RUN_EP = 8  # the EP size of the per-run figures (and one redundant expert per rank)
 
 

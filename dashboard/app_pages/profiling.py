@@ -544,6 +544,25 @@ with routing_tab:
             ui.chart(charts.routing_heatmap(routing), "p.routing-heatmap")
         else:
             ui.chart(charts.routing_heatmap(shown, f"Tokens routed to each expert, {pick}"), "p.routing-heatmap")
+        others = [i for i in routing_ids if i != rid]
+        other = st.selectbox(
+            "Compare with another run's routing", [None, *others], key="p.routing-compare",
+            format_func=lambda i: "none" if i is None else profile_data.profile_run_label(routing_by_id[i], examples),
+            help="e.g. two workloads, or native against a served engine on the same prompts: do they route alike?",
+        )  # fmt: skip
+        if other is not None and routing:
+            theirs = store.artifact(other, "expert_routing")
+            overlap = moe.routing_overlap(routing, theirs) if theirs else None
+            st.caption(
+                "Not comparable: the two runs' models have different MoE layers or experts."
+                if overlap is None
+                else f"Routing overlap {overlap:.3f} (per layer, the share of tokens both runs send to the same "
+                "experts, averaged: 1 = the same expert loads)."
+            )
+            if theirs:
+                ui.chart(
+                    charts.routing_heatmap(theirs, f"Tokens routed to each expert, run #{other}"), "p.routing-heat2"
+                )
         r1, r2 = st.columns(2)
         with r1:
             ui.chart(charts.routing_imbalance(routing), "p.routing-imbalance")

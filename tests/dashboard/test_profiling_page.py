@@ -557,3 +557,24 @@ def test_a_served_runs_routing_plays_over_time(app_test: Callable[..., Any], fre
     slider.set_value("20-30 s").run()
     heat = _chart(at, "Tokens routed to each expert, 20-30 s")
     assert _array(heat.data[0].z) == late.tolist()
+
+
+def test_two_runs_routing_side_by_side(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+    """The H200 and H100 eager examples ran the same model shape (random weights, other prompts):
+    the page draws the second heat map and their overlap, as bench.metrics.moe computes it."""
+    from bench.metrics import moe
+
+    at = app_test(PAGE)
+    at.button(key="p.btn.import-examples").click().run()
+    store = Store(get_settings().db_path)
+    a, b = _run(store, "h200-latency-bs1"), _run(store, "h100-plain-latency")
+    at.selectbox(key="p.routing-run").set_value(a.id).run()
+    at.selectbox(key="p.routing-compare").set_value(b.id).run()
+    _no_exception(at)
+    overlap = moe.routing_overlap(store.artifact(a.id, ARTIFACT_ROUTING), store.artifact(b.id, ARTIFACT_ROUTING))
+    assert overlap is not None and 0 < overlap <= 1
+    assert f"Routing overlap {overlap:.3f}" in _texts(at)
+    _chart(at, f"Tokens routed to each expert, run #{b.id}")
+    assert moe.routing_overlap({"counts": [[1, 0]]}, {"counts": [[1, 0]]}) == 1.0
+    assert moe.routing_overlap({"counts": [[1, 0]]}, {"counts": [[0, 1]]}) == 0.0
+    assert moe.routing_overlap({"counts": [[1, 0]]}, {"counts": [[1, 0, 0]]}) is None
