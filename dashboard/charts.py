@@ -701,9 +701,12 @@ def routing_imbalance(routing: dict | None, title: str = "Load imbalance per lay
 
 
 def eplb_balancedness(
-    df: pd.DataFrame, title: str = "Served: EPLB balancedness over the run (mean / max tokens per EP rank)"
+    df: pd.DataFrame,
+    title: str = "Served: EPLB balancedness over the run (mean / max tokens per EP rank)",
+    rearranged_at: Sequence[float] = (),
 ) -> go.Figure:
-    """A served deployment's expert balance over time, as its server reports it; 1.0 is even."""
+    """A served deployment's expert balance over time, as its server reports it; 1.0 is even;
+    a dotted line where the server's EPLB moved experts (``rearranged_at``, s)."""
     if df is None or df.empty:
         return empty_figure(title, "this run has no EPLB balancedness (a vLLM server launched with EPLB logs it)")
     fig = _figure(title, height=320)
@@ -719,6 +722,12 @@ def eplb_balancedness(
         annotation_text="1.0 = every rank equally busy", annotation_position="bottom right",
         annotation_font={"color": P50_COLOR, "size": 12}, annotation_bgcolor="rgba(255,255,255,0.85)",
     )  # fmt: skip
+    for i, t in enumerate(rearranged_at):
+        fig.add_vline(
+            x=t, line={"color": P99_COLOR, "dash": "dot", "width": 2},
+            annotation_text="experts rearranged" if i == 0 else "", annotation_position="top left",
+            annotation_font={"color": P99_COLOR, "size": 11},
+        )  # fmt: skip
     fig.update_xaxes(title="time since start (s)")
     fig.update_yaxes(title="mean / max tokens per rank", range=[0, 1.05])
     return fig

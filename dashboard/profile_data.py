@@ -69,10 +69,24 @@ def routing_runs(store: Store, limit: int = 500) -> list[RunRow]:
     return newest_first(out)
 
 
+EPLB_REARRANGEMENTS = "server_eplb_rearrangements"  # count of the server's expert moves so far (engines.vllm)
+
+
 def eplb_balancedness(store: Store, run_id: int) -> pd.DataFrame:
     """A run's EPLB balancedness over time (t_s, value); empty when it has none."""
     rows = store.timeseries(run_id, [EPLB_SERIES])
     return pd.DataFrame([(t, v) for t, _, v in rows if v is not None], columns=["t_s", "value"])
+
+
+def eplb_rearrangements(store: Store, run_id: int) -> list[float]:
+    """When (s since the start) the server's EPLB moved experts during the run: the samples at
+    which its count of rearrangements grew."""
+    seen, out = 0.0, []
+    for t, _, v in store.timeseries(run_id, [EPLB_REARRANGEMENTS]):
+        if v is not None and v > seen:
+            out.append(float(t))
+            seen = v
+    return out
 
 
 SWEEP_SUFFIX = ".sweep.json"

@@ -84,6 +84,7 @@ EPLB_LINE = re.compile(
 )
 EPLB_REARRANGED = re.compile(r"Rearranged experts\s*(?P<profile>\(profile\))?\s*in (?P<s>[\d.]+) s\.")
 SERIES_EPLB_BALANCEDNESS = "server_eplb_balancedness"
+SERIES_EPLB_REARRANGEMENTS = "server_eplb_rearrangements"  # experts moved so far (a count: it grows at each move)
 
 
 class EplbLog:
@@ -111,7 +112,7 @@ class EplbLog:
         moves = [m for m in EPLB_REARRANGED.finditer(text) if not m["profile"]]
         if moves:
             self.rearrangements += len(moves)
-            out["server_eplb_rearrangements"] = float(self.rearrangements)
+            out[SERIES_EPLB_REARRANGEMENTS] = float(self.rearrangements)
             out["server_eplb_rearrange_s"] = float(moves[-1]["s"])
         matches = list(EPLB_LINE.finditer(text))
         if matches:

@@ -574,7 +574,8 @@ with routing_tab:
         if routing and int(routing.get("n_group", 1) or 1) > 1:
             st.dataframe(profile_data.routing_summary(routing), hide_index=True, key="p.routing-summary")
         if not balance.empty:
-            ui.chart(charts.eplb_balancedness(balance), "p.routing-eplb")
+            moves = profile_data.eplb_rearrangements(store, rid)
+            ui.chart(charts.eplb_balancedness(balance, rearranged_at=moves), "p.routing-eplb")
         if routing:
             _ep_whatif(routing)
 

@@ -471,6 +471,19 @@ def test_served_expert_views_are_listed_beside_the_native_ones(tmp_path: Path) -
     assert balance["value"].round(3).tolist() == [0.5, 0.6, 0.7, 0.8]
     fig = charts.eplb_balancedness(balance)
     assert list(fig.data[0].y) == balance["value"].tolist() and fig.layout.shapes[0].y0 == 1.0
+    # the server's EPLB moved experts at 2 s (its count of rearrangements went 0 -> 1): marked there
+    from engines.vllm import SERIES_EPLB_BALANCEDNESS, SERIES_EPLB_REARRANGEMENTS
+
+    assert (profile_data.EPLB_SERIES, profile_data.EPLB_REARRANGEMENTS) == (
+        SERIES_EPLB_BALANCEDNESS, SERIES_EPLB_REARRANGEMENTS,
+    )  # the names the vLLM engine writes  # fmt: skip
+    moved = profile_data.EPLB_REARRANGEMENTS
+    store.add_points(served, [(1.0, moved, 0.0), (2.0, moved, 1.0), (3.0, moved, 1.0)])
+    moves = profile_data.eplb_rearrangements(store, served)
+    assert moves == [2.0]
+    marked = charts.eplb_balancedness(balance, rearranged_at=moves)
+    assert [s.x0 for s in marked.layout.shapes if s.line.dash == "dot"] == [2.0]
+    assert any(a.text == "experts rearranged" for a in marked.layout.annotations)
     assert profile_data.eplb_balancedness(store, plain).empty
     empty = charts.eplb_balancedness(profile_data.eplb_balancedness(store, plain))
     assert "no EPLB balancedness" in str(empty.layout.annotations[0].text)
