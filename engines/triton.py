@@ -270,6 +270,7 @@ class TritonEngine(ServerEngine):
         dtype = self.topts.dtype
         if dtype == "auto":
             dtype = "float32" if acc == "cpu" else "bfloat16"
+        self._dtype = dtype  # what the model computes in (describe() says it; the run's limits read it)
         settings = get_settings()
         work = settings.data_dir / "triton" / f"{os.getpid()}-{id(self) & 0xFFFF:04x}"
         self._work = work
@@ -403,6 +404,10 @@ class TritonEngine(ServerEngine):
                 out[name] = v / 1024**3 if name.endswith("_gib") else v * (100.0 if name.endswith("_pct") else 1.0)
         out.update(self._rates.update({name: values[prom] for prom, name in COUNTERS.items() if prom in values}))
         return out
+
+    def served_dtype(self) -> str:
+        """The managed model's dtype as MoE Bench wrote it: ``auto`` is float32 on CPU, bfloat16 on CUDA."""
+        return getattr(self, "_dtype", None) or super().served_dtype()
 
     def routing_layout(self) -> dict[str, Any] | None:
         """The managed model's MoE layers (MoE Bench's model counts at their gates), from its config."""

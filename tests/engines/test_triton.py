@@ -61,6 +61,8 @@ def test_concurrency_run_streams_with_server_metrics(triton: TritonEngine, tmp_p
     assert {"server_requests_waiting", "server_request_success_rps", "server_cpu_mem_gib"} <= names
     info = store.get_run(snap.run_id).engine_info  # type: ignore[arg-type, union-attr]
     assert info["managed"] and info["triton_model"] == "moebench"
+    # auto on CPU: the managed model computes in float32, and the run's limits say so (not bf16)
+    assert info["dtype"] == "float32" and store.artifact(snap.run_id, "limits")["dtype"] == "float32"  # type: ignore[arg-type]
 
 
 def test_connect_mode_reaches_the_same_server(triton: TritonEngine) -> None:
