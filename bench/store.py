@@ -612,7 +612,10 @@ class Store:
             )
         conn = self._conn()
         with self._lock:
-            conn.execute("BEGIN")
+            # IMMEDIATE: this transaction reads (the count, the rows a batch replaces) before it
+            # writes; a deferred one would fail at once ("database is locked") when another
+            # connection wrote after its read, instead of waiting its turn as a first write does.
+            conn.execute("BEGIN IMMEDIATE")
             try:
                 counted = conn.execute("SELECT 1 FROM sample_counts WHERE run_id=?", (run_id,)).fetchone()
                 if counted is None:  # a run from a file before the counts (or its first batch)
