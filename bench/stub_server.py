@@ -38,6 +38,16 @@ nears 100 % the stub is close to being the limit.
 
     python -m bench stub --port 8000 [--processes 2] [--itl-ms 5] [--model NAME]
 
+Routed experts (``--routed-experts sglang|vllm``, layout ``--routing-shape H,D,E,K``: hidden
+layers, dense layers first, experts, top-k; default the tiny model's 3,1,8,2): a request with
+``return_routed_experts`` gets each forwarded token's expert ids (prompt + output - 1 rows) as
+the servers encode them: ``sglang``: base64 of raw int32 [rows, H, K] (dense layers' columns
+0), in a response-level ``sglext`` event after the last token (and in the non-streamed
+answer); ``vllm``: base64 of an ``.npy`` [rows, MoE layers, K] in the non-streamed choice only
+(vLLM 0.32 does not stream it). The ids are planted, not computed: slot 0 is always expert 0
+(the hot expert: E/K times the mean load per layer), slot s > 0 expert 1 + (row + layer + s)
+mod (E - 1) (:func:`planted_ids`).
+
 From code: ``url, proc = start_stub_server(model="tiny-deepseek-v3")`` launches it as a
 managed subprocess on a free port (``url`` ends in ``/v1``); ``proc.stop()`` ends it.
 """
@@ -133,11 +143,53 @@ def _chat_prompt_tokens(messages: Any) -> int:
     return n
 
 
-def make_app(model: str = DEFAULT_MODEL, itl_ms: float = 0.0, ttft_ms: float = 0.0, load_ms: float = 0.0) -> Any:
+ROUTING_SHAPE = (3, 1, 8, 2)  # the tiny model: hidden layers, dense layers first, experts, top-k
+
+
+def planted_ids(rows: int, shape: tuple[int, int, int, int] = ROUTING_SHAPE) -> Any:
+    """The stub's expert ids [rows, MoE layers, top-k] (see the module docstring)."""
+    import numpy as np
+
+    hidden, dense, experts, top_k = shape
+    layers = hidden - dense
+    r = np.arange(rows).reshape(-1, 1, 1)
+    j = np.arange(layers).reshape(1, -1, 1)
+    k = np.arange(top_k).reshape(1, 1, -1)
+    ids = 1 + (r + j + k) % (experts - 1)
+    ids = np.where(k == 0, 0, ids)
+    return np.broadcast_to(ids, (rows, layers, top_k)).astype(np.int32)
+
+
+def encode_routed(style: str, rows: int, shape: tuple[int, int, int, int] = ROUTING_SHAPE) -> str:
+    """:func:`planted_ids` as ``style`` (sglang or vllm) sends them: base64 text."""
+    import base64
+    import io
+
+    import numpy as np
+
+    ids = planted_ids(rows, shape)
+    if style == "sglang":
+        full = np.zeros((rows, shape[0], shape[3]), dtype=np.int32)
+        full[:, shape[1] :, :] = ids
+        return base64.b64encode(full.tobytes()).decode("ascii")
+    with io.BytesIO() as buf:
+        np.save(buf, ids.astype(np.int16), allow_pickle=False)
+        return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def make_app(
+    model: str = DEFAULT_MODEL,
+    itl_ms: float = 0.0,
+    ttft_ms: float = 0.0,
+    load_ms: float = 0.0,
+    routed_experts: str | None = None,
+    routing_shape: tuple[int, int, int, int] = ROUTING_SHAPE,
+) -> Any:
     """The aiohttp application (see the module docstring).
 
     ``load_ms``: a server that slows with load, as a batching one does: the first event and
-    every gap wait ``load_ms`` more for each other stream in flight (in this process)."""
+    every gap wait ``load_ms`` more for each other stream in flight (in this process).
+    ``routed_experts``: None, ``sglang`` or ``vllm`` (see the module docstring)."""
     from aiohttp import web
 
     itl_s, ttft_s, load_s = itl_ms / 1000.0, ttft_ms / 1000.0, load_ms / 1000.0
@@ -181,6 +233,11 @@ def make_app(model: str = DEFAULT_MODEL, itl_ms: float = 0.0, ttft_ms: float = 0
             return error(400, "max_tokens must be at least 1")
         ev = events_for(chat, name)
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+        routed = (
+            encode_routed(routed_experts, prompt_tokens + n - 1, routing_shape)
+            if routed_experts and body.get("return_routed_experts")
+            else None
+        )
         if not body.get("stream"):
             text = WORD * n
             choice: dict[str, Any] = (
@@ -189,6 +246,10 @@ def make_app(model: str = DEFAULT_MODEL, itl_ms: float = 0.0, ttft_ms: float = 0
                 else {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
             )
             obj = {**ev.base, "object": "chat.completion" if chat else "text_completion"}
+            if routed is not None and routed_experts == "vllm":
+                choice["routed_experts"] = routed
+            elif routed is not None:
+                obj["sglext"] = {"routed_experts": routed}
             return web.json_response({**obj, "choices": [choice], "usage": usage})
         nonlocal in_flight
         resp = web.StreamResponse(headers=SSE_HEADERS)
@@ -207,6 +268,8 @@ def make_app(model: str = DEFAULT_MODEL, itl_ms: float = 0.0, ttft_ms: float = 0
             await write(ev.last)
         finally:
             in_flight -= 1
+        if routed is not None and routed_experts == "sglang":
+            await write(_event({**ev.base, "choices": [], "sglext": {"routed_experts": routed}}))
         options = body.get("stream_options")
         if isinstance(options, dict) and options.get("include_usage"):
             await write(_event({**ev.base, "choices": [], "usage": usage}))
@@ -236,12 +299,21 @@ async def _watch_parent(parent: int) -> None:
 
 
 def _serve_one(
-    host: str, port: int, model: str, itl_ms: float, ttft_ms: float, parent: int | None, load_ms: float = 0.0
+    host: str,
+    port: int,
+    model: str,
+    itl_ms: float,
+    ttft_ms: float,
+    parent: int | None,
+    load_ms: float = 0.0,
+    routed_experts: str | None = None,
+    routing_shape: tuple[int, int, int, int] = ROUTING_SHAPE,
 ) -> None:
     from aiohttp import web
 
     async def main() -> None:
-        runner = web.AppRunner(make_app(model, itl_ms, ttft_ms, load_ms), access_log=None, handle_signals=True)
+        app = make_app(model, itl_ms, ttft_ms, load_ms, routed_experts, routing_shape)
+        runner = web.AppRunner(app, access_log=None, handle_signals=True)
         await runner.setup()
         # A large backlog: a client opening 1000+ connections at once must not see refusals.
         site = web.TCPSite(runner, host, port, reuse_port=True, backlog=4096)
@@ -267,18 +339,20 @@ def serve(
     itl_ms: float = 0.0,
     ttft_ms: float = 0.0,
     load_ms: float = 0.0,
+    routed_experts: str | None = None,
+    routing_shape: tuple[int, int, int, int] = ROUTING_SHAPE,
 ) -> None:
     """Serve until interrupted: this process, plus ``processes - 1`` forked ones on the same port."""
     children = []
     if processes > 1:
         ctx = multiprocessing.get_context("fork")  # before any event loop exists: safe
         for _ in range(processes - 1):
-            args = (host, port, model, itl_ms, ttft_ms, os.getpid(), load_ms)
+            args = (host, port, model, itl_ms, ttft_ms, os.getpid(), load_ms, routed_experts, routing_shape)
             child = ctx.Process(target=_serve_one, args=args, daemon=True)
             child.start()
             children.append(child)
     try:
-        _serve_one(host, port, model, itl_ms, ttft_ms, None, load_ms)
+        _serve_one(host, port, model, itl_ms, ttft_ms, None, load_ms, routed_experts, routing_shape)
     finally:
         for child in children:
             child.terminate()
@@ -293,6 +367,7 @@ def start_stub_server(
     itl_ms: float = 0.0,
     ttft_ms: float = 0.0,
     load_ms: float = 0.0,
+    routed_experts: str | None = None,
     port: int | None = None,
     python: str | None = None,
     timeout: float = 30.0,
@@ -323,6 +398,7 @@ def start_stub_server(
         str(ttft_ms),
         "--load-ms",
         str(load_ms),
+        *(["--routed-experts", routed_experts] if routed_experts else []),
     ]
     proc = ManagedProcess(argv, name="stub-server", cwd=PROJECT_ROOT, log_path=log_path).start()
     try:
@@ -344,9 +420,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--load-ms", type=float, default=0.0, help="extra delay per other stream in flight (first event, each gap), ms"
     )
+    p.add_argument(
+        "--routed-experts", choices=("sglang", "vllm"), default=None, help="answer return_routed_experts as this server"
+    )
+    p.add_argument(
+        "--routing-shape",
+        default=",".join(map(str, ROUTING_SHAPE)),
+        help="hidden layers, dense layers first, experts, top-k of the routed experts sent (default: the tiny model)",
+    )
     args = p.parse_args(argv)
     if args.processes < 1:
         p.error("--processes must be at least 1")
+    try:
+        shape = tuple(int(x) for x in args.routing_shape.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 4 or shape[0] <= shape[1] or shape[2] < 2 or not 0 < shape[3] <= shape[2]:
+        p.error(f"--routing-shape {args.routing_shape!r}: give hidden,dense,experts,top-k, e.g. 3,1,8,2")
     print(
         f"stub server on http://{args.host}:{args.port}/v1 (model {args.model}, {args.processes} process(es), "
         f"itl {args.itl_ms} ms, ttft {args.ttft_ms} ms)",
@@ -360,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
         itl_ms=args.itl_ms,
         ttft_ms=args.ttft_ms,
         load_ms=args.load_ms,
+        routed_experts=args.routed_experts,
+        routing_shape=shape,  # type: ignore[arg-type]
     )
     return 0
 

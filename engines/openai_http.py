@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,7 +40,7 @@ from engines.base import EngineOptions, GenerationRequest, ProgressFn, StreamChu
 from engines.errors import EngineUnavailable, RequestFailed, one_line
 from engines.http_client import HTTPEngine, HTTPOptions, api_key_for
 from engines.http_errors import CONNECT_TIMEOUT_S, aiohttp_errors, error_message, status_failure
-from engines.sse import SSEError, asse_payloads, sse_object, sse_payloads
+from engines.sse import OVERSIZE_EVENT, SSEError, asse_payloads, sse_object, sse_payloads
 from engines.tokens import SERVER_TOKENIZER, ServerTokenizer, TextCounter
 
 
@@ -66,6 +66,21 @@ class OpenAIOptions(HTTPOptions):
         True,
         description="Send a run's requests from one asyncio loop (aiohttp), as vllm bench serve does; "
         "off: one thread per in-flight request (httpx)",
+    )
+    routed_experts: bool = Field(
+        False,
+        description="Ask for each request's routed experts (return_routed_experts) and count them into the run's "
+        "routing: SGLang sends them at the end of the stream (server flag --enable-return-routed-experts); vLLM "
+        "0.32 sends them only on non-streamed responses (use routing_pass). Needs the model's config.json (a "
+        "preset, a local folder, or tokenizer=FOLDER)",
+    )
+    routing_pass: int = Field(
+        0,
+        ge=0,
+        le=10000,
+        description="After the measured window, send up to this many of the run's requests again, not streamed, "
+        "asking for routed experts, and count those as the run's routing (untimed; vLLM returns routed_experts "
+        "only on non-streamed responses; its server needs --enable-return-routed-experts). 0: off",
     )
     sglang_expert_distribution_dir: str | None = Field(
         None,
@@ -104,6 +119,9 @@ class OpenAIEngine(HTTPEngine):
         self._context_len: int | None = None  # from /models, when the server lists it
         self._reported_shape: dict[str, Any] | None = None  # the deployment the server reports (SGLang)
         self._experts: Any = None  # engines.sglang.ExpertDistribution, when asked for
+        self._layout: dict[str, Any] | None = None  # the model's routing layout, when routing is asked for
+        self._pass_requests: list[GenerationRequest] = []  # the run's first requests (prepare), for routing_pass
+        self._pass_lock = threading.Lock()
 
     def start(self, progress: ProgressFn | None = None) -> None:
         if self.started:
@@ -116,6 +134,7 @@ class OpenAIEngine(HTTPEngine):
         self._check_server()
         self.use_server_tokenizer()
         self._read_server_info()
+        self._read_routing_layout()
         self.started = True
         report("ready", 1.0)
 
@@ -155,6 +174,35 @@ class OpenAIEngine(HTTPEngine):
             raise EngineUnavailable(f"sglang_expert_distribution_dir {folder} is not a folder on this machine")
         self._experts = ExpertDistribution(self._client, root, folder, self._top_k())
 
+    def _read_routing_layout(self) -> None:
+        """The model's MoE layout from its config.json, when routed experts are asked for."""
+        if not (self.opts.routed_experts or self.opts.routing_pass):
+            return
+        from engines.routing import layout_from_config
+
+        folder = self.tokenizer_path if isinstance(self.tokenizer_path, str) else None
+        config = Path(folder) / "config.json" if folder else None
+        cfg: Any = None
+        if config is not None and config.is_file():
+            with contextlib.suppress(OSError, ValueError):
+                cfg = json.loads(config.read_text(encoding="utf-8"))
+        layout = layout_from_config(cfg, "") if isinstance(cfg, dict) else None
+        if layout is None:
+            raise EngineUnavailable(
+                "routed_experts/routing_pass need the model's config.json with its MoE sizes: give model as a preset "
+                "or a local folder, or tokenizer=FOLDER"
+            )
+        how = (
+            f"routed_experts of a non-streamed pass over up to {self.opts.routing_pass} of the run's requests, "
+            "after the measured window (untimed)"
+            if self.opts.routing_pass
+            else "routed_experts the server sent with each request"
+        )
+        self._layout = {**layout, "source": f"{how}; {self.base_url}"}
+
+    def routing_layout(self) -> dict[str, Any] | None:
+        return self._layout if self.opts.routed_experts and not self.opts.routing_pass else None
+
     def _top_k(self) -> int | None:
         """Experts per token, from the local tokenizer folder's config.json where it has one."""
         folder = self.tokenizer_path if isinstance(self.tokenizer_path, str) else None
@@ -167,12 +215,89 @@ class OpenAIEngine(HTTPEngine):
             return None
         return int(value) if isinstance(value, int) and value > 0 else None
 
+    def prepare(
+        self, requests: Sequence[GenerationRequest], concurrency: int, progress: Callable[[str], None] | None = None
+    ) -> str | None:
+        """Keep the run's first ``routing_pass`` requests for the pass after the measured window."""
+        if self.opts.routing_pass:
+            with self._pass_lock:
+                self._pass_requests = list(requests[: self.opts.routing_pass])
+        return None
+
     def reset_expert_routing(self) -> None:
         if self._experts is not None:
             self._experts.start()
 
     def expert_routing(self) -> dict[str, Any] | None:
-        return self._experts.collect() if self._experts is not None else None
+        if self._experts is not None:
+            return self._experts.collect()
+        if self.opts.routing_pass and self._layout is not None:
+            with self._pass_lock:
+                requests, self._pass_requests = self._pass_requests, []
+            return self._routing_pass(requests) if requests else None
+        return None
+
+    def sender_spec(self) -> dict[str, Any] | None:
+        spec = super().sender_spec()
+        if spec is not None:
+            spec["routing_layout"] = self._layout
+        return spec
+
+    def attach_sender(self, spec: dict[str, Any]) -> None:
+        super().attach_sender(spec)
+        self._layout = spec.get("routing_layout")
+
+    def _routing_pass(self, requests: list[GenerationRequest]) -> dict[str, Any]:
+        """Send ``requests`` again, not streamed, asking for routed experts; their summed routing
+        as the run's record (engines.routing.served_record, no time windows: the pass is not the run)."""
+        import numpy as np
+
+        from engines.routing import ROUTED_EXPERTS_MAX_B64, counts_from_ids, decode_routed_experts, served_record
+
+        layout = self._layout or {}
+        total: Any = None
+        counted, first_error = 0, None
+        for request in requests:
+            body = {**self.request_body(request), "stream": False, "return_routed_experts": True}
+            body.pop("stream_options", None)
+            why, ids, prompt = None, None, request.prompt_tokens
+            try:
+                with self.post_stream(self._url_for_endpoint(), body) as chunks:
+                    raw = bytearray()
+                    for part in chunks:
+                        raw += part
+                        if len(raw) > ROUTED_EXPERTS_MAX_B64 + 2**20:
+                            raise RequestFailed(f"the answer is over {(ROUTED_EXPERTS_MAX_B64 >> 20) + 1} MiB")
+                obj = json.loads(bytes(raw))
+                choice = (obj.get("choices") or [{}])[0] if isinstance(obj, dict) else {}
+                field = choice.get("routed_experts") if isinstance(choice, dict) else None
+                ext = obj.get("sglext") if isinstance(obj, dict) else None
+                if field is None and isinstance(ext, dict):
+                    field = ext.get("routed_experts")
+                usage = obj.get("usage") if isinstance(obj, dict) else None
+                if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+                    prompt = usage["prompt_tokens"]
+                if field is None:
+                    why = "no routed_experts in the answer (is the server started with --enable-return-routed-experts?)"
+                else:
+                    ids, why = decode_routed_experts(field, layout)
+            except (RequestFailed, ValueError, AttributeError) as exc:
+                why = one_line(exc, 200)
+            if ids is None:
+                first_error = first_error or f"request {request.request_id}: {why}"
+                continue
+            start = choice.get("routed_experts_prompt_start") if isinstance(choice, dict) else None
+            counts = counts_from_ids(ids, prompt, int(layout["num_experts"]), int(start or 0))
+            total = counts if total is None else total + counts
+            counted += 1
+        if total is None:
+            return {"error": f"routing pass over {len(requests)} requests: none gave routing; {first_error}"}
+        record = served_record(np.asarray(total), layout, {}, counted)
+        record["pass_requests"] = counted
+        if first_error:
+            missing = len(requests) - counted
+            record["error"] = f"{missing} of {len(requests)} pass requests gave no routing; {first_error}"
+        return record
 
     def _check_server(self) -> None:
         """GET /models: the server answers, and serves ``model`` (when it lists models)."""
@@ -253,15 +378,21 @@ class OpenAIEngine(HTTPEngine):
             body["ignore_eos"] = True
             if self.opts.send_min_tokens:
                 body["min_tokens"] = sp.max_tokens
+        if self.opts.routed_experts and not self.opts.routing_pass:
+            body["return_routed_experts"] = True
         return body
+
+    def _stream_parser(self, request: GenerationRequest) -> CompletionStream:
+        streamed = self.opts.routed_experts and not self.opts.routing_pass
+        return CompletionStream(self._tokenizer, self._layout if streamed else None, request.prompt_tokens)
 
     def _url_for_endpoint(self) -> str:
         return self.base_url + ("/chat/completions" if self.opts.endpoint == "chat" else "/completions")
 
     def stream(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[StreamChunk]:
-        parser = CompletionStream(self._tokenizer)
+        parser = self._stream_parser(request)
         with self.post_stream(self._url_for_endpoint(), self.request_body(request)) as chunks:
-            for payload in sse_payloads(chunks):
+            for payload in sse_payloads(chunks, *parser.event_limits()):
                 if cancel is not None and cancel.is_set():
                     return  # leaving the with-block closes the response
                 yield from parser.feed(payload)
@@ -322,7 +453,7 @@ class OpenAIEngine(HTTPEngine):
         if session is None:
             raise EngineUnavailable(f"the {self.kind} engine has no open asynchronous session (aopen)")
         url = self._url_for_endpoint()
-        parser = CompletionStream(self._tokenizer)
+        parser = self._stream_parser(request)
         deadline = self.request_deadline()
         with aiohttp_errors(url, deadline=deadline):
             async with session.post(
@@ -334,7 +465,7 @@ class OpenAIEngine(HTTPEngine):
                 )
                 if failure is not None:
                     raise failure
-                async for payload in asse_payloads(resp.content.iter_any()):
+                async for payload in asse_payloads(resp.content.iter_any(), *parser.event_limits()):
                     if cancel is not None and cancel.is_set():
                         return  # leaving the async-with block closes the response
                     for chunk in parser.feed(payload):
@@ -352,17 +483,61 @@ class CompletionStream:
     text. Shared by the threaded and the asynchronous client, so both count alike.
     """
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(
+        self, tokenizer: Any, routing_layout: dict[str, Any] | None = None, prompt_tokens: int | None = None
+    ) -> None:
         self.done = False  # [DONE] seen
         self.usage_out = 0  # running completion_tokens from per-chunk usage
         self.content_count = TextCounter(tokenizer)
         self.reasoning_count = TextCounter(tokenizer)
+        # routed experts asked for (OpenAIOptions.routed_experts): the model's layout to decode them
+        self.routing_layout = routing_layout
+        self.prompt_tokens = prompt_tokens  # the workload's count, until the server's usage says
+        self.finished = False  # a choice with a finish_reason seen: the completion's tokens are all in
+        self._routed: Any = None  # the routed_experts field, decoded once the prompt's length is known
+        self._routing_reason: str | None = None  # why this request's routing is left out
+        self._routing_given = False
+
+    def event_limits(self) -> tuple[bool, int | None]:
+        """(skip_oversize, max_event_bytes) for this stream's SSE decoder: with routed experts
+        asked for, an event may hold one request's routing (SGLang: ~2.5 KB of base64 per token
+        of a 58-layer top-8 model), up to the decoder's cap; one over it is skipped, the
+        request kept and its routing left out with the reason."""
+        if self.routing_layout is None:
+            return False, None
+        from engines.routing import ROUTED_EXPERTS_MAX_B64
+
+        return True, ROUTED_EXPERTS_MAX_B64 + 2**16
+
+    def _routing(self) -> Any | None:
+        """This request's routing for its last chunk: counts [2, layers, experts], a one-line
+        reason why it is left out (a str: the recorder notes it), or None when not asked for."""
+        if self.routing_layout is None or self._routing_given:
+            return None
+        self._routing_given = True
+        if self._routing_reason is not None:
+            return self._routing_reason
+        if self._routed is None:
+            return "the server sent no routed_experts (is it started with --enable-return-routed-experts?)"
+        from engines.routing import counts_from_ids, decode_routed_experts
+
+        ids, why = decode_routed_experts(self._routed, self.routing_layout)
+        self._routed = None
+        if ids is None:
+            return why
+        return counts_from_ids(ids, self.prompt_tokens, int(self.routing_layout["num_experts"]))
 
     def feed(self, payload: str) -> list[StreamChunk]:
         """The chunks one ``data`` payload stands for; raises on an error or a malformed event."""
+        if payload is OVERSIZE_EVENT:
+            if self.routing_layout is None or not self.finished:
+                raise SSEError("an SSE event over the size cap: stopped reading (a completion event is small)")
+            self._routing_reason = "an SSE event over the size cap after the completion (its routed_experts): left out"
+            return []
         if payload.strip() == "[DONE]":
             self.done = True
-            return []
+            routing = self._routing()
+            return [] if routing is None else [StreamChunk(text="", tokens=0, final=True, routing=routing)]
         obj = sse_object(payload)
         if "error" in obj:
             err = obj["error"]
@@ -370,9 +545,15 @@ class CompletionStream:
             raise RequestFailed(f"server error mid-stream: {one_line(msg, 200)}")
         usage = obj.get("usage") or None
         choices = obj.get("choices") or []
+        if self.routing_layout is not None:
+            ext = obj.get("sglext")
+            if isinstance(ext, dict) and ext.get("routed_experts") is not None:
+                self._routed = ext["routed_experts"]  # SGLang: a response-level chunk after the last token
         if not choices:
             if usage is None:
                 return []
+            if isinstance(usage.get("prompt_tokens"), int):
+                self.prompt_tokens = usage["prompt_tokens"]
             return [
                 StreamChunk(
                     text="",
@@ -380,11 +561,16 @@ class CompletionStream:
                     final=True,
                     prompt_tokens=usage.get("prompt_tokens"),
                     usage_output_tokens=usage.get("completion_tokens"),
+                    routing=self._routing() if self._routed is not None or self._routing_reason else None,
                 )
             ]
         choice = choices[0]
         if not isinstance(choice, dict):
             raise SSEError(f"malformed SSE event (bad choice): {one_line(payload, 120)}")
+        if choice.get("finish_reason") is not None:
+            self.finished = True
+        if self.routing_layout is not None and choice.get("routed_experts") is not None:
+            self._routed = choice["routed_experts"]  # vLLM's field, should a stream carry it
         text, reasoning = _choice_text(choice)
         server_n: int | None = None
         if isinstance(choice.get("token_ids"), list):

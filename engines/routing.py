@@ -162,8 +162,12 @@ def served_record(
 
 def check_routing(value: Any, shape: tuple[int, ...] | None) -> tuple[Any, str | None]:
     """A request's routing counts as an int array [2, layers, experts], or (None, one-line reason):
-    a wrong shape (or one unlike the run's earlier requests), negative or non-integer counts."""
+    a wrong shape (or one unlike the run's earlier requests), negative or non-integer counts.
+    A str is the engine's own reason why the request's routing could not be read."""
     import numpy as np
+
+    if isinstance(value, str):
+        return None, value
 
     try:
         arr = np.asarray(value)
@@ -201,21 +205,54 @@ def _find_indices(output: Any, top_k: int) -> Any | None:
 
 
 ROUTED_EXPERTS_MAX_B64 = 64 * 1024 * 1024  # a routed_experts field larger than this is refused, not decoded
+NPY_MAGIC = b"\x93NUMPY"
 
 
-def counts_from_routed_experts(
-    b64: Any, prompt_tokens: int, num_experts: int, prompt_start: int = 0
-) -> tuple[Any, str | None]:
-    """vLLM's per-request ``routed_experts`` (``--enable-return-routed-experts``: base64 of a
-    ``.npy`` array [tokens - 1, MoE layers, top-k] of expert ids, one row per token forwarded,
-    the prompt's first ``prompt_start`` tokens left out) as routing counts [2, layers, experts]:
-    phase 0 the prompt's rows, 1 the generated tokens'. (counts, None) or (None, one-line reason)."""
+def layout_from_config(cfg: dict[str, Any], source: str) -> dict[str, Any] | None:
+    """A DeepSeek MoE model's routing layout from its ``config.json``: the MoE layers' labels
+    and indices among all hidden layers, experts, top-k, groups; None for a model without
+    routed experts."""
+    experts = int(cfg.get("n_routed_experts") or cfg.get("num_experts") or 0)
+    top_k = int(cfg.get("num_experts_per_tok") or 0)
+    total = int(cfg.get("num_hidden_layers") or 0)
+    if experts <= 0 or top_k <= 0 or total <= 0:
+        return None
+    first, freq = int(cfg.get("first_k_dense_replace") or 0), max(1, int(cfg.get("moe_layer_freq") or 1))
+    moe = [i for i in range(total) if i >= first and i % freq == 0]
+    return {
+        "layers": [f"layer {i}" for i in moe],
+        "moe_layers": moe,
+        "hidden_layers": total,
+        "num_experts": experts,
+        "top_k": top_k,
+        "n_group": int(cfg.get("n_group") or 1),
+        "source": source,
+    }
+
+
+def decode_routed_experts(b64: Any, layout: dict[str, Any]) -> tuple[Any, str | None]:
+    """A server's per-request routed expert ids as an int array [rows, MoE layers, top-k], or
+    (None, one-line reason). Two encodings, told apart by the ``.npy`` magic:
+
+    - vLLM (``--enable-return-routed-experts``, field ``routed_experts`` of a choice): base64 of
+      an ``.npy`` array [tokens - 1, MoE layers, top-k];
+    - SGLang (``--enable-return-routed-experts`` and ``return_routed_experts`` in the request,
+      ``sglext.routed_experts``): base64 of raw int32, [tokens - 1, hidden layers, top-k]
+      flattened; the dense layers' columns are dropped here (only the MoE layers route).
+
+    ``layout``: :func:`layout_from_config`'s; one with only ``num_experts`` takes an .npy
+    array's layers as they are. An id of -1 is a placeholder (no routed expert in that slot)
+    and is not counted."""
     import base64
     import binascii
     import io
 
     import numpy as np
 
+    experts, top_k = int(layout.get("num_experts") or 0), int(layout.get("top_k") or 0)
+    known = "moe_layers" in layout
+    moe = list(layout.get("moe_layers") or [])
+    hidden = int(layout.get("hidden_layers") or len(moe))
     if not isinstance(b64, str):
         return None, f"routed_experts is a {type(b64).__name__}, not base64 text"
     if len(b64) > ROUTED_EXPERTS_MAX_B64:
@@ -224,17 +261,62 @@ def counts_from_routed_experts(
             f"routed_experts is {len(b64) / 2**20:.0f} MiB of base64, over the {ROUTED_EXPERTS_MAX_B64 >> 20} MiB cap",
         )
     try:
-        ids = np.load(io.BytesIO(base64.b64decode(b64, validate=True)), allow_pickle=False)
-    except (binascii.Error, ValueError, OSError, EOFError) as exc:
-        return None, f"routed_experts is not a base64 .npy array ({type(exc).__name__}: {str(exc)[:80]})"
+        raw = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        return None, f"routed_experts is not base64 ({type(exc).__name__}: {str(exc)[:80]})"
+    if raw.startswith(NPY_MAGIC):
+        try:
+            ids = np.load(io.BytesIO(raw), allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            return None, f"routed_experts is not a readable .npy array ({type(exc).__name__}: {str(exc)[:80]})"
+    elif not known or not top_k or not hidden:
+        return None, f"routed_experts is {len(raw)} bytes, not a base64 .npy array"
+    elif len(raw) % 4 or (len(raw) // 4) % (hidden * top_k):
+        return None, (
+            f"routed_experts is {len(raw)} bytes: neither an .npy array nor int32 ids "
+            f"[tokens, {hidden} layers, top-{top_k}]"
+        )
+    else:
+        ids = np.frombuffer(raw, dtype=np.int32).reshape(-1, hidden, top_k)
     if ids.dtype.kind not in "iu" or ids.ndim != 3:
         return None, f"routed_experts holds {ids.dtype} of shape {ids.shape}, not integer ids [tokens, layers, top-k]"
-    if ids.size and (ids.min() < 0 or ids.max() >= num_experts):
-        return None, f"routed_experts names expert {int(ids.max())}, outside the model's {num_experts}"
-    prompt_rows = max(0, min(len(ids), prompt_tokens - prompt_start))
+    if known and ids.shape[1] == hidden and len(moe) < hidden:
+        ids = ids[:, moe, :]
+    elif known and ids.shape[1] != len(moe):
+        return None, f"routed_experts has {ids.shape[1]} layers; the model has {len(moe)} MoE layers of {hidden}"
+    if ids.size and (int(ids.min()) < -1 or int(ids.max()) >= experts):
+        bad = int(ids.max()) if int(ids.max()) >= experts else int(ids.min())
+        return None, f"routed_experts names expert {bad}, outside the model's {experts}"
+    return ids, None
+
+
+def counts_from_ids(ids: Any, prompt_tokens: int | None, num_experts: int, prompt_start: int = 0) -> Any:
+    """Routing counts [2, layers, experts] from expert ids [rows, layers, top-k]: phase 0 the
+    prompt's rows (the first ``prompt_tokens - prompt_start``), 1 the generated tokens'.
+    ``prompt_tokens`` None (no count from the server or the workload): every row is counted
+    as the prompt's, the split unknown."""
+    import numpy as np
+
+    rows = len(ids)
+    prompt_rows = rows if prompt_tokens is None else max(0, min(rows, prompt_tokens - prompt_start))
     layers = ids.shape[1]
     counts = np.zeros((2, layers, num_experts), dtype=np.int64)
-    for phase, rows in ((0, ids[:prompt_rows]), (1, ids[prompt_rows:])):
+    for phase, part in ((0, ids[:prompt_rows]), (1, ids[prompt_rows:])):
         for layer in range(layers):
-            counts[phase, layer] = np.bincount(rows[:, layer, :].reshape(-1), minlength=num_experts)
-    return counts, None
+            flat = part[:, layer, :].reshape(-1)
+            counts[phase, layer] = np.bincount(flat[flat >= 0], minlength=num_experts)
+    return counts
+
+
+def counts_from_routed_experts(
+    b64: Any, prompt_tokens: int, num_experts: int, prompt_start: int = 0, layout: dict[str, Any] | None = None
+) -> tuple[Any, str | None]:
+    """One request's ``routed_experts`` (vLLM's .npy or SGLang's raw int32, see
+    :func:`decode_routed_experts`) as routing counts [2, layers, experts]: phase 0 the prompt's
+    rows, 1 the generated tokens' (the first ``prompt_start`` prompt tokens left out by the
+    server, vLLM's ``routed_experts_prompt_start``). (counts, None) or (None, one-line reason).
+    Without ``layout``, only an .npy array is read, its layers taken as the MoE layers."""
+    ids, why = decode_routed_experts(b64, {**(layout or {}), "num_experts": num_experts})
+    if ids is None:
+        return None, why
+    return counts_from_ids(ids, prompt_tokens, num_experts, prompt_start), None

@@ -14,6 +14,10 @@ from typing import Any
 from engines.errors import RequestFailed, one_line
 
 MAX_SSE_EVENT_BYTES = 4 * 2**20  # one SSE line or event; a real completion event is far smaller
+# With skip_oversize, the payload given in place of an event over the cap (the event itself is
+# read past and dropped, up to SKIP_LIMIT_FACTOR times the cap, then the stream is refused).
+OVERSIZE_EVENT = "\x00oversize-event"
+SKIP_LIMIT_FACTOR = 4
 
 
 class SSEError(RequestFailed):
@@ -32,13 +36,32 @@ class SSEDecoder:
     text decoder.
     """
 
-    def __init__(self, max_event_bytes: int | None = None) -> None:
+    def __init__(self, max_event_bytes: int | None = None, skip_oversize: bool = False) -> None:
         self._pending = b""
         self._data: list[str] = []
         self._data_bytes = 0
         self._held_cr = False  # the pending bytes end with a CR whose LF may come next
         self._cr_split = False  # normalising CRs produced a line break in the pending bytes
         self.max_event_bytes = max_event_bytes or MAX_SSE_EVENT_BYTES
+        # skip_oversize: an event over the cap is dropped (its bytes read past, not kept) and
+        # OVERSIZE_EVENT given in its place, so the reader decides; else the stream is refused.
+        self.skip_oversize = skip_oversize
+        self._skipping = False  # inside an oversize event: drop lines until the blank line ending it
+        self._mid_line = False  # the pending bytes dropped were part of a line whose end is still to come
+        self._skipped = 0  # bytes dropped in the current oversize event
+
+    def _oversize(self, what: str, dropped: int) -> str:
+        """Start (or go on) dropping an oversize event; OVERSIZE_EVENT when it starts."""
+        if not self.skip_oversize:
+            raise self._too_big(what)
+        self._skipped += dropped
+        if self._skipped > SKIP_LIMIT_FACTOR * self.max_event_bytes:
+            raise self._too_big(f"{what} (even to skip it)")
+        self._data, self._data_bytes = [], 0
+        if self._skipping:
+            return ""
+        self._skipping = True
+        return OVERSIZE_EVENT
 
     def _too_big(self, what: str) -> SSEError:
         n = self.max_event_bytes
@@ -63,9 +86,23 @@ class SSEDecoder:
         if name == "data":
             self._data_bytes += len(line) + 1  # the whole line and its end: 4 MiB of "data:" lines is 4 MiB
             if self._data_bytes > self.max_event_bytes:
-                raise self._too_big("event")
+                return self._oversize("event", self._data_bytes) or None
             self._data.append(value)
         return None
+
+    def _skip_line(self, raw: bytes) -> bool:
+        """While dropping an oversize event: whether this line is dropped (a blank line ends it)."""
+        if not self._skipping:
+            return False
+        if self._mid_line:  # the end of a line whose start was dropped
+            self._mid_line = False
+            self._skipped += len(raw)
+            return True
+        if raw:
+            self._oversize("event", len(raw) + 1)
+            return True
+        self._skipping, self._skipped = False, 0  # the blank line: the event is over
+        return True
 
     def feed(self, chunk: bytes) -> list[str]:
         """Take the next bytes of the stream; the payloads of the events they complete."""
@@ -75,15 +112,22 @@ class SSEDecoder:
         if b"\r" in chunk or self._held_cr:
             self._normalise_cr()
         if b"\n" not in chunk and not self._cr_split:
-            if len(self._pending) > self.max_event_bytes:
-                raise self._too_big("line")
+            if len(self._pending) > self.max_event_bytes or (self._skipping and len(self._pending) > 2**16):
+                started = self._oversize("line", len(self._pending))  # raises unless skip_oversize
+                self._pending, self._mid_line = b"", True
+                return [started] if started else []
             return []
         self._cr_split = False
         *lines, self._pending = self._pending.split(b"\n")
         out = []
         for raw in lines:
+            if self._skip_line(raw):
+                continue
             if len(raw) > self.max_event_bytes:
-                raise self._too_big("line")
+                started = self._oversize("line", len(raw))
+                if started:
+                    out.append(started)
+                continue
             payload = self.line(raw.decode("utf-8", errors="replace"))
             if payload is not None:
                 out.append(payload)
@@ -106,6 +150,8 @@ class SSEDecoder:
         out = []
         if self._pending.endswith(b"\r"):
             self._pending = self._pending[:-1]
+        if self._skipping:
+            self._pending = b""
         if self._pending:
             payload = self.line(self._pending.decode("utf-8", errors="replace"))
             self._pending = b""
@@ -117,17 +163,21 @@ class SSEDecoder:
         return out
 
 
-def sse_payloads(chunks: Iterable[bytes]) -> Iterator[str]:
+def sse_payloads(
+    chunks: Iterable[bytes], skip_oversize: bool = False, max_event_bytes: int | None = None
+) -> Iterator[str]:
     """The ``data`` payloads of a server-sent event stream given as byte chunks."""
-    decoder = SSEDecoder()
+    decoder = SSEDecoder(max_event_bytes, skip_oversize=skip_oversize)
     for chunk in chunks:
         yield from decoder.feed(chunk)
     yield from decoder.close()
 
 
-async def asse_payloads(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+async def asse_payloads(
+    chunks: AsyncIterator[bytes], skip_oversize: bool = False, max_event_bytes: int | None = None
+) -> AsyncIterator[str]:
     """:func:`sse_payloads` for an asynchronous byte stream (aiohttp's ``content.iter_any()``)."""
-    decoder = SSEDecoder()
+    decoder = SSEDecoder(max_event_bytes, skip_oversize=skip_oversize)
     async for chunk in chunks:
         for payload in decoder.feed(chunk):
             yield payload

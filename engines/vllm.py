@@ -285,6 +285,8 @@ def server_argv(python: str, model_dir: str, name: str, host: str, port: int, op
         if opts.eplb_num_redundant_experts:
             eplb["num_redundant_experts"] = opts.eplb_num_redundant_experts
         argv += ["--eplb-config", json.dumps(eplb)]
+    if opts.routing_pass and not opts.base_url:
+        argv.append("--enable-return-routed-experts")  # with VLLM_USE_V2_MODEL_RUNNER=1 (VLLMEngine.start)
     if opts.distributed_executor_backend:
         argv += ["--distributed-executor-backend", opts.distributed_executor_backend]
     if opts.max_num_batched_tokens is not None:
@@ -336,6 +338,16 @@ def check_deployment(opts: VLLMOptions, config: dict[str, Any] | None, visible_d
     options that need each other, sizes the model cannot be split into (attention heads by TP,
     layers by PP, routed experts over the EP group), and more devices than this node shows."""
     o = opts
+    if o.routed_experts and not o.routing_pass:
+        raise ConfigError(
+            "vLLM returns routed_experts only on non-streamed responses (0.32), so a timed, streamed run gets "
+            "none: use routing_pass=N (a non-streamed pass over N of the run's requests after it)"
+        )
+    if o.routing_pass and o.accelerator == "cpu" and not o.base_url:
+        raise ConfigError(
+            "vLLM's CPU server cannot return routed experts: --enable-return-routed-experts needs Model Runner V2, "
+            "which needs Triton with a CPU backend (not on PyPI); see docs/profiling.md"
+        )
     if o.enable_eplb and not o.enable_expert_parallel:
         raise ConfigError("enable_eplb needs enable_expert_parallel: EPLB balances experts spread over GPUs")
     if o.eplb_num_redundant_experts and not o.enable_eplb:
@@ -507,6 +519,8 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
                 env["VLLM_CPU_OMP_THREADS_BIND"] = bind
                 self.cpu_threads_bind = bind
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        if self.vopts.routing_pass:
+            env["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # the aux-output connector behind routed_experts needs it
         if self.vopts.ray_address:
             env["RAY_ADDRESS"] = self.vopts.ray_address
         env.setdefault("DO_NOT_TRACK", "1")

@@ -9,7 +9,7 @@ import argparse
 
 from bench.cli.common import EXIT_OK, open_store
 from bench.metrics import moe
-from bench.run.artifacts import ARTIFACT_ROUTING
+from bench.run.artifacts import ARTIFACT_ROUTING, ARTIFACT_ROUTING_ERROR
 from engines.errors import ConfigError
 
 
@@ -34,6 +34,9 @@ def cmd_routing(args: argparse.Namespace) -> int:
         raise ConfigError(f"no run with id {args.run_id} in {store.path}")
     routing = store.artifact(args.run_id, ARTIFACT_ROUTING)
     if not routing:
+        failed = store.artifact(args.run_id, ARTIFACT_ROUTING_ERROR)
+        if failed and failed.get("error"):
+            raise ConfigError(f"run {args.run_id} has no routing record: {failed['error']}")
         raise ConfigError(
             f"run {args.run_id} has no routing record (the {run.engine} engine did not report routing for it; "
             "a native run records it unless its step is a captured CUDA graph)"
@@ -45,6 +48,10 @@ def cmd_routing(args: argparse.Namespace) -> int:
         f"run {run.id} · {run.engine} · {run.model} · {len(layers)} MoE layers x {experts} experts, "
         f"top-{routing.get('top_k', '?')}"
     )
+    if routing.get("source"):
+        print(f"source: {routing['source']}")
+    if routing.get("error"):
+        print(f"note: {routing['error']}")
     print(
         f"\n{'layer':<12}{'tokens':>10}{'max/mean':>10}{'entropy':>9}  {'hot experts':<14}{'cold':>5}"
         f"{f'EP{args.ep} max/mean':>15}{'with EPLB':>11}"

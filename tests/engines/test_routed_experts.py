@@ -41,7 +41,7 @@ def test_routed_experts_become_counts_split_into_prompt_and_generated(dtype: typ
     ("payload", "reason"),
     [
         (12, "is a int, not base64 text"),
-        ("not base64!!", "not a base64 .npy array"),
+        ("not base64!!", "not base64"),
         (base64.b64encode(b"just bytes").decode(), "not a base64 .npy array"),
         (_b64(np.zeros((3, 2), dtype=np.int32)), "not integer ids [tokens, layers, top-k]"),
         (_b64(np.zeros((3, 2, 2), dtype=np.float32)), "float32"),
@@ -92,3 +92,30 @@ def test_the_recorder_sums_good_routing_and_notes_the_first_bad_payload(tmp_path
     record = served_record(rec.routing_phases, layout, rec.routing_windows, rec.routing_requests)
     assert [w["t_s"] for w in record["windows"]] == [0.0, 10.0]  # requests 0, 1 end by 10 s; request 5 at 16 s
     assert record["counts"] == (good * 8).tolist()[0] and record["tokens"] == [8 * 4 // 2] * 3
+
+
+def test_sglang_raw_int32_ids_drop_the_dense_layers_and_skip_placeholders() -> None:
+    """SGLang's encoding: raw int32 [tokens - 1, hidden layers, top-k]; the tiny model's layer 0 is
+    dense (its column is not routing), -1 marks a slot with no expert."""
+    from engines.models import TINY_CONFIG
+    from engines.routing import decode_routed_experts, layout_from_config
+
+    layout = layout_from_config(TINY_CONFIG, "test")
+    assert layout["moe_layers"] == [1, 2] and layout["hidden_layers"] == 3 and layout["num_experts"] == 8
+    full = np.zeros((4, 3, 2), dtype=np.int32)
+    full[:, 1:, 0] = 5
+    full[:, 1:, 1] = [[1, 2], [3, 4], [6, 7], [-1, -1]]
+    ids, why = decode_routed_experts(base64.b64encode(full.tobytes()).decode(), layout)
+    assert why is None and ids.shape == (4, 2, 2) and (ids[:, :, 0] == 5).all()
+    counts, why = counts_from_routed_experts(base64.b64encode(full.tobytes()).decode(), 2, 8, layout=layout)
+    assert why is None
+    assert counts[0, 0].tolist() == [0, 1, 0, 1, 0, 2, 0, 0]  # rows 0-1: the prompt's
+    assert counts[1, 1].tolist() == [0, 0, 0, 0, 0, 2, 0, 1]  # rows 2-3, the -1 not counted
+    bad = [
+        (base64.b64encode(b"\x00" * 10).decode(), "neither an .npy array nor int32 ids [tokens, 3 layers, top-2]"),
+        (_b64(np.zeros((3, 4, 2), dtype=np.int32)), "has 4 layers; the model has 2 MoE layers of 3"),
+        (base64.b64encode(np.full((1, 3, 2), -3, dtype=np.int32).tobytes()).decode(), "names expert -3"),
+    ]
+    for payload, reason in bad:
+        ids, why = decode_routed_experts(payload, layout)
+        assert ids is None and reason in why, why

@@ -19,6 +19,8 @@ The modes (:data:`MODES`):
   (each line short, the event huge), generated piece by piece: the server never holds it;
 - ``huge_event_empty_lines``: one event of 60 MB of empty ``data:`` lines (six bytes each,
   each adding a line to the event's data), then a blank line and ``[DONE]``;
+- ``huge_routing``: a good completion, then a response-level event (SGLang's ``sglext``) whose
+  ``routed_experts`` is 100 MB of base64 text in one line, then the usage event and ``[DONE]``;
 - ``huge_line_no_newline``: ``data: yyyy...`` without a newline (100 MB, then the connection ends);
 - ``endless``: valid one-token events, never ``[DONE]``: 60 MB of them (:data:`ENDLESS_BYTES`),
   then the connection ends, so a client that keeps reading is seen (:attr:`bytes_sent`);
@@ -54,6 +56,7 @@ MODES = (
     "good",
     "huge_event",
     "huge_event_empty_lines",
+    "huge_routing",
     "huge_line_no_newline",
     "endless",
     "trickle",
@@ -257,6 +260,20 @@ class HostileServer:
         for _ in range(HUGE_EVENT_BYTES // HUGE_PIECE_BYTES):
             await self._send(resp, mode, line)
         await self._send(resp, mode, b'data: "}]}\n\n' + DONE)
+
+    async def _write_huge_routing(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
+        n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        for i in range(n):
+            await self._send(resp, mode, _event(_chunk(chat, WORD, "length" if i == n - 1 else None)))
+        await self._send(resp, mode, b'data: {"choices":[],"sglext":{"routed_experts":"')
+        piece = b"A" * HUGE_PIECE_BYTES
+        for _ in range(HUGE_EVENT_BYTES // HUGE_PIECE_BYTES):
+            await self._send(resp, mode, piece)
+        await self._send(resp, mode, b'"}}\n\n')
+        prompt_tokens = len(_prompt_text(body).split())
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+        await self._send(resp, mode, _event({**_chunk(chat, ""), "choices": [], "usage": usage}))
+        await self._send(resp, mode, DONE)
 
     async def _write_huge_event_empty_lines(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
         piece = b"data:\n" * (64 * 1024 // 6)

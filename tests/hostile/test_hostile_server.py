@@ -23,6 +23,7 @@ from tests.hostile.hostile_server import (
     ENDLESS_BYTES,
     FORMULA,
     HUGE_EVENT_BYTES,
+    HUGE_PIECE_BYTES,
     MODEL,
     HostileServer,
 )
@@ -261,3 +262,29 @@ def test_formula_text_from_the_user_and_the_server_is_inert_in_every_csv(tmp_pat
         for cell in _cells(path.read_bytes()):
             assert not cell.startswith(("=", "+", "@", "\t", "\r")), (path.name, cell)
             assert not cell.startswith("-") or _is_number(cell), (path.name, cell)
+
+
+def test_a_100_mb_routed_experts_event_is_skipped_and_the_requests_kept(
+    tmp_path: Path, server: HostileServer, tiny_model: Path
+) -> None:
+    """routed_experts on (SGLang's response-level event): an event of 100 MB of base64 after the
+    completion is read past, not kept (the client's peak memory stays bounded); every request keeps
+    its tokens and figures; the run records why it has no routing, in one line, and exits 0. (The
+    threaded client's decoder is the same SSEDecoder with the same limits: tests/engines/test_served_routing.py.)"""
+    prompts = ["hostile:huge_routing one", "hostile:huge_routing two"]
+    extra = ["--engine-opt", "routed_experts=true", "--engine-opt", f"tokenizer={tiny_model}"]
+    r, db = openai_run(server.url(), tmp_path, prompts, *extra)
+    assert r.returncode == 0, r.stderr
+    store = Store(db)
+    (run,) = store.list_runs()
+    assert run.status == "completed" and run.summary is not None and run.summary.failed == 0
+    assert all(rec.error is None and rec.output_tokens == OUT for rec in store.records(run.id))
+    why = store.artifact(run.id, "expert_routing_error")["error"]
+    assert why == (
+        "request r0: routing an SSE event over the size cap after the completion (its routed_experts): left out; "
+        "its routing is left out"
+    ), why
+    assert store.artifact(run.id, "expert_routing") is None
+    assert r.peak_rss < MAX_RSS, f"the CLI peaked at {r.peak_rss / 2**20:.0f} MiB"
+    # Read past, not hung up on: the server wrote both events whole (the usage and [DONE] after them arrived).
+    assert server.bytes_sent["huge_routing"] > 2 * (HUGE_EVENT_BYTES // HUGE_PIECE_BYTES) * HUGE_PIECE_BYTES
