@@ -683,6 +683,18 @@ class Store:
             args = ids
         return [{c: r[c] for c in REQUEST_CSV_COLUMNS} for r in self._conn().execute(sql, args).fetchall()]
 
+    def windowed_means(self, run_id: int, column: str, step_s: float) -> list[tuple[float, float, int]]:
+        """(window start s, mean of ``column`` over the successful requests that ended in it, count)
+        for a per-request column (ttft_ms, tpot_ms, e2e_ms, itl_mean_ms), windows of ``step_s``."""
+        if column not in ("ttft_ms", "tpot_ms", "e2e_ms", "itl_mean_ms") or step_s <= 0:
+            raise ValueError(f"no windowed means of {column!r} every {step_s} s")
+        sql = (
+            f"SELECT CAST(end_s / ? AS INTEGER) AS w, AVG({column}), COUNT({column}) FROM samples "
+            f"WHERE run_id=? AND error='' AND {column} IS NOT NULL GROUP BY w ORDER BY w"
+        )
+        rows = self._conn().execute(sql, (step_s, run_id)).fetchall()
+        return [(int(r[0]) * step_s, float(r[1]), int(r[2])) for r in rows]
+
     def sample_count(self, run_id: int) -> int:
         """How many requests a run stored (kept as they are written; counted for older files)."""
         row = self._conn().execute("SELECT n FROM sample_counts WHERE run_id=?", (run_id,)).fetchone()

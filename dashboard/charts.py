@@ -704,9 +704,12 @@ def eplb_balancedness(
     df: pd.DataFrame,
     title: str = "Served: EPLB balancedness over the run (mean / max tokens per EP rank)",
     rearranged_at: Sequence[float] = (),
+    latency: pd.DataFrame | None = None,
 ) -> go.Figure:
     """A served deployment's expert balance over time, as its server reports it; 1.0 is even;
-    a dotted line where the server's EPLB moved experts (``rearranged_at``, s)."""
+    a dotted line where the server's EPLB moved experts (``rearranged_at``, s); with
+    ``latency`` (t_s, value: mean TPOT ms per window) that on a second axis, so a rebalance's
+    effect on the requests shows on one timeline."""
     if df is None or df.empty:
         return empty_figure(title, "this run has no EPLB balancedness (a vLLM server launched with EPLB logs it)")
     fig = _figure(title, height=320)
@@ -728,8 +731,21 @@ def eplb_balancedness(
             annotation_text="experts rearranged" if i == 0 else "", annotation_position="top left",
             annotation_font={"color": P99_COLOR, "size": 11},
         )  # fmt: skip
+    if latency is not None and not latency.empty:
+        fig.add_trace(
+            go.Scatter(
+                x=latency["t_s"], y=latency["value"], mode="lines", yaxis="y2", name="TPOT (mean per window)",
+                line={"color": COLORS[2], "width": 2, "dash": "dash"},
+                hovertemplate="t = %{x:.1f} s<br>TPOT %{y:.2f} ms (mean of the requests ending then)<extra></extra>",
+            )
+        )  # fmt: skip
+        fig.update_layout(
+            yaxis2={"title": "TPOT, ms", "overlaying": "y", "side": "right", "rangemode": "tozero", "showgrid": False},
+            legend={"orientation": "h", "y": -0.25},
+        )
+        fig.data[0].showlegend = True
     fig.update_xaxes(title="time since start (s)")
-    fig.update_yaxes(title="mean / max tokens per rank", range=[0, 1.05])
+    fig.update_yaxes(title="mean / max tokens per rank", range=[0, 1.05], selector={"anchor": "x"})
     return fig
 
 

@@ -78,6 +78,13 @@ def eplb_balancedness(store: Store, run_id: int) -> pd.DataFrame:
     return pd.DataFrame([(t, v) for t, _, v in rows if v is not None], columns=["t_s", "value"])
 
 
+def latency_by_window(store: Store, run_id: int, step_s: float = 5.0) -> pd.DataFrame:
+    """The run's mean TPOT per ``step_s`` window of request end times (t_s, value, n), for
+    drawing latency beside a served deployment's EPLB balancedness on one timeline."""
+    rows = store.windowed_means(run_id, "tpot_ms", step_s)
+    return pd.DataFrame([(t + step_s / 2, v, n) for t, v, n in rows], columns=["t_s", "value", "n"])
+
+
 def eplb_rearrangements(store: Store, run_id: int) -> list[float]:
     """When (s since the start) the server's EPLB moved experts during the run: the samples at
     which its count of rearrangements grew."""

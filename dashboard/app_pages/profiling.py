@@ -575,7 +575,8 @@ with routing_tab:
             st.dataframe(profile_data.routing_summary(routing), hide_index=True, key="p.routing-summary")
         if not balance.empty:
             moves = profile_data.eplb_rearrangements(store, rid)
-            ui.chart(charts.eplb_balancedness(balance, rearranged_at=moves), "p.routing-eplb")
+            latency = profile_data.latency_by_window(store, rid)
+            ui.chart(charts.eplb_balancedness(balance, rearranged_at=moves, latency=latency), "p.routing-eplb")
         if routing:
             _ep_whatif(routing)
 

@@ -484,6 +484,16 @@ def test_served_expert_views_are_listed_beside_the_native_ones(tmp_path: Path) -
     marked = charts.eplb_balancedness(balance, rearranged_at=moves)
     assert [s.x0 for s in marked.layout.shapes if s.line.dash == "dot"] == [2.0]
     assert any(a.text == "experts rearranged" for a in marked.layout.annotations)
+    # latency on the same timeline: the run's mean TPOT per 5 s window of request end times
+    latency = profile_data.latency_by_window(store, served)
+    recs = [r for r in store.records(served) if r.ok and r.tpot_ms is not None]
+    first = [r.tpot_ms for r in recs if r.end_s < 5.0]
+    assert latency["n"].sum() == len(recs) and latency["t_s"].iloc[0] == 2.5
+    # (records() recomputes TPOT from chunk times kept to the microsecond: equal within 1e-4)
+    assert latency["value"].iloc[0] == pytest.approx(sum(first) / len(first), rel=1e-4)
+    both = charts.eplb_balancedness(balance, rearranged_at=moves, latency=latency)
+    assert [t.yaxis for t in both.data] == [None, "y2"]  # the balancedness on the first axis and list(both.data[1].y) == latency["value"].tolist()
+    assert both.layout.yaxis2.title.text == "TPOT, ms"
     assert profile_data.eplb_balancedness(store, plain).empty
     empty = charts.eplb_balancedness(profile_data.eplb_balancedness(store, plain))
     assert "no EPLB balancedness" in str(empty.layout.annotations[0].text)
