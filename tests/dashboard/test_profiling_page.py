@@ -492,7 +492,8 @@ def test_served_expert_views_are_listed_beside_the_native_ones(tmp_path: Path) -
     # (records() recomputes TPOT from chunk times kept to the microsecond: equal within 1e-4)
     assert latency["value"].iloc[0] == pytest.approx(sum(first) / len(first), rel=1e-4)
     both = charts.eplb_balancedness(balance, rearranged_at=moves, latency=latency)
-    assert [t.yaxis for t in both.data] == [None, "y2"]  # the balancedness on the first axis and list(both.data[1].y) == latency["value"].tolist()
+    assert [t.yaxis for t in both.data] == [None, "y2"]  # the balancedness on the first axis
+    assert list(both.data[1].y) == latency["value"].tolist()
     assert both.layout.yaxis2.title.text == "TPOT, ms"
     assert profile_data.eplb_balancedness(store, plain).empty
     empty = charts.eplb_balancedness(profile_data.eplb_balancedness(store, plain))
