@@ -231,50 +231,6 @@ with st.container(horizontal=True, vertical_alignment="center"):
         else "The GPU example runs are imported (marked *imported example* below)."
     )
 
-# --- pick a stored profile run ---------------------------------------------------------------
-
-if not runs:
-    st.info(
-        "The operator table, breakdown, routing and memory of the run in progress show here when it finishes."
-        if running
-        else "No profile run yet. Load the native engine and start one above, or import the GPU example runs.",
-        icon=":material/info:",
-    )
-    st.stop()
-
-by_id = {r.id: r for r in runs}
-finished = job.snapshot() if job is not None and not running and ss.get("p.watching") == job.id else None
-if finished is not None and finished.run_id in by_id:
-    ss.pop("p.watching")  # the run this session watched has ended: show it (once)
-    _show(finished.run_id)
-if ss.get("p.run") not in by_id:
-    _show(runs[0].id)
-routing_candidates = profile_data.routing_runs(store)
-routing_ids = [r.id for r in routing_candidates]
-
-
-run_id = st.selectbox(
-    "Profile run",
-    list(by_id),
-    key="p.run",
-    format_func=lambda i: profile_data.profile_run_label(by_id[i], examples),
-    on_change=lambda: _show(ss["p.run"]),
-    help="Every stored profile run, newest first.",
-)
-run = by_id[run_id]
-prof = profile_data.load_profile(store, run_id)
-if run.error:
-    (st.warning if run.status == "cancelled" else st.error)(run.error, icon=":material/error:")
-if run.status != "completed" and prof.operators.empty and prof.breakdown is None and prof.routing is None:
-    st.caption(f"Run #{run.id} {run.status} before the profiler produced anything to show.")
-    st.stop()
-if run.name in examples:
-    st.markdown(
-        f":violet-badge[:material/inventory_2: imported example] recorded on "
-        f"**{run.engine_info.get('device', run.accelerator)}** · {run.engine_info.get('dtype', '')} · "
-        f"{data.fmt_params(run.engine_info.get('parameters'))} parameters"
-    )
-
 
 def _ep_whatif(routing: dict[str, Any]) -> None:
     """This routing on an expert-parallel deployment: tokens per rank for an EP size the user
@@ -300,6 +256,135 @@ def _ep_whatif(routing: dict[str, Any]) -> None:
         f"(`python -m bench routing RUN --ep {ep} --redundant {redundant}` prints it per layer)."
     )
     ui.chart(figures.ep_rank_figure(what), "p.ep-ranks")
+
+
+def _routing_view(run_id: int | None, own_routing: dict[str, Any] | None) -> None:
+    """The routing tab: a run's routing record (``run_id``'s own is ``own_routing``; any run with
+    one may be picked), its EP what-if, and a served deployment's EPLB balancedness."""
+    if not routing_candidates:
+        st.info(
+            "No run recorded expert routing: native engine runs and managed Triton runs do, as do runs that ask a "
+            "server for its routed experts (engine option routed_experts for SGLang, routing_pass for vLLM), runs "
+            "against an SGLang server with its expert distribution recorder, and vLLM servers launched with EPLB.",
+            icon=":material/info:",
+        )
+    else:
+        routing_by_id = {r.id: r for r in routing_candidates}
+        if ss.get("p.routing-run") not in routing_by_id:
+            ss["p.routing-run"] = run_id if run_id in routing_by_id else routing_ids[0]
+        rid = st.selectbox(
+            "Run (native, managed Triton and served routed-experts runs, SGLang recorder runs, vLLM EPLB runs)",
+            routing_ids,
+            key="p.routing-run",
+            format_func=lambda i: profile_data.profile_run_label(routing_by_id[i], examples),
+        )
+        routing = own_routing if rid == run_id else store.artifact(rid, "expert_routing")
+        if routing:
+            source = routing.get("source") or "counted at the model's gates (native engine)"
+            top_k = f"top-{routing['top_k']}" if routing.get("top_k") else "top-k unknown (token counts are selections)"
+            st.caption(
+                f"{len(routing['layers'])} MoE layers · {routing['num_experts']} routed experts · "
+                f"{top_k} · {routing['n_group']} expert group(s) · "
+                f"{max(routing['tokens'] or [0]):,} tokens per layer "
+                f"(prompt and generated tokens; each counts once per expert of its top-k) · {source}."
+            )
+        balance = profile_data.eplb_balancedness(store, rid)
+        shown = routing
+        windows = (routing or {}).get("windows") or []
+        if len(windows) > 1:  # a served run's routing by time window: the heat map at any point of the run
+            step = float(routing.get("window_s") or 10.0)
+            labels = ["whole run"] + [f"{w['t_s']:.0f}-{w['t_s'] + step:.0f} s" for w in windows]
+            pick = st.select_slider("Routing over time", labels, value="whole run", key="p.routing-window")
+            if pick != "whole run":
+                window = windows[labels.index(pick) - 1]
+                shown = {**routing, "counts": window["counts"]}
+        if shown is routing:
+            ui.chart(charts.routing_heatmap(routing), "p.routing-heatmap")
+        else:
+            ui.chart(charts.routing_heatmap(shown, f"Tokens routed to each expert, {pick}"), "p.routing-heatmap")
+        others = [i for i in routing_ids if i != rid]
+        other = st.selectbox(
+            "Compare with another run's routing", [None, *others], key="p.routing-compare",
+            format_func=lambda i: "none" if i is None else profile_data.profile_run_label(routing_by_id[i], examples),
+            help="e.g. two workloads, or native against a served engine on the same prompts: do they route alike?",
+        )  # fmt: skip
+        if other is not None and routing:
+            theirs = store.artifact(other, "expert_routing")
+            overlap = moe.routing_overlap(routing, theirs) if theirs else None
+            st.caption(
+                "Not comparable: the two runs' models have different MoE layers or experts."
+                if overlap is None
+                else f"Routing overlap {overlap:.3f} (per layer, the share of tokens both runs send to the same "
+                "experts, averaged: 1 = the same expert loads)."
+            )
+            if theirs:
+                ui.chart(
+                    charts.routing_heatmap(theirs, f"Tokens routed to each expert, run #{other}"), "p.routing-heat2"
+                )
+        r1, r2 = st.columns(2)
+        with r1:
+            ui.chart(charts.routing_imbalance(routing), "p.routing-imbalance")
+        with r2:
+            if routing and int(routing.get("n_group", 1) or 1) > 1:
+                ui.chart(charts.routing_groups(routing), "p.routing-groups")
+            else:
+                st.dataframe(profile_data.routing_summary(routing), hide_index=True, key="p.routing-summary")
+        if routing and int(routing.get("n_group", 1) or 1) > 1:
+            st.dataframe(profile_data.routing_summary(routing), hide_index=True, key="p.routing-summary")
+        if not balance.empty:
+            moves = profile_data.eplb_rearrangements(store, rid)
+            latency = profile_data.latency_by_window(store, rid)
+            ui.chart(charts.eplb_balancedness(balance, rearranged_at=moves, latency=latency), "p.routing-eplb")
+        if routing:
+            _ep_whatif(routing)
+
+
+# --- pick a stored profile run ---------------------------------------------------------------
+
+routing_candidates = profile_data.routing_runs(store)
+routing_ids = [r.id for r in routing_candidates]
+if not runs:
+    st.info(
+        "The operator table, breakdown, routing and memory of the run in progress show here when it finishes."
+        if running
+        else "No profile run yet. Load the native engine and start one above, or import the GPU example runs.",
+        icon=":material/info:",
+    )
+    if routing_candidates and not running:
+        st.markdown("##### :material/hub: Expert routing of other runs")
+        _routing_view(None, None)
+    st.stop()
+
+by_id = {r.id: r for r in runs}
+finished = job.snapshot() if job is not None and not running and ss.get("p.watching") == job.id else None
+if finished is not None and finished.run_id in by_id:
+    ss.pop("p.watching")  # the run this session watched has ended: show it (once)
+    _show(finished.run_id)
+if ss.get("p.run") not in by_id:
+    _show(runs[0].id)
+
+
+run_id = st.selectbox(
+    "Profile run",
+    list(by_id),
+    key="p.run",
+    format_func=lambda i: profile_data.profile_run_label(by_id[i], examples),
+    on_change=lambda: _show(ss["p.run"]),
+    help="Every stored profile run, newest first.",
+)
+run = by_id[run_id]
+prof = profile_data.load_profile(store, run_id)
+if run.error:
+    (st.warning if run.status == "cancelled" else st.error)(run.error, icon=":material/error:")
+if run.status != "completed" and prof.operators.empty and prof.breakdown is None and prof.routing is None:
+    st.caption(f"Run #{run.id} {run.status} before the profiler produced anything to show.")
+    st.stop()
+if run.name in examples:
+    st.markdown(
+        f":violet-badge[:material/inventory_2: imported example] recorded on "
+        f"**{run.engine_info.get('device', run.accelerator)}** · {run.engine_info.get('dtype', '')} · "
+        f"{data.fmt_params(run.engine_info.get('parameters'))} parameters"
+    )
 
 
 ops_tab, breakdown_tab, routing_tab, memory_tab = st.tabs(
@@ -503,82 +588,7 @@ with breakdown_tab:
 # --- c. expert routing -----------------------------------------------------------------------
 
 with routing_tab:
-    if not routing_candidates:
-        st.info(
-            "No run recorded expert routing: native engine runs and managed Triton runs do, as do runs against an "
-            "SGLang server with its "
-            "expert distribution recorder and vLLM servers launched with EPLB.",
-            icon=":material/info:",
-        )
-    else:
-        routing_by_id = {r.id: r for r in routing_candidates}
-        if ss.get("p.routing-run") not in routing_by_id:
-            ss["p.routing-run"] = run_id if run_id in routing_by_id else routing_ids[0]
-        rid = st.selectbox(
-            "Run (native and managed Triton runs, SGLang recorder runs, vLLM EPLB runs)",
-            routing_ids,
-            key="p.routing-run",
-            format_func=lambda i: profile_data.profile_run_label(routing_by_id[i], examples),
-        )
-        routing = prof.routing if rid == run_id else store.artifact(rid, "expert_routing")
-        if routing:
-            source = routing.get("source") or "counted at the model's gates (native engine)"
-            top_k = f"top-{routing['top_k']}" if routing.get("top_k") else "top-k unknown (token counts are selections)"
-            st.caption(
-                f"{len(routing['layers'])} MoE layers · {routing['num_experts']} routed experts · "
-                f"{top_k} · {routing['n_group']} expert group(s) · "
-                f"{max(routing['tokens'] or [0]):,} tokens per layer "
-                f"(prompt and generated tokens; each counts once per expert of its top-k) · {source}."
-            )
-        balance = profile_data.eplb_balancedness(store, rid)
-        shown = routing
-        windows = (routing or {}).get("windows") or []
-        if len(windows) > 1:  # a served run's routing by time window: the heat map at any point of the run
-            step = float(routing.get("window_s") or 10.0)
-            labels = ["whole run"] + [f"{w['t_s']:.0f}-{w['t_s'] + step:.0f} s" for w in windows]
-            pick = st.select_slider("Routing over time", labels, value="whole run", key="p.routing-window")
-            if pick != "whole run":
-                window = windows[labels.index(pick) - 1]
-                shown = {**routing, "counts": window["counts"]}
-        if shown is routing:
-            ui.chart(charts.routing_heatmap(routing), "p.routing-heatmap")
-        else:
-            ui.chart(charts.routing_heatmap(shown, f"Tokens routed to each expert, {pick}"), "p.routing-heatmap")
-        others = [i for i in routing_ids if i != rid]
-        other = st.selectbox(
-            "Compare with another run's routing", [None, *others], key="p.routing-compare",
-            format_func=lambda i: "none" if i is None else profile_data.profile_run_label(routing_by_id[i], examples),
-            help="e.g. two workloads, or native against a served engine on the same prompts: do they route alike?",
-        )  # fmt: skip
-        if other is not None and routing:
-            theirs = store.artifact(other, "expert_routing")
-            overlap = moe.routing_overlap(routing, theirs) if theirs else None
-            st.caption(
-                "Not comparable: the two runs' models have different MoE layers or experts."
-                if overlap is None
-                else f"Routing overlap {overlap:.3f} (per layer, the share of tokens both runs send to the same "
-                "experts, averaged: 1 = the same expert loads)."
-            )
-            if theirs:
-                ui.chart(
-                    charts.routing_heatmap(theirs, f"Tokens routed to each expert, run #{other}"), "p.routing-heat2"
-                )
-        r1, r2 = st.columns(2)
-        with r1:
-            ui.chart(charts.routing_imbalance(routing), "p.routing-imbalance")
-        with r2:
-            if routing and int(routing.get("n_group", 1) or 1) > 1:
-                ui.chart(charts.routing_groups(routing), "p.routing-groups")
-            else:
-                st.dataframe(profile_data.routing_summary(routing), hide_index=True, key="p.routing-summary")
-        if routing and int(routing.get("n_group", 1) or 1) > 1:
-            st.dataframe(profile_data.routing_summary(routing), hide_index=True, key="p.routing-summary")
-        if not balance.empty:
-            moves = profile_data.eplb_rearrangements(store, rid)
-            latency = profile_data.latency_by_window(store, rid)
-            ui.chart(charts.eplb_balancedness(balance, rearranged_at=moves, latency=latency), "p.routing-eplb")
-        if routing:
-            _ep_whatif(routing)
+    _routing_view(run_id, prof.routing)
 
 # --- d. memory timeline ----------------------------------------------------------------------
 

@@ -239,6 +239,29 @@ def test_page_renders_on_a_fresh_database(app_test: Callable[..., Any], fresh_da
     assert not at.get("plotly_chart")
 
 
+def test_served_routing_shows_without_any_profile_run(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+    """Runs that only recorded routing (a served engine's) are viewable before any profile run exists,
+    EP what-if included (a NameError here once: the view called a helper defined further down)."""
+    from tests.dashboard.synthetic import add_synthetic_run
+
+    store = Store(get_settings().db_path)
+    for name in ("served a", "served b"):
+        rid = add_synthetic_run(store, engine="openai", name=name)
+        routing = {"layers": ["layer 1"], "counts": [[6, 2, 2, 2]], "num_experts": 4, "top_k": 1, "n_group": 1,
+                   "tokens": [12], "imbalance": [2.0],
+                   "source": "routed_experts the server sent with each request"}  # fmt: skip
+        store.put_artifact(rid, ARTIFACT_ROUTING, routing)
+    at = app_test(PAGE)
+    _no_exception(at)
+    assert "No profile run yet" in _texts(at) and "Expert routing of other runs" in _texts(at)
+    assert at.selectbox(key="p.routing-run").value == rid
+    assert "routed_experts the server sent with each request" in _texts(at)
+    assert at.selectbox(key="p.ep").value in (1, 2, 4)
+    at.selectbox(key="p.routing-compare").select(rid - 1).run()
+    _no_exception(at)
+    assert "Routing overlap 1.000" in _texts(at)
+
+
 def test_page_shows_the_imported_h200_example(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
     at = app_test(PAGE)
     at.button(key="p.btn.import-examples").click().run()
