@@ -40,6 +40,7 @@ from engines.base import EngineOptions, GenerationRequest, ProgressFn, StreamChu
 from engines.errors import EngineUnavailable, RequestFailed, one_line
 from engines.http_client import HTTPEngine, HTTPOptions, api_key_for
 from engines.http_errors import CONNECT_TIMEOUT_S, aiohttp_errors, error_message, status_failure
+from engines.routing import routed_counts
 from engines.sse import OVERSIZE_EVENT, SSEError, asse_payloads, sse_object, sse_payloads
 from engines.tokens import SERVER_TOKENIZER, ServerTokenizer, TextCounter
 
@@ -252,7 +253,7 @@ class OpenAIEngine(HTTPEngine):
         as the run's record (engines.routing.served_record, no time windows: the pass is not the run)."""
         import numpy as np
 
-        from engines.routing import ROUTED_EXPERTS_MAX_B64, counts_from_ids, decode_routed_experts, served_record
+        from engines.routing import ROUTED_EXPERTS_MAX_B64, served_record
 
         layout = self._layout or {}
         total: Any = None
@@ -260,7 +261,7 @@ class OpenAIEngine(HTTPEngine):
         for request in requests:
             body = {**self.request_body(request), "stream": False, "return_routed_experts": True}
             body.pop("stream_options", None)
-            why, ids, prompt = None, None, request.prompt_tokens
+            why, counts, prompt = None, None, request.prompt_tokens
             try:
                 with self.post_stream(self._url_for_endpoint(), body) as chunks:
                     raw = bytearray()
@@ -277,18 +278,18 @@ class OpenAIEngine(HTTPEngine):
                 usage = obj.get("usage") if isinstance(obj, dict) else None
                 if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
                     prompt = usage["prompt_tokens"]
+                start = choice.get("routed_experts_prompt_start") if isinstance(choice, dict) else None
+                start = start if isinstance(start, int) and not isinstance(start, bool) and start > 0 else 0
                 if field is None:
                     why = "no routed_experts in the answer (is the server started with --enable-return-routed-experts?)"
                 else:
-                    ids, why = decode_routed_experts(field, layout)
+                    counts, why = routed_counts(field, layout, prompt, start)
             except (RequestFailed, ValueError, AttributeError) as exc:
                 why = one_line(exc, 200)
-            if ids is None:
+            if counts is None:
                 first_error = first_error or f"request {request.request_id}: {why}"
                 continue
-            start = choice.get("routed_experts_prompt_start") if isinstance(choice, dict) else None
-            counts = counts_from_ids(ids, prompt, int(layout["num_experts"]), int(start or 0))
-            total = counts if total is None else total + counts
+            total = counts.astype(np.int64) if total is None else total + counts
             counted += 1
         if total is None:
             return {"error": f"routing pass over {len(requests)} requests: none gave routing; {first_error}"}
@@ -519,13 +520,9 @@ class CompletionStream:
             return self._routing_reason
         if self._routed is None:
             return "the server sent no routed_experts (is it started with --enable-return-routed-experts?)"
-        from engines.routing import counts_from_ids, decode_routed_experts
-
-        ids, why = decode_routed_experts(self._routed, self.routing_layout)
+        counts, why = routed_counts(self._routed, self.routing_layout, self.prompt_tokens)
         self._routed = None
-        if ids is None:
-            return why
-        return counts_from_ids(ids, self.prompt_tokens, int(self.routing_layout["num_experts"]))
+        return why if counts is None else counts
 
     def feed(self, payload: str) -> list[StreamChunk]:
         """The chunks one ``data`` payload stands for; raises on an error or a malformed event."""

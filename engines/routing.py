@@ -13,6 +13,7 @@ shape (tokens, top_k): DeepSeek-V3's ``DeepseekV3TopkRouter`` returns
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from typing import Any
@@ -230,6 +231,62 @@ def layout_from_config(cfg: dict[str, Any], source: str) -> dict[str, Any] | Non
     }
 
 
+def _read_ids(b64: Any, layout: dict[str, Any]) -> tuple[Any, tuple[int, ...], str | None]:
+    """(ids [rows, layers, top-k], the MoE layers' indices on the array's layer axis, None) or
+    (None, (), one-line reason); see :func:`decode_routed_experts`."""
+    import binascii
+    import io
+
+    import numpy as np
+
+    experts, top_k = int(layout.get("num_experts") or 0), int(layout.get("top_k") or 0)
+    moe = tuple(layout.get("moe_layers") or ())
+    hidden = int(layout.get("hidden_layers") or len(moe))
+    if not isinstance(b64, str):
+        return None, (), f"routed_experts is a {type(b64).__name__}, not base64 text"
+    if len(b64) > ROUTED_EXPERTS_MAX_B64:
+        mib = f"{len(b64) / 2**20:.0f} MiB"
+        return None, (), f"routed_experts is {mib} of base64, over the {ROUTED_EXPERTS_MAX_B64 >> 20} MiB cap"
+    try:
+        raw = _b64decode(b64)
+    except (binascii.Error, ValueError) as exc:
+        return None, (), f"routed_experts is not base64 ({type(exc).__name__}: {str(exc)[:80]})"
+    if raw.startswith(NPY_MAGIC):
+        try:
+            ids = np.load(io.BytesIO(raw), allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            return None, (), f"routed_experts is not a readable .npy array ({type(exc).__name__}: {str(exc)[:80]})"
+        if ids.dtype.kind not in "iu" or ids.ndim != 3:
+            what = f"{ids.dtype} of shape {ids.shape}"
+            return None, (), f"routed_experts holds {what}, not integer ids [tokens, layers, top-k]"
+    elif not moe or not top_k or not hidden:
+        return None, (), f"routed_experts is {len(raw)} bytes, not a base64 .npy array"
+    elif len(raw) % 4 or (len(raw) // 4) % (hidden * top_k):
+        return (
+            None,
+            (),
+            (
+                f"routed_experts is {len(raw)} bytes: neither an .npy array nor int32 ids "
+                f"[tokens, {hidden} layers, top-{top_k}]"
+            ),
+        )
+    else:
+        ids = np.frombuffer(raw, dtype=np.int32).reshape(-1, hidden, top_k)
+    layers = ids.shape[1]
+    if moe and layers == hidden:
+        keep = moe
+    elif not moe or layers == len(moe):
+        keep = tuple(range(layers))
+    else:
+        return None, (), f"routed_experts has {layers} layers; the model has {len(moe)} MoE layers of {hidden}"
+    if ids.size:
+        low, high = int(ids.min()), int(ids.max())
+        if low < -1 or high >= experts:
+            bad = high if high >= experts else low
+            return None, (), f"routed_experts names expert {bad}, outside the model's {experts}"
+    return ids, keep, None
+
+
 def decode_routed_experts(b64: Any, layout: dict[str, Any]) -> tuple[Any, str | None]:
     """A server's per-request routed expert ids as an int array [rows, MoE layers, top-k], or
     (None, one-line reason). Two encodings, told apart by the ``.npy`` magic:
@@ -243,50 +300,10 @@ def decode_routed_experts(b64: Any, layout: dict[str, Any]) -> tuple[Any, str | 
     ``layout``: :func:`layout_from_config`'s; one with only ``num_experts`` takes an .npy
     array's layers as they are. An id of -1 is a placeholder (no routed expert in that slot)
     and is not counted."""
-    import binascii
-    import io
-
-    import numpy as np
-
-    experts, top_k = int(layout.get("num_experts") or 0), int(layout.get("top_k") or 0)
-    known = "moe_layers" in layout
-    moe = list(layout.get("moe_layers") or [])
-    hidden = int(layout.get("hidden_layers") or len(moe))
-    if not isinstance(b64, str):
-        return None, f"routed_experts is a {type(b64).__name__}, not base64 text"
-    if len(b64) > ROUTED_EXPERTS_MAX_B64:
-        return (
-            None,
-            f"routed_experts is {len(b64) / 2**20:.0f} MiB of base64, over the {ROUTED_EXPERTS_MAX_B64 >> 20} MiB cap",
-        )
-    try:
-        raw = _b64decode(b64)
-    except (binascii.Error, ValueError) as exc:
-        return None, f"routed_experts is not base64 ({type(exc).__name__}: {str(exc)[:80]})"
-    if raw.startswith(NPY_MAGIC):
-        try:
-            ids = np.load(io.BytesIO(raw), allow_pickle=False)
-        except (ValueError, OSError, EOFError) as exc:
-            return None, f"routed_experts is not a readable .npy array ({type(exc).__name__}: {str(exc)[:80]})"
-    elif not known or not top_k or not hidden:
-        return None, f"routed_experts is {len(raw)} bytes, not a base64 .npy array"
-    elif len(raw) % 4 or (len(raw) // 4) % (hidden * top_k):
-        return None, (
-            f"routed_experts is {len(raw)} bytes: neither an .npy array nor int32 ids "
-            f"[tokens, {hidden} layers, top-{top_k}]"
-        )
-    else:
-        ids = np.frombuffer(raw, dtype=np.int32).reshape(-1, hidden, top_k)
-    if ids.dtype.kind not in "iu" or ids.ndim != 3:
-        return None, f"routed_experts holds {ids.dtype} of shape {ids.shape}, not integer ids [tokens, layers, top-k]"
-    if known and ids.shape[1] == hidden and len(moe) < hidden:
-        ids = ids[:, moe, :]
-    elif known and ids.shape[1] != len(moe):
-        return None, f"routed_experts has {ids.shape[1]} layers; the model has {len(moe)} MoE layers of {hidden}"
-    if ids.size and (int(ids.min()) < -1 or int(ids.max()) >= experts):
-        bad = int(ids.max()) if int(ids.max()) >= experts else int(ids.min())
-        return None, f"routed_experts names expert {bad}, outside the model's {experts}"
-    return ids, None
+    ids, keep, why = _read_ids(b64, layout)
+    if ids is None:
+        return None, why
+    return (ids if len(keep) == ids.shape[1] else ids[:, list(keep), :]), None
 
 
 def _b64decode(text: str) -> bytes:
@@ -299,6 +316,40 @@ def _b64decode(text: str) -> bytes:
 
         return base64.b64decode(text, validate=True)
     return pybase64.b64decode(text, validate=True)
+
+
+@functools.lru_cache(maxsize=64)
+def _layer_plan(layers: int, keep: tuple[int, ...], experts: int) -> Any:
+    """Per layer of the array, the offset of its cells in a flat count: layer ``i`` owns cells
+    ``i * (experts + 1) ...``; cell 0 of each takes the -1 placeholders (dropped after)."""
+    import numpy as np
+
+    return (np.arange(layers, dtype=np.int64) * (experts + 1)).reshape(1, -1, 1), np.asarray(keep, dtype=np.intp)
+
+
+def routed_counts(
+    b64: Any, layout: dict[str, Any], prompt_tokens: int | None, prompt_start: int = 0
+) -> tuple[Any, str | None]:
+    """One request's routed experts (either encoding, see :func:`decode_routed_experts`) straight
+    to counts [2, MoE layers, experts] (uint16, or uint32 past 65,535 rows: small to pass from a
+    sender process): one bincount over the raw array, the dense layers' and placeholder cells
+    dropped after, no per-layer copies. What the client does per request; equal to
+    :func:`counts_from_ids` of :func:`decode_routed_experts` (tests/engines/test_routed_experts.py)."""
+    import numpy as np
+
+    ids, keep, why = _read_ids(b64, layout)
+    if ids is None:
+        return None, why
+    experts = int(layout.get("num_experts") or 0)
+    rows, layers = ids.shape[0], ids.shape[1]
+    layer_off, keep_idx = _layer_plan(layers, keep, experts)
+    cells = layers * (experts + 1)
+    prompt_rows = rows if prompt_tokens is None else max(0, min(rows, prompt_tokens - prompt_start))
+    phase = np.zeros((rows, 1, 1), dtype=np.int64)
+    phase[prompt_rows:] = cells
+    flat = np.bincount((ids + 1 + layer_off + phase).reshape(-1), minlength=2 * cells)
+    counts = flat.reshape(2, layers, experts + 1)[:, keep_idx, 1:]
+    return counts.astype(np.uint16 if rows < 65536 else np.uint32), None
 
 
 def counts_from_ids(ids: Any, prompt_tokens: int | None, num_experts: int, prompt_start: int = 0) -> Any:

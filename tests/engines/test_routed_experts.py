@@ -119,3 +119,27 @@ def test_sglang_raw_int32_ids_drop_the_dense_layers_and_skip_placeholders() -> N
     for payload, reason in bad:
         ids, why = decode_routed_experts(payload, layout)
         assert ids is None and reason in why, why
+
+
+@pytest.mark.parametrize("encoding", ["sglang", "vllm"])
+def test_the_fast_path_counts_as_decode_then_count_does(encoding: str) -> None:
+    """routed_counts (one bincount, what the client runs per request) against the plain decode and
+    a per-layer count, on random ids with placeholders, both encodings, several prompt splits."""
+    from engines.models import TINY_CONFIG
+    from engines.routing import counts_from_ids, decode_routed_experts, layout_from_config, routed_counts
+
+    layout = layout_from_config({**TINY_CONFIG, "num_hidden_layers": 5, "n_routed_experts": 16}, "test")
+    rng = np.random.default_rng(3)
+    for rows in (0, 1, 9, 40):
+        ids = rng.integers(-1, 16, size=(rows, 4, 2)).astype(np.int32)
+        if encoding == "sglang":
+            full = np.zeros((rows, 5, 2), dtype=np.int32)
+            full[:, 1:] = ids
+            payload = base64.b64encode(full.tobytes()).decode()
+        else:
+            payload = _b64(ids)
+        for prompt in (None, 0, 3, rows + 5):
+            fast, why = routed_counts(payload, layout, prompt)
+            assert why is None and fast.dtype == np.uint16 and fast.shape == (2, 4, 16)
+            slow = counts_from_ids(decode_routed_experts(payload, layout)[0], prompt, 16)
+            assert fast.tolist() == slow.tolist(), (rows, prompt)
