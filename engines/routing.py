@@ -320,11 +320,11 @@ def _b64decode(text: str) -> bytes:
 
 @functools.lru_cache(maxsize=64)
 def _layer_plan(layers: int, keep: tuple[int, ...], experts: int) -> Any:
-    """Per layer of the array, the offset of its cells in a flat count: layer ``i`` owns cells
-    ``i * (experts + 1) ...``; cell 0 of each takes the -1 placeholders (dropped after)."""
+    """Per layer of the array, what to add to an id for its cell in a flat count: layer ``i`` owns
+    cells ``i * (experts + 1) ...``, its cell 0 taking the -1 placeholders (dropped after)."""
     import numpy as np
 
-    return (np.arange(layers, dtype=np.int64) * (experts + 1)).reshape(1, -1, 1), np.asarray(keep, dtype=np.intp)
+    return (np.arange(layers, dtype=np.int32) * (experts + 1) + 1).reshape(1, -1, 1), np.asarray(keep, dtype=np.intp)
 
 
 def routed_counts(
@@ -342,14 +342,15 @@ def routed_counts(
         return None, why
     experts = int(layout.get("num_experts") or 0)
     rows, layers = ids.shape[0], ids.shape[1]
-    layer_off, keep_idx = _layer_plan(layers, keep, experts)
+    shift, keep_idx = _layer_plan(layers, keep, experts)
     cells = layers * (experts + 1)
     prompt_rows = rows if prompt_tokens is None else max(0, min(rows, prompt_tokens - prompt_start))
-    phase = np.zeros((rows, 1, 1), dtype=np.int64)
-    phase[prompt_rows:] = cells
-    flat = np.bincount((ids + 1 + layer_off + phase).reshape(-1), minlength=2 * cells)
-    counts = flat.reshape(2, layers, experts + 1)[:, keep_idx, 1:]
-    return counts.astype(np.uint16 if rows < 65536 else np.uint32), None
+    cell = ids + shift  # int32, one temporary; then one bincount per phase over contiguous rows
+    counts = np.empty((2, cells), dtype=np.int64)
+    counts[0] = np.bincount(cell[:prompt_rows].reshape(-1), minlength=cells)
+    counts[1] = np.bincount(cell[prompt_rows:].reshape(-1), minlength=cells)
+    kept = counts.reshape(2, layers, experts + 1)[:, keep_idx, 1:]
+    return kept.astype(np.uint16 if rows < 65536 else np.uint32), None
 
 
 def counts_from_ids(ids: Any, prompt_tokens: int | None, num_experts: int, prompt_start: int = 0) -> Any:
