@@ -19,7 +19,12 @@ geometric mean and the min-max spread. Size: one run of ``--size-requests`` with
 with it off; the SQLite files' sizes after the run (and the routing artifact's own bytes).
 
     python -m studies.routing_overhead [--shapes tiny v3] [--rounds 4] [--num-prompts 2000] \\
-        [--concurrency 64] [--size-requests 10000]
+        [--concurrency 64] [--size-requests 10000] [--itl-ms 2]
+
+With ``--itl-ms`` 0 (the default) the client runs flat out and is the limit: the rate drop is
+its CPU cost. With ``--itl-ms 2`` the stub streams like a decoding server (32 tokens >= 64 ms a
+request), the client has CPU to spare, and the ratio shows whether routing costs achieved
+throughput where a real server is the limit.
 
 Figures, not a test: the exit status is 0 whatever they are.
 """
@@ -99,11 +104,11 @@ def run_cli(url: str, db: Path, requests: int, concurrency: int, routing: bool, 
     }
 
 
-def start_stub(shape: tuple[int, ...]) -> tuple[str, Any]:
-    if shape == SHAPES["tiny"]:
+def start_stub(shape: tuple[int, ...], itl_ms: float = 0.0) -> tuple[str, Any]:
+    if shape == SHAPES["tiny"] and not itl_ms:
         return start_stub_server(model=MODEL, routed_experts="sglang")
     port = free_port()
-    argv = [sys.executable, "-m", "bench.stub_server", "--port", str(port), "--model", MODEL,
+    argv = [sys.executable, "-m", "bench.stub_server", "--port", str(port), "--model", MODEL, "--itl-ms", str(itl_ms),
             "--routed-experts", "sglang", "--routing-shape", ",".join(map(str, shape))]  # fmt: skip
     proc = ManagedProcess(argv, name="stub-server", cwd=PROJECT_ROOT).start()
     proc.wait_http(f"http://127.0.0.1:{port}/health", 30, interval=0.1)
@@ -113,7 +118,7 @@ def start_stub(shape: tuple[int, ...]) -> tuple[str, Any]:
 def study(name: str, args: argparse.Namespace, work: Path) -> None:
     shape = SHAPES[name]
     tokenizer = v3_layout_folder(work) if name == "v3" else None
-    url, stub = start_stub(shape)
+    url, stub = start_stub(shape, args.itl_ms)
     try:
         ratios, on_rps, off_rps, cpu = [], [], [], []
         for r in range(args.rounds):
@@ -159,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-prompts", type=int, default=2000)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--size-requests", type=int, default=10000)
+    p.add_argument(
+        "--itl-ms", type=float, default=0.0, help="the stub's gap between tokens: > 0 paces it like a decoding server"
+    )
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="routing-overhead-") as tmp:
         for name in args.shapes:
