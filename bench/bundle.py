@@ -54,13 +54,10 @@ def import_bundle_file(store: Store, path: str | os.PathLike[str], bundle: dict[
         raise MoEBenchError(f"{path.name} is not a MoE Bench run bundle (format moebench-run/1)")
     if not isinstance(bundle.get("artifacts", {}), dict):
         raise MoEBenchError("run bundle: 'artifacts' must be an object")
+    run_id = store.import_bundle(bundle)  # drops any trace path the bundle names
     for suffix in (".trace.json.gz", ".trace.json"):
         trace = path.with_name(path.name.removesuffix(".json") + suffix)
-        if trace.exists():
-            bundle.setdefault("artifacts", {})["profile_trace"] = {"path": str(trace.resolve())}
+        if trace.is_file():
+            store.adopt_trace(run_id, trace)  # copied into the store's traces folder
             break
-    else:
-        old = bundle.get("artifacts", {}).get("profile_trace")
-        if old and not Path(old.get("path", "")).exists():
-            bundle["artifacts"].pop("profile_trace")  # recorded on another machine; not here
-    return store.import_bundle(bundle)
+    return run_id

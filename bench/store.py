@@ -296,6 +296,10 @@ def _process_started(pid: int) -> float | None:
 _OUR_TABLES = frozenset(
     {"runs", "samples", "timeseries", "artifacts", "sweeps", "sqlite_sequence", "sample_counts", "timeseries_rollup"}
 )
+ARTIFACT_TRACE = "profile_trace"  # {"path": a trace file under the store's traces/ folder}
+TRACES_DIR = "traces"  # beside the store: the only folder a run's trace is served from
+TRACE_MAX_BYTES = 2 * 2**30  # a trace copied in (an imported bundle's, a vLLM server's) is at most this
+
 ROLLUP_LEVELS = (10, 100)  # seconds per bucket of the series' rollups (the raw series is 1 s)
 _ROLLUP_UPSERT = (
     "INSERT INTO timeseries_rollup VALUES (?,?,?,?,?,1) ON CONFLICT(run_id, level, name, t_s) DO UPDATE SET "
@@ -767,6 +771,52 @@ class Store:
         )
         return json.loads(r[0]) if r else None
 
+    # --- profile traces: files under traces/ beside the store, never a path from elsewhere
+    @property
+    def traces_dir(self) -> Path:
+        return self.path.parent / TRACES_DIR
+
+    def trace_path(self, run_id: int) -> Path | None:
+        """The run's trace file, when it is one MoE Bench keeps: a regular file (not a link) inside
+        this store's traces folder. A path an artifact names anywhere else is never served."""
+        art = self.artifact(run_id, ARTIFACT_TRACE)
+        raw = art.get("path") if isinstance(art, dict) else None
+        if not isinstance(raw, str) or not raw:
+            return None
+        path = Path(raw)
+        try:
+            inside = path.resolve(strict=True).parent == self.traces_dir.resolve()
+        except (OSError, RuntimeError):
+            return None
+        return path if inside and not path.is_symlink() and path.is_file() else None
+
+    def adopt_trace(self, run_id: int, src: str | os.PathLike[str]) -> str | None:
+        """Keep ``src`` as the run's trace: a file already in the traces folder is referenced, any
+        other is copied in (at most :data:`TRACE_MAX_BYTES`, regular files only). None, or one line
+        saying why the run keeps no trace."""
+        import shutil
+
+        src = Path(src)
+        try:
+            if src.is_symlink() or not src.is_file():
+                return f"the trace {src.name} is not a regular file"
+            size = src.stat().st_size
+            folder = self.traces_dir
+            if folder.is_dir() and src.resolve().parent == folder.resolve():
+                self.put_artifact(run_id, ARTIFACT_TRACE, {"path": str(src)})
+                return None
+            if size > TRACE_MAX_BYTES:
+                return f"the trace {src.name} is {size / 2**30:.1f} GiB, over the {TRACE_MAX_BYTES >> 30} GiB kept"
+            folder.mkdir(parents=True, exist_ok=True)
+            suffix = ".trace.json.gz" if src.name.endswith(".gz") else ".trace.json"
+            dest = folder / f"{self.path.stem}-run{run_id}{suffix}"
+            with src.open("rb") as fin, dest.open("wb") as fout:
+                shutil.copyfileobj(fin, fout, 2**20)
+        except OSError as exc:
+            return f"the trace {src.name} could not be kept: {exc.strerror or exc}"
+        self.put_artifact(run_id, ARTIFACT_TRACE, {"path": str(dest)})
+        return None
+
     def artifact_names(self, run_id: int) -> list[str]:
         rows = self._conn().execute("SELECT name FROM artifacts WHERE run_id=? ORDER BY name", (run_id,)).fetchall()
         return [r[0] for r in rows]
@@ -821,6 +871,10 @@ class Store:
         run["summary_json"] = _with_moe_figures(run.get("summary_json"), bundle.get("artifacts"))
         samples, series = bundle.get("samples", []), bundle.get("timeseries", [])
         artifacts = bundle.get("artifacts", {})
+        if isinstance(artifacts, dict) and ARTIFACT_TRACE in artifacts:
+            # A path from a bundle is never kept: a trace beside the bundle file is copied in
+            # (bench.bundle.import_bundle_file); a path would let a bundle name any local file.
+            artifacts = {k: v for k, v in artifacts.items() if k != ARTIFACT_TRACE}
         if not isinstance(samples, list) or not isinstance(series, list) or not isinstance(artifacts, dict):
             raise MoEBenchError("run bundle: 'samples' and 'timeseries' must be lists, 'artifacts' an object")
         for n, row in enumerate(series):

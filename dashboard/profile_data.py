@@ -17,7 +17,6 @@ from bench.run.artifacts import (
     ARTIFACT_BREAKDOWN,
     ARTIFACT_OPERATORS,
     ARTIFACT_ROUTING,
-    ARTIFACT_TRACE,
 )
 from bench.store import RunRow, Store
 from dashboard import data
@@ -310,12 +309,9 @@ class TraceFile:
 
 
 def trace_file(store: Store, run_id: int) -> TraceFile:
-    art = store.artifact(run_id, ARTIFACT_TRACE)
-    raw = art.get("path") if isinstance(art, dict) else None
-    if not raw:
-        return TraceFile(None, False)
-    path = Path(str(raw))
-    return TraceFile(path, path.is_file())
+    """The run's trace, only when it is a file MoE Bench keeps in the store's traces folder."""
+    path = store.trace_path(run_id)
+    return TraceFile(path, path is not None)
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ def _bar(snap: Any, width: int = 30) -> str:
 
 def format_profile(store: Store, run_id: int, top: int = 12) -> str:
     """The bottleneck breakdown and the top operators of a profile run, as text."""
-    from bench.run.artifacts import ARTIFACT_BREAKDOWN, ARTIFACT_OPERATORS, ARTIFACT_TRACE
+    from bench.run.artifacts import ARTIFACT_BREAKDOWN, ARTIFACT_OPERATORS
 
     lines = []
     bd = store.artifact(run_id, ARTIFACT_BREAKDOWN)
@@ -72,9 +72,9 @@ def format_profile(store: Store, run_id: int, top: int = 12) -> str:
                 f"  {o['operator'][:40]:<40}{o['calls']:>8}{o['self_cpu_ms']:>13.2f}{o['self_device_ms']:>13.2f}"
                 f"  {o['input_shapes'][:60]}"
             )
-    trace = store.artifact(run_id, ARTIFACT_TRACE)
-    if trace:
-        lines.append(f"\ntrace         {trace['path']}  (open in Perfetto or chrome://tracing)")
+    trace = store.trace_path(run_id)
+    if trace is not None:
+        lines.append(f"\ntrace         {trace}  (open in Perfetto or chrome://tracing)")
     return "\n".join(lines)
 
 

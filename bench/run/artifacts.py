@@ -1,9 +1,12 @@
 """The names of the artifacts a run stores beside its records (:meth:`bench.store.Store.put_artifact`)."""
 
+from bench.store import ARTIFACT_TRACE  # defined beside the store, which guards the trace's path
+
+__all__ = ["ARTIFACT_TRACE"]
+
 # Artifact names in the store
 ARTIFACT_OPERATORS = "profile_operators"
 ARTIFACT_BREAKDOWN = "profile_breakdown"
-ARTIFACT_TRACE = "profile_trace"
 ARTIFACT_ROUTING = "expert_routing"
 ARTIFACT_ROUTING_ERROR = "expert_routing_error"  # {"error": why} when a server's routing could not be read
 # {"sources": [{"source", "name"}], "missing": [reason, ...], "devices": ["dev0: NVIDIA H200 (nvml)", ...]}

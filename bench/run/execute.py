@@ -48,7 +48,6 @@ from bench.run.artifacts import (
     ARTIFACT_PREPARE,
     ARTIFACT_ROUTING,
     ARTIFACT_ROUTING_ERROR,
-    ARTIFACT_TRACE,
 )
 from bench.run.gc_watch import GcWatch
 from bench.run.host_load import disturbance
@@ -171,7 +170,9 @@ def _profile(job: Job, engine: Engine, requests: Sequence[Any], warmup: list[Any
             store.put_artifact(run_id, ARTIFACT_BREAKDOWN, {"rows": [], "basis": None, "total_ms": 0.0,
                                                             "note": NO_BREAKDOWN_NOTE})  # fmt: skip
         if res.trace_path:
-            store.put_artifact(run_id, ARTIFACT_TRACE, {"path": res.trace_path})
+            why = store.adopt_trace(run_id, res.trace_path)  # a vLLM server's trace is copied beside the store
+            if why:
+                job.set_phase(why)
 
 
 PREPARE_SAMPLE = 256  # requests whose lengths the engine prepares for (the first block is built already)

@@ -1,0 +1,69 @@
+"""The second hostile round (issue 34): files, bundles and bodies an attacker controls. Each test
+fails without its fix; the files, bundles and servers are made here."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from bench.store import Store
+from tests.hostile.clirun import ROOT, bench
+
+PROFILE = ROOT / "examples" / "h100-fast-profile.json"
+PROFILE_TRACE = ROOT / "examples" / "h100-fast-profile.trace.json.gz"
+
+
+# --- a bundle never makes MoE Bench serve a file it did not write -------------------------
+
+
+def test_a_bundle_naming_a_local_file_as_its_trace_serves_nothing(tmp_path: Path) -> None:
+    """A bundle whose profile_trace names a secret file: imported, the run has no trace (CLI and
+    Profiling page); the file is neither referenced nor copied."""
+    from dashboard import profile_data
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:$6$not-for-download\n")
+    bundle = json.loads(PROFILE.read_text())
+    bundle["artifacts"]["profile_trace"] = {"path": str(secret)}
+    path = tmp_path / "evil.json"
+    path.write_text(json.dumps(bundle))
+    db = tmp_path / "db.sqlite"
+    r = bench("import", str(path), "--db", str(db), data_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    store = Store(db)
+    (run,) = store.list_runs()
+    assert store.artifact(run.id, "profile_trace") is None and store.trace_path(run.id) is None
+    assert profile_data.trace_file(store, run.id).exists is False
+    assert not store.traces_dir.exists() or not any(store.traces_dir.iterdir())
+    # an artifact written straight into the store (an older file, a hand edit) is not served either
+    store.put_artifact(run.id, "profile_trace", {"path": str(secret)})
+    assert store.trace_path(run.id) is None and profile_data.trace_file(store, run.id).path is None
+
+
+def test_a_trace_beside_a_bundle_is_copied_in_and_a_link_is_refused(tmp_path: Path) -> None:
+    src = tmp_path / "in"
+    src.mkdir()
+    shutil.copy(PROFILE, src / "p.json")
+    shutil.copy(PROFILE_TRACE, src / "p.trace.json.gz")
+    db = tmp_path / "db.sqlite"
+    assert bench("import", str(src / "p.json"), "--db", str(db), data_dir=tmp_path).returncode == 0
+    store = Store(db)
+    (run,) = store.list_runs()
+    kept = store.trace_path(run.id)
+    assert kept is not None and kept.parent == store.traces_dir and kept.read_bytes() == PROFILE_TRACE.read_bytes()
+    (src / "p.trace.json.gz").unlink()  # the copy stays the run's
+    assert store.trace_path(run.id) == kept
+    # a symlink beside the bundle (to a file the user did not mean to share) is not followed
+    secret = tmp_path / "secret.txt"
+    secret.write_text("secret")
+    (src / "p.trace.json.gz").symlink_to(secret)
+    assert bench("import", str(src / "p.json"), "--db", str(db), data_dir=tmp_path).returncode == 0
+    newest = store.list_runs()[0]
+    assert newest.id != run.id and store.trace_path(newest.id) is None
+    assert all(p.read_bytes() != b"secret" for p in store.traces_dir.iterdir())
+    # a link planted inside the traces folder is not served either
+    link = store.traces_dir / "planted.trace.json"
+    link.symlink_to(secret)
+    store.put_artifact(newest.id, "profile_trace", {"path": str(link)})
+    assert store.trace_path(newest.id) is None
