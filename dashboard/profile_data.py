@@ -18,7 +18,7 @@ from bench.run.artifacts import (
     ARTIFACT_OPERATORS,
     ARTIFACT_ROUTING,
 )
-from bench.store import RunRow, Store
+from bench.store import ARTIFACT_TRACE, RunRow, Store
 from dashboard import data
 from dashboard.data import MEMORY_SERIES
 from engines.profiling import CATEGORIES, CATEGORY_RULES
@@ -309,9 +309,14 @@ class TraceFile:
 
 
 def trace_file(store: Store, run_id: int) -> TraceFile:
-    """The run's trace, only when it is a file MoE Bench keeps in the store's traces folder."""
+    """The run's trace: ``exists`` only when it is a file MoE Bench keeps in the store's traces
+    folder (Store.trace_path); a recorded path anywhere else is named, never served."""
     path = store.trace_path(run_id)
-    return TraceFile(path, path is not None)
+    if path is not None:
+        return TraceFile(path, True)
+    art = store.artifact(run_id, ARTIFACT_TRACE)
+    raw = art.get("path") if isinstance(art, dict) else None
+    return TraceFile(Path(raw) if isinstance(raw, str) and raw else None, False)
 
 
 @dataclass(frozen=True)

@@ -489,7 +489,8 @@ with ops_tab:
         d3.caption("This run recorded no trace file.")
     elif not trace.exists:
         d3.warning(
-            f"The trace file `{trace.path}` is no longer on disk (deleted, or recorded on another machine).",
+            f"The trace file `{trace.path.name}` is not in this data folder's traces (deleted, or recorded "
+            "elsewhere): only traces MoE Bench keeps there are offered.",
             icon=":material/draft:",
         )
     else:

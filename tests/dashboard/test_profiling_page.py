@@ -87,7 +87,9 @@ def test_importing_the_examples_twice_skips_them(profile_store: Store) -> None:
     assert imported == [] and sorted(skipped) == EXAMPLES
     assert len(profile_store.list_runs()) == before
     trace = profile_data.trace_file(profile_store, _run(profile_store, EXAMPLE_PROFILE).id)
-    assert trace.exists and trace.path.name == "h200-profile.trace.json.gz" and trace.mime == "application/gzip"
+    example = _run(profile_store, EXAMPLE_PROFILE)
+    assert trace.exists and trace.mime == "application/gzip"
+    assert trace.path == profile_store.traces_dir / f"{profile_store.path.stem}-run{example.id}.trace.json.gz"
     with gzip.open(trace.path, "rt", encoding="utf-8") as fh:
         assert "traceEvents" in fh.read(4096)
 
@@ -326,7 +328,7 @@ def test_page_shows_the_imported_h200_example(app_test: Callable[..., Any], fres
     assert [r.name for r in profile_data.profile_runs(store)] == ["h100-fast-profile", EXAMPLE_PROFILE]
     store.put_artifact(example.id, ARTIFACT_TRACE, {"path": "/nonexistent/run9.trace.json"})
     at.run()
-    assert any("is no longer on disk" in w.value for w in at.warning)
+    assert any("is not in this data folder's traces" in w.value for w in at.warning)
     assert [b.proto.label for b in at.get("download_button")] == ["Operator CSV"]
     store.close()
 
