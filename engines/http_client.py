@@ -28,9 +28,11 @@ from engines.base import Engine, EngineOptions, ProgressFn
 from engines.errors import EngineUnavailable, ModelLoadError
 from engines.http_errors import (
     CONNECT_TIMEOUT_S,
+    ERROR_BODY_MAX,
     WRITE_TIMEOUT_S,
     RequestDeadline,
     http_errors,
+    read_capped,
     redacted,
     status_failure,
 )
@@ -155,7 +157,9 @@ class HTTPEngine(Engine):
 
     def _http_settings(self) -> tuple[float, dict[str, str], int]:
         """(read timeout s, headers, pool size) shared by the threaded and the asyncio client."""
-        headers = {"Accept": "text/event-stream, application/json"}
+        # identity: a compressed answer could inflate far past what it weighs on the wire (bodies
+        # are read capped anyway, decoded bytes counted)
+        headers = {"Accept": "text/event-stream, application/json", "Accept-Encoding": "identity"}
         key, _ = api_key_for(self.base_url)
         if key:
             headers["Authorization"] = f"Bearer {key}"
@@ -192,7 +196,7 @@ class HTTPEngine(Engine):
                 resp.status_code,
                 url,
                 resp.headers.get("location"),
-                resp.read() if resp.status_code >= 400 else b"",
+                read_capped(resp.iter_bytes(), ERROR_BODY_MAX, url, truncate=True) if resp.status_code >= 400 else b"",
             )
             if failure is not None:
                 raise failure

@@ -18,6 +18,65 @@ from engines.errors import RequestFailed, ServerUnreachable, one_line
 
 CONNECT_TIMEOUT_S = 10.0
 WRITE_TIMEOUT_S = 30.0
+# Bodies are read with a cap on the *decoded* bytes (a gzip body of 10 MB can inflate to 10 GB):
+ERROR_BODY_MAX = 64 * 1024  # an error answer: only its message is shown, the rest is not read
+JSON_BODY_MAX = 16 * 2**20  # a JSON answer (a model list, server info, a tokenization)
+METRICS_BODY_MAX = 32 * 2**20  # a Prometheus page
+
+
+class BodyTooLarge(RequestFailed):
+    """An answer bigger than the cap MoE Bench reads for its kind."""
+
+
+def read_capped(chunks: Iterable[bytes], cap: int, what: str, truncate: bool = False) -> bytes:
+    """The body from its (decoded) chunks, at most ``cap`` bytes: with ``truncate`` the rest is
+    not read (an error message needs its start only), else :class:`BodyTooLarge`."""
+    out = bytearray()
+    for chunk in chunks:
+        out += chunk
+        if len(out) > cap:
+            if truncate:
+                return bytes(out[:cap])
+            raise BodyTooLarge(f"{what} is over {cap / 2**20:g} MiB: not read")
+    return bytes(out)
+
+
+async def aread_capped(resp: Any, cap: int, what: str, truncate: bool = False) -> bytes:
+    """:func:`read_capped` for an aiohttp response (decompressed as it is read)."""
+    out = bytearray()
+    async for chunk in resp.content.iter_chunked(2**16):
+        out += chunk
+        if len(out) > cap:
+            if truncate:
+                return bytes(out[:cap])
+            raise BodyTooLarge(f"{what} is over {cap / 2**20:g} MiB: not read")
+    return bytes(out)
+
+
+class CappedResponse:
+    """What :func:`http_get` read: the status, the headers and at most a capped body."""
+
+    def __init__(self, status_code: int, headers: Any, content: bytes) -> None:
+        self.status_code, self.headers, self.content = status_code, headers, content
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+def http_get(client: Any, url: str, cap: int = JSON_BODY_MAX, method: str = "GET", **kw: Any) -> CappedResponse:
+    """``client.request`` (httpx) with the body read through :func:`read_capped`: an error
+    answer (400+) is cut at :data:`ERROR_BODY_MAX`, any other over ``cap`` raises
+    :class:`BodyTooLarge`."""
+    with client.stream(method, url, **kw) as resp:
+        if resp.status_code >= 400:
+            body = read_capped(resp.iter_bytes(), ERROR_BODY_MAX, url, truncate=True)
+        else:
+            body = read_capped(resp.iter_bytes(), cap, f"the answer of {url}")
+        return CappedResponse(resp.status_code, resp.headers, body)
 
 
 class RequestDeadline:

@@ -39,7 +39,16 @@ from pydantic import Field
 from engines.base import EngineOptions, GenerationRequest, ProgressFn, StreamChunk, register_engine
 from engines.errors import EngineUnavailable, RequestFailed, one_line
 from engines.http_client import HTTPEngine, HTTPOptions, api_key_for
-from engines.http_errors import CONNECT_TIMEOUT_S, aiohttp_errors, error_message, status_failure
+from engines.http_errors import (
+    CONNECT_TIMEOUT_S,
+    ERROR_BODY_MAX,
+    BodyTooLarge,
+    aiohttp_errors,
+    aread_capped,
+    error_message,
+    http_get,
+    status_failure,
+)
 from engines.routing import routed_counts
 from engines.sse import OVERSIZE_EVENT, SSEError, asse_payloads, sse_object, sse_payloads
 from engines.tokens import SERVER_TOKENIZER, ServerTokenizer, TextCounter
@@ -306,7 +315,9 @@ class OpenAIEngine(HTTPEngine):
 
         url = f"{self.base_url}/models"
         try:
-            resp = self._client.get(url, timeout=10.0)
+            resp = http_get(self._client, url, timeout=10.0)
+        except BodyTooLarge as exc:
+            raise EngineUnavailable(f"{url} did not answer an OpenAI model list: {exc}") from exc
         except httpx.HTTPError as exc:
             raise EngineUnavailable(
                 f"cannot reach the OpenAI-compatible server at {self.base_url}: {type(exc).__name__}: "
@@ -421,7 +432,7 @@ class OpenAIEngine(HTTPEngine):
         # first wave as send lag.
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
             async with self._asession.get(f"{self.base_url}/models", timeout=aiohttp.ClientTimeout(total=10)) as resp:
-                await resp.read()
+                await aread_capped(resp, ERROR_BODY_MAX, "a model list", truncate=True)
 
     async def aconnect(self, n: int) -> None:
         # Concurrent cheap requests open the connections; they stay pooled (keep-alive) for
@@ -438,7 +449,7 @@ class OpenAIEngine(HTTPEngine):
         async def one() -> None:
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 async with session.get(f"{self.base_url}/models", timeout=aiohttp.ClientTimeout(total=10)) as resp:
-                    await resp.read()
+                    await aread_capped(resp, ERROR_BODY_MAX, "a model list", truncate=True)
 
         await asyncio.gather(*(one() for _ in range(min(n, self.opts.max_connections))))
 
@@ -462,7 +473,10 @@ class OpenAIEngine(HTTPEngine):
             ) as resp:
                 deadline.answered = True
                 failure = status_failure(
-                    resp.status, url, resp.headers.get("Location"), await resp.read() if resp.status >= 400 else b""
+                    resp.status,
+                    url,
+                    resp.headers.get("Location"),
+                    await aread_capped(resp, ERROR_BODY_MAX, url, truncate=True) if resp.status >= 400 else b"",
                 )
                 if failure is not None:
                     raise failure

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.errors import EngineUnavailable, one_line
+from engines.http_errors import http_get
 
 INFO_PATHS = ("/get_server_info", "/server_info")
 DUMP_GLOB = "expert_distribution_recorder_*.pt"
@@ -31,7 +32,7 @@ def server_info(client: Any, root: str) -> dict[str, Any] | None:
     """The server's own description where it gives one with its parallel sizes (SGLang), else None."""
     for path in INFO_PATHS:
         try:
-            resp = client.get(f"{root}{path}", timeout=5.0)
+            resp = http_get(client, f"{root}{path}", timeout=5.0)
         except Exception:  # noqa: BLE001 - not every server has it
             continue
         if resp.status_code != 200:
@@ -93,7 +94,7 @@ class ExpertDistribution:
 
     def _post(self, path: str) -> None:
         try:
-            resp = self.client.post(f"{self.root}{path}", timeout=60.0)
+            resp = http_get(self.client, f"{self.root}{path}", method="POST", timeout=60.0)
         except Exception as exc:
             raise EngineUnavailable(f"SGLang {path}: {type(exc).__name__}: {one_line(exc, 200)}") from exc
         if resp.status_code != 200:

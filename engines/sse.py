@@ -18,6 +18,9 @@ MAX_SSE_EVENT_BYTES = 4 * 2**20  # one SSE line or event; a real completion even
 # read past and dropped, up to SKIP_LIMIT_FACTOR times the cap, then the stream is refused).
 OVERSIZE_EVENT = "\x00oversize-event"
 SKIP_LIMIT_FACTOR = 4
+# A stream that brings this many times the event cap without completing one event (blank lines,
+# comments: a compressed stream of newlines inflates to gigabytes) is refused.
+IDLE_LIMIT_FACTOR = 4
 
 
 class SSEError(RequestFailed):
@@ -49,6 +52,7 @@ class SSEDecoder:
         self._skipping = False  # inside an oversize event: drop lines until the blank line ending it
         self._mid_line = False  # the pending bytes dropped were part of a line whose end is still to come
         self._skipped = 0  # bytes dropped in the current oversize event
+        self._since_event = 0  # bytes read since the last payload
 
     def _oversize(self, what: str, dropped: int) -> str:
         """Start (or go on) dropping an oversize event; OVERSIZE_EVENT when it starts."""
@@ -108,6 +112,10 @@ class SSEDecoder:
         """Take the next bytes of the stream; the payloads of the events they complete."""
         if not chunk:
             return []
+        self._since_event += len(chunk)
+        if self._since_event > IDLE_LIMIT_FACTOR * self.max_event_bytes + len(chunk):
+            n = self.max_event_bytes * IDLE_LIMIT_FACTOR
+            raise SSEError(f"{n / 2**20:g} MiB of the event stream without one event: stopped reading")
         self._pending += chunk
         if b"\r" in chunk or self._held_cr:
             self._normalise_cr()
@@ -131,6 +139,8 @@ class SSEDecoder:
             payload = self.line(raw.decode("utf-8", errors="replace"))
             if payload is not None:
                 out.append(payload)
+        if out:
+            self._since_event = 0
         return out
 
     def _normalise_cr(self) -> None:

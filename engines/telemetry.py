@@ -59,7 +59,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from engines.errors import MoEBenchError, RequestFailed, one_line
-from engines.http_errors import http_errors, redacted
+from engines.http_errors import METRICS_BODY_MAX, http_errors, http_get, redacted
 from engines.prometheus import PromSample as PromSample  # re-exported: the exporter parsers' sample
 from engines.prometheus import parse_prometheus_samples
 
@@ -738,7 +738,7 @@ class ExporterSource(TelemetrySource):
         if self._client is None:
             self._client = httpx.Client(timeout=self.timeout, follow_redirects=False)
         with http_errors(self.shown_url, who="the exporter"):
-            resp = self._client.get(self.url)
+            resp = http_get(self._client, self.url, METRICS_BODY_MAX)
         if resp.status_code != 200:
             raise RequestFailed(f"HTTP {resp.status_code} from {self.shown_url}")
         return str(resp.text)

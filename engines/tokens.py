@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from engines.errors import RequestFailed
+from engines.http_errors import http_get
+
 SERVER_TOKENIZER = "server"  # options.tokenizer value: use the server's /tokenize
 
 
@@ -31,15 +34,16 @@ class ServerTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         body = {"model": self.model, "prompt": text, "add_special_tokens": add_special_tokens}
-        resp = self.client.post(f"{self.root}/tokenize", json=body, timeout=30.0)
-        resp.raise_for_status()
+        resp = http_get(self.client, f"{self.root}/tokenize", method="POST", json=body, timeout=30.0)
+        if resp.status_code != 200:
+            raise RequestFailed(f"HTTP {resp.status_code} from {self.root}/tokenize")
         return list(resp.json()["tokens"])
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        resp = self.client.post(
-            f"{self.root}/detokenize", json={"model": self.model, "tokens": list(ids)}, timeout=30.0
-        )
-        resp.raise_for_status()
+        body = {"model": self.model, "tokens": list(ids)}
+        resp = http_get(self.client, f"{self.root}/detokenize", method="POST", json=body, timeout=30.0)
+        if resp.status_code != 200:
+            raise RequestFailed(f"HTTP {resp.status_code} from {self.root}/detokenize")
         return str(resp.json()["prompt"])
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> Any:

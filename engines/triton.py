@@ -32,7 +32,7 @@ from engines.accelerators import Availability
 from engines.base import GenerationRequest, ProgressFn, StreamChunk, register_engine
 from engines.errors import EngineUnavailable, RequestFailed, one_line
 from engines.http_client import HTTPOptions
-from engines.http_errors import error_message
+from engines.http_errors import error_message, http_get
 from engines.launch import ManagedProcess, free_port
 from engines.managed import ServerEngine, probe_interpreter
 from engines.prometheus import CounterRates, parse_prometheus
@@ -327,8 +327,8 @@ class TritonEngine(ServerEngine):
         import httpx
 
         try:
-            ready = self._client.get(f"{self.base_url}/v2/health/ready", timeout=10.0)
-            model = self._client.get(f"{self.base_url}/v2/models/{self.served_name}/ready", timeout=10.0)
+            ready = http_get(self._client, f"{self.base_url}/v2/health/ready", timeout=10.0)
+            model = http_get(self._client, f"{self.base_url}/v2/models/{self.served_name}/ready", timeout=10.0)
         except httpx.HTTPError as exc:
             raise EngineUnavailable(
                 f"cannot reach Triton at {self.base_url}: {type(exc).__name__}: {one_line(exc, 200) or 'no answer'}"

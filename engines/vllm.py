@@ -35,7 +35,8 @@ from pydantic import Field
 
 from engines.accelerators import Availability
 from engines.base import SERIES_PREFIX_HITS, SERIES_PREFIX_QUERIES, ProgressFn, register_engine
-from engines.errors import ConfigError, EngineUnavailable
+from engines.errors import ConfigError, EngineUnavailable, RequestFailed
+from engines.http_errors import METRICS_BODY_MAX, http_get
 from engines.launch import ManagedProcess, free_port
 from engines.managed import ServerEngine, probe_interpreter
 from engines.openai_http import OpenAIEngine, OpenAIOptions
@@ -535,8 +536,9 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
 
     # --- telemetry and health ---------------------------------------------------------
     def _scrape(self, timeout: float = 2.0) -> str:
-        resp = self.probe_client().get(f"{self.server_root}/metrics", timeout=timeout)
-        resp.raise_for_status()
+        resp = http_get(self.probe_client(), f"{self.server_root}/metrics", METRICS_BODY_MAX, timeout=timeout)
+        if resp.status_code != 200:
+            raise RequestFailed(f"HTTP {resp.status_code} from {self.server_root}/metrics")
         return resp.text
 
     def _read_cache_info(self) -> None:

@@ -21,6 +21,11 @@ The modes (:data:`MODES`):
   each adding a line to the event's data), then a blank line and ``[DONE]``;
 - ``huge_routing``: a good completion, then a response-level event (SGLang's ``sglext``) whose
   ``routed_experts`` is 100 MB of base64 text in one line, then the usage event and ``[DONE]``;
+- ``gzip_error``: HTTP 500 whose body, ``Content-Encoding: gzip``, inflates to :data:`BOMB_BYTES`
+  of spaces (about 2 MB on the wire);
+- ``gzip_newlines``: a 200 event stream, gzip, inflating to :data:`BOMB_BYTES` of newlines (no event);
+- ``gzip_models``: ``GET /v1/models`` answered with a gzip body inflating to :data:`BOMB_BYTES`
+  (the mode from the URL only: ``/gzip_models/v1``);
 - ``huge_line_no_newline``: ``data: yyyy...`` without a newline (100 MB, then the connection ends);
 - ``endless``: valid one-token events, never ``[DONE]``: 60 MB of them (:data:`ENDLESS_BYTES`),
   then the connection ends, so a client that keeps reading is seen (:attr:`bytes_sent`);
@@ -57,6 +62,9 @@ MODES = (
     "huge_event",
     "huge_event_empty_lines",
     "huge_routing",
+    "gzip_error",
+    "gzip_newlines",
+    "gzip_models",
     "huge_line_no_newline",
     "endless",
     "trickle",
@@ -77,6 +85,22 @@ ENDLESS_BYTES = 60 * 10**6  # mode endless gives up after this much (~450 k even
 # never stops reading ends instead of hanging the test; a client that stops at its cap reads ~10 kB (the
 # sockets' buffers, several MB on loopback, stay far below half of this)
 TRICKLE_EVERY_S = 0.2
+BOMB_BYTES = 2 * 10**9  # what the gzip modes inflate to
+
+
+def gzip_bomb(fill: bytes) -> bytes:
+    """:data:`BOMB_BYTES` of ``fill`` repeated, gzip-compressed (made once per fill, ~2 MB)."""
+    import zlib
+
+    if fill not in _BOMBS:
+        enc = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: the gzip container
+        block = fill * (2**20 // len(fill))
+        parts = [enc.compress(block) for _ in range(BOMB_BYTES // len(block))]
+        _BOMBS[fill] = b"".join(parts) + enc.flush()
+    return _BOMBS[fill]
+
+
+_BOMBS: dict[bytes, bytes] = {}
 HANG_GUARD_S = 300.0  # the longest any endless mode goes on when the client never hangs up
 _DIRECTIVE = re.compile(r"hostile:([a-z_]+)")
 
@@ -203,6 +227,10 @@ class HostileServer:
         segments = [s for s in request.path.split("/") if s]
         path_mode = segments[0] if segments and segments[0] in MODES else None
         rest = segments[1:] if path_mode else segments
+        if request.method == "GET" and rest == ["v1", "models"] and path_mode == "gzip_models":
+            body = await asyncio.to_thread(gzip_bomb, b" ")
+            headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+            return web.Response(body=body, headers=headers)
         if request.method == "GET" and rest == ["v1", "models"]:
             return web.json_response(
                 {"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "hostile"}]}
@@ -225,6 +253,19 @@ class HostileServer:
             self.hits[mode] += 1
         if mode == "redirect":
             raise web.HTTPTemporaryRedirect(f"{self.redirect_to}{path}")  # the same endpoint, without the mode
+        if mode == "gzip_error":
+            body = await asyncio.to_thread(gzip_bomb, b" ")
+            headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+            return web.Response(status=500, body=body, headers=headers)
+        if mode == "gzip_newlines":
+            resp = web.StreamResponse(headers={**SSE_HEADERS, "Content-Encoding": "gzip"})
+            await resp.prepare(request)
+            bomb = await asyncio.to_thread(gzip_bomb, b"\n")
+            with contextlib.suppress(ConnectionError):
+                for i in range(0, len(bomb), 2**16):
+                    await self._send(resp, mode, bomb[i : i + 2**16])
+                await resp.write_eof()
+            return resp
         if mode == "error_formula":
             err = {"error": {"message": FORMULA, "type": "InternalServerError", "code": 500}}
             return web.json_response(err, status=500)

@@ -7,8 +7,12 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from bench.store import Store
 from tests.hostile.clirun import ROOT, bench
+from tests.hostile.hostile_server import HostileServer
+from tests.hostile.test_hostile_server import CLIENTS, MAX_RSS, assert_only_r2_failed, mixed_prompts, openai_run
 
 PROFILE = ROOT / "examples" / "h100-fast-profile.json"
 PROFILE_TRACE = ROOT / "examples" / "h100-fast-profile.trace.json.gz"
@@ -38,7 +42,7 @@ def test_a_bundle_naming_a_local_file_as_its_trace_serves_nothing(tmp_path: Path
     assert not store.traces_dir.exists() or not any(store.traces_dir.iterdir())
     # an artifact written straight into the store (an older file, a hand edit) is not served either
     store.put_artifact(run.id, "profile_trace", {"path": str(secret)})
-    assert store.trace_path(run.id) is None and profile_data.trace_file(store, run.id).path is None
+    assert store.trace_path(run.id) is None and profile_data.trace_file(store, run.id).exists is False
 
 
 def test_a_trace_beside_a_bundle_is_copied_in_and_a_link_is_refused(tmp_path: Path) -> None:
@@ -67,3 +71,36 @@ def test_a_trace_beside_a_bundle_is_copied_in_and_a_link_is_refused(tmp_path: Pa
     link.symlink_to(secret)
     store.put_artifact(newest.id, "profile_trace", {"path": str(link)})
     assert store.trace_path(newest.id) is None
+
+
+# --- bodies are read with a cap on their decoded bytes -------------------------------------
+
+BOMB_CASES = [
+    ("gzip_error", "RequestFailed: HTTP 500 from {url}/completions: "),
+    ("gzip_newlines", "SSEError: 16 MiB of the event stream without one event: stopped reading"),
+]
+
+
+@pytest.mark.parametrize("client", list(CLIENTS))
+@pytest.mark.parametrize(("mode", "reason"), BOMB_CASES, ids=[c[0] for c in BOMB_CASES])
+def test_a_compressed_answer_is_not_inflated_past_its_cap(
+    tmp_path: Path, server: HostileServer, mode: str, reason: str, client: str
+) -> None:
+    """2 GB behind ~2 MB of gzip: the request fails alone with its reason (the client stopped
+    at its cap: 64 KiB of an error, 16 MiB of a stream without an event) and its memory stays low.
+    (The whole compressed body fits the loopback sockets' buffers, so the server's byte count
+    cannot show where the client stopped; the reasons do.)"""
+    url = server.url()
+    r, db = openai_run(url, tmp_path, mixed_prompts(mode), *CLIENTS[client])
+    assert r.returncode == 1, r.stderr
+    error = assert_only_r2_failed(db)
+    assert error.startswith(reason.format(url=url)), error
+    assert r.peak_rss < MAX_RSS, f"the CLI peaked at {r.peak_rss / 2**20:.0f} MiB"
+
+
+def test_a_compressed_model_list_is_refused_at_start(tmp_path: Path, server: HostileServer) -> None:
+    r, _ = openai_run(server.url("gzip_models"), tmp_path, ["good one"])
+    assert r.returncode != 0
+    line = r.one_error()
+    assert "did not answer an OpenAI model list" in line and "over 16 MiB: not read" in line, line
+    assert r.peak_rss < MAX_RSS, f"the CLI peaked at {r.peak_rss / 2**20:.0f} MiB"
