@@ -237,9 +237,18 @@ def _jsonl_item(line: str, n: int, origin: str) -> dict[str, Any] | None:
     prompt = obj.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise WorkloadError(f"{origin} line {n}: 'prompt' must be a non-empty string")
+    if not prompt.isascii():
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate (JSON "\ud800"): not text a tokenizer takes
+            raise WorkloadError(
+                f"{origin} line {n}: 'prompt' is not valid Unicode (a lone surrogate at character {exc.start})"
+            ) from None
     out_len = obj.get("output_len")
     if out_len is not None and (not isinstance(out_len, int) or isinstance(out_len, bool) or out_len < 1):
         raise WorkloadError(f"{origin} line {n}: 'output_len' must be a positive integer")
+    if out_len is not None and out_len > MAX_OUTPUT_LEN:
+        raise WorkloadError(f"{origin} line {n}: 'output_len' {out_len} is over the {MAX_OUTPUT_LEN} MoE Bench allows")
     return {"prompt": prompt, "output_len": out_len}
 
 

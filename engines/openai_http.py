@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
@@ -554,7 +555,7 @@ class CompletionStream:
             err = obj["error"]
             msg = err.get("message", err) if isinstance(err, dict) else err
             raise RequestFailed(f"server error mid-stream: {one_line(msg, 200)}")
-        usage = obj.get("usage") or None
+        usage = _usage(obj.get("usage"))
         choices = obj.get("choices") or []
         if self.routing_layout is not None:
             ext = obj.get("sglext")
@@ -563,15 +564,15 @@ class CompletionStream:
         if not choices:
             if usage is None:
                 return []
-            if isinstance(usage.get("prompt_tokens"), int):
+            if usage["prompt_tokens"] is not None:
                 self.prompt_tokens = usage["prompt_tokens"]
             return [
                 StreamChunk(
                     text="",
                     tokens=0,
                     final=True,
-                    prompt_tokens=usage.get("prompt_tokens"),
-                    usage_output_tokens=usage.get("completion_tokens"),
+                    prompt_tokens=usage["prompt_tokens"],
+                    usage_output_tokens=usage["completion_tokens"],
                     routing=self._routing() if self._routed is not None or self._routing_reason else None,
                 )
             ]
@@ -586,9 +587,10 @@ class CompletionStream:
         server_n: int | None = None
         if isinstance(choice.get("token_ids"), list):
             server_n = len(choice["token_ids"])
-        elif usage is not None and usage.get("completion_tokens") is not None:
-            server_n = int(usage["completion_tokens"]) - self.usage_out
-            self.usage_out = int(usage["completion_tokens"])
+        elif usage is not None and usage["completion_tokens"] is not None:
+            grown = usage["completion_tokens"] - self.usage_out
+            server_n = grown if grown >= 0 else None  # a count that shrank is not believed
+            self.usage_out = max(self.usage_out, usage["completion_tokens"])
         out = []
         guess = self.content_count.tokenizer is None  # no tokenizer: one token per chunk
         if reasoning:
@@ -612,11 +614,47 @@ class CompletionStream:
             raise SSEError("the event stream ended before [DONE] (connection dropped?)")
 
 
+USAGE_MAX = 10**9  # a token count above this in a usage report is not a count
+
+
+def _usage(value: Any) -> dict[str, int | None] | None:
+    """A usage report's prompt and completion counts, each a whole number in [0, 1e9] or None: a
+    NaN, a string, a negative or an absurd count is that request's server being wrong, and is
+    ignored (the client's own count stands), never an error of the run."""
+    if not isinstance(value, dict):
+        return None
+
+    def count(key: str) -> int | None:
+        v = value.get(key)
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            return None
+        if isinstance(v, float) and not (math.isfinite(v) and v.is_integer()):
+            return None
+        return int(v) if 0 <= v <= USAGE_MAX else None
+
+    return {"prompt_tokens": count("prompt_tokens"), "completion_tokens": count("completion_tokens")}
+
+
+def _clean(text: Any) -> str:
+    """Text as valid Unicode: a lone surrogate (JSON "\\ud800") becomes "?", so no tokenizer or
+    writer downstream meets a string it cannot encode."""
+    text = str(text)
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
 def _choice_text(choice: dict[str, Any]) -> tuple[str, str]:
     """(content text, reasoning text) of one streamed choice."""
     if "delta" in choice:
         delta = choice.get("delta") or {}
+        if not isinstance(delta, dict):
+            return "", ""
         content = delta.get("content") or ""
         reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
-        return str(content), str(reasoning)
-    return str(choice.get("text") or ""), ""
+        return _clean(content), _clean(reasoning)
+    return _clean(choice.get("text") or ""), ""

@@ -26,6 +26,9 @@ The modes (:data:`MODES`):
 - ``gzip_newlines``: a 200 event stream, gzip, inflating to :data:`BOMB_BYTES` of newlines (no event);
 - ``gzip_models``: ``GET /v1/models`` answered with a gzip body inflating to :data:`BOMB_BYTES`
   (the mode from the URL only: ``/gzip_models/v1``);
+- ``usage_nan``, ``usage_text``, ``usage_huge``, ``usage_negative``: a good completion whose usage
+  event says ``NaN``, ``"many"``, ``1e29`` or ``-1000000`` for both counts (and per chunk);
+- ``surrogate``: a good completion whose second token's text is a lone surrogate (JSON ``"\\ud800"``);
 - ``huge_line_no_newline``: ``data: yyyy...`` without a newline (100 MB, then the connection ends);
 - ``endless``: valid one-token events, never ``[DONE]``: 60 MB of them (:data:`ENDLESS_BYTES`),
   then the connection ends, so a client that keeps reading is seen (:attr:`bytes_sent`);
@@ -65,6 +68,11 @@ MODES = (
     "gzip_error",
     "gzip_newlines",
     "gzip_models",
+    "usage_nan",
+    "usage_text",
+    "usage_huge",
+    "usage_negative",
+    "surrogate",
     "huge_line_no_newline",
     "endless",
     "trickle",
@@ -293,6 +301,36 @@ class HostileServer:
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
         await self._send(resp, mode, _event({**_chunk(chat, ""), "choices": [], "usage": usage}))
         await self._send(resp, mode, DONE)
+
+    async def _write_with_usage(self, resp: Any, mode: str, chat: bool, body: dict[str, Any], bad: Any) -> None:
+        n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        for i in range(n):
+            text = "\ud800" if mode == "surrogate" and i == 1 else WORD
+            event = {**_chunk(chat, text, "length" if i == n - 1 else None)}
+            if bad is not None:
+                event["usage"] = {"prompt_tokens": bad, "completion_tokens": bad}
+            await self._send(resp, mode, _event(event))
+        prompt_tokens = len(_prompt_text(body).split())
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+        if bad is not None:
+            usage = {"prompt_tokens": bad, "completion_tokens": bad, "total_tokens": bad}
+        await self._send(resp, mode, _event({**_chunk(chat, ""), "choices": [], "usage": usage}))
+        await self._send(resp, mode, DONE)
+
+    async def _write_usage_nan(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
+        await self._write_with_usage(resp, mode, chat, body, float("nan"))
+
+    async def _write_usage_text(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
+        await self._write_with_usage(resp, mode, chat, body, "many")
+
+    async def _write_usage_huge(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
+        await self._write_with_usage(resp, mode, chat, body, 1e29)
+
+    async def _write_usage_negative(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
+        await self._write_with_usage(resp, mode, chat, body, -1_000_000)
+
+    async def _write_surrogate(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
+        await self._write_with_usage(resp, mode, chat, body, None)
 
     async def _write_huge_event(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
         head = json.dumps(_chunk(chat, "@@"), separators=(",", ":")).split("@@")[0]

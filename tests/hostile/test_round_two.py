@@ -11,8 +11,15 @@ import pytest
 
 from bench.store import Store
 from tests.hostile.clirun import ROOT, bench
-from tests.hostile.hostile_server import HostileServer
-from tests.hostile.test_hostile_server import CLIENTS, MAX_RSS, assert_only_r2_failed, mixed_prompts, openai_run
+from tests.hostile.hostile_server import MODEL, HostileServer
+from tests.hostile.test_hostile_server import (
+    CLIENTS,
+    MAX_RSS,
+    OUT,
+    assert_only_r2_failed,
+    mixed_prompts,
+    openai_run,
+)
 
 PROFILE = ROOT / "examples" / "h100-fast-profile.json"
 PROFILE_TRACE = ROOT / "examples" / "h100-fast-profile.trace.json.gz"
@@ -104,3 +111,47 @@ def test_a_compressed_model_list_is_refused_at_start(tmp_path: Path, server: Hos
     line = r.one_error()
     assert "did not answer an OpenAI model list" in line and "over 16 MiB: not read" in line, line
     assert r.peak_rss < MAX_RSS, f"the CLI peaked at {r.peak_rss / 2**20:.0f} MiB"
+
+
+# --- one request's bad usage or text is that request's, never the run's -------------------
+
+USAGE_MODES = ["usage_nan", "usage_text", "usage_huge", "usage_negative", "surrogate"]
+
+
+@pytest.mark.parametrize("client", list(CLIENTS))
+@pytest.mark.parametrize("mode", USAGE_MODES)
+def test_a_bad_usage_report_or_a_lone_surrogate_leaves_the_run_whole(
+    tmp_path: Path, server: HostileServer, mode: str, client: str
+) -> None:
+    """NaN, a string, 1e29 or a negative count in a usage event (per chunk and final), or a lone
+    surrogate in a delta: every request completes with its own count of tokens (the server's
+    bad figure ignored), the run completes and its totals are the true ones."""
+    r, db = openai_run(server.url(), tmp_path, mixed_prompts(mode), *CLIENTS[client])
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    store = Store(db)
+    (run,) = store.list_runs()
+    assert run.status == "completed" and run.summary is not None and run.summary.failed == 0
+    records = {rec.request_id: rec for rec in store.records(run.id)}
+    assert sorted(records) == ["r0", "r1", "r2", "r3"]
+    assert all(rec.error is None and rec.output_tokens == OUT for rec in records.values()), records["r2"]
+    assert run.summary.output_tokens == 4 * OUT and run.summary.output_throughput_tok_s > 0
+    if mode != "surrogate":
+        assert records["r2"].usage_output_tokens is None  # the server's figure was not a count
+    assert server.hits[mode] == 1
+
+
+def test_a_jsonl_prompt_with_a_lone_surrogate_or_a_huge_output_len_is_refused_in_one_line(
+    tmp_path: Path, server: HostileServer
+) -> None:
+    for line, reason in (
+        ({"prompt": "ok \ud800 then"}, "prompts.jsonl line 2: 'prompt' is not valid Unicode (a lone surrogate at"),
+        ({"prompt": "long", "output_len": 10**9}, "prompts.jsonl line 2: 'output_len' 1000000000 is over the 32768"),
+    ):
+        path = tmp_path / "prompts.jsonl"
+        path.write_text(json.dumps({"prompt": "fine"}) + "\n" + json.dumps(line) + "\n")
+        r = bench("run", "--engine", "openai", "--base-url", server.url(), "--model", MODEL,
+                  "--prompts", "jsonl", "--prompt-file", str(path), "--requests", "2", "--quiet",
+                  "--db", str(tmp_path / "db.sqlite"), data_dir=tmp_path)  # fmt: skip
+        assert r.returncode == 1, r.stderr  # the run is recorded as failed, with the reason
+        assert reason in r.one_error(), r.one_error()
