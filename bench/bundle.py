@@ -14,6 +14,7 @@ from bench.store import Store
 from engines.errors import MoEBenchError
 
 RUN_FORMAT = "moebench-run/1"
+BUNDLE_MAX_BYTES = 512 * 2**20  # a bundle file larger than this is refused before it is read
 SWEEP_FORMAT = "moebench-sweep/1"
 
 
@@ -21,6 +22,10 @@ def read_bundle(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A bundle file's JSON document (a run's or a sweep's), or one line saying why not."""
     path = Path(path)
     try:
+        size = path.stat().st_size
+        if size > BUNDLE_MAX_BYTES:
+            cap = BUNDLE_MAX_BYTES >> 20
+            raise MoEBenchError(f"cannot read bundle {path}: {size / 2**20:,.0f} MiB, over the {cap} MiB allowed")
         bundle = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise MoEBenchError(f"cannot read bundle {path}: {exc}") from exc

@@ -345,10 +345,12 @@ def _refuse_foreign(path: Path) -> None:
     """Refuse, before writing anything (no tables, no WAL), a file that is not a MoE Bench store."""
     from engines.errors import ConfigError
 
+    if path.exists() and path.is_dir():
+        raise ConfigError(f"database '{path}' is a folder, not a file")
+    if path.exists() and not path.is_file():  # /dev/null, /dev/full, a FIFO: SQLite would write a journal beside it
+        raise ConfigError(f"database '{path}' is not a regular file (a device or a pipe): give a file path")
     if not path.exists() or path.stat().st_size == 0:
         return
-    if path.is_dir():
-        raise ConfigError(f"database '{path}' is a folder, not a file")
     try:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
@@ -532,11 +534,34 @@ class Store:
         self._conn().execute("UPDATE runs SET summary_json=? WHERE id=?", (json.dumps(summary.as_dict()), run_id))
 
     def _row(self, r: sqlite3.Row) -> RunRow:
-        summary = RunSummary.from_dict(json.loads(r["summary_json"])) if r["summary_json"] else None
+        """A stored run; a row whose stored summary or JSON cannot be read is still listed (without
+        its summary) and says why in its ``error``, so one bad row never hides the others."""
+        bad: list[str] = []
+
+        def loads(col: str, default: Any) -> Any:
+            try:
+                return json.loads(r[col]) if r[col] else default
+            except (TypeError, ValueError, RecursionError):
+                bad.append(col)
+                return default
+
+        summary = None
+        if r["summary_json"]:
+            try:
+                summary = RunSummary.from_dict(json.loads(r["summary_json"]))
+            except (TypeError, ValueError, KeyError, RecursionError, AttributeError):
+                bad.append("summary_json")
+        try:
+            created = float(r["created_at"])
+        except (TypeError, ValueError):
+            created, bad = 0.0, [*bad, "created_at"]
+        error = r["error"]
+        if bad:
+            error = f"this stored run is damaged ({', '.join(bad)} unreadable); " + (error or "")
         return RunRow(
             id=int(r["id"]),
             name=r["name"],
-            created_at=float(r["created_at"]),
+            created_at=created,
             finished_at=r["finished_at"],
             status=r["status"],
             mode=r["mode"],
@@ -544,12 +569,12 @@ class Store:
             model=r["model"],
             accelerator=r["accelerator"],
             concurrency=r["concurrency"],
-            config=json.loads(r["config_json"]),
-            engine_info=json.loads(r["engine_json"] or "{}"),
+            config=loads("config_json", {}),
+            engine_info=loads("engine_json", {}),
             summary=summary,
-            error=r["error"],
+            error=error.strip().rstrip(";") if error else error,
             sweep_id=r["sweep_id"],
-            sweep_point=json.loads(r["sweep_point"]) if r["sweep_point"] else None,
+            sweep_point=loads("sweep_point", None),
         )
 
     def get_run(self, run_id: int) -> RunRow | None:
@@ -868,6 +893,17 @@ class Store:
                 raise MoEBenchError(f"run bundle: the run's {c} is not a JSON object")
         if run.get("status") not in STATUSES:
             raise MoEBenchError(f"run bundle: unknown status {str(run.get('status'))[:40]!r}")
+        for c in ("created_at", "finished_at"):
+            if (run.get(c) is not None or c == "created_at") and not _finite(run.get(c), 0.0, EPOCH_MAX):
+                raise MoEBenchError(
+                    f"run bundle: the run's {c} is not a time (seconds since 1970): {str(run.get(c))[:40]}"
+                )
+        if run.get("concurrency") is not None and not _count(run["concurrency"]):
+            raise MoEBenchError("run bundle: the run's concurrency is not a whole number")
+        if run.get("summary_json") is not None:
+            why = _summary_problem(run["summary_json"])
+            if why:
+                raise MoEBenchError(f"run bundle: the run's summary_json {why}")
         run["summary_json"] = _with_moe_figures(run.get("summary_json"), bundle.get("artifacts"))
         samples, series = bundle.get("samples", []), bundle.get("timeseries", [])
         artifacts = bundle.get("artifacts", {})
@@ -878,8 +914,15 @@ class Store:
         if not isinstance(samples, list) or not isinstance(series, list) or not isinstance(artifacts, dict):
             raise MoEBenchError("run bundle: 'samples' and 'timeseries' must be lists, 'artifacts' an object")
         for n, row in enumerate(series):
-            if not isinstance(row, list | tuple) or len(row) != 3:
-                raise MoEBenchError(f"run bundle: 'timeseries' row {n} is not [t, name, value]")
+            if (
+                not isinstance(row, list | tuple)
+                or len(row) != 3
+                or not _finite(row[0])
+                or not isinstance(row[1], str)
+                or len(row[1]) > 200
+                or (row[2] is not None and not _finite(row[2]))
+            ):
+                raise MoEBenchError(f"run bundle: 'timeseries' row {n} is not [t, name, value] (numbers, a name)")
         cols = list(run)
         with self._lock:
             conn.execute("BEGIN")
@@ -892,6 +935,9 @@ class Store:
                 for n, x in enumerate(samples):
                     if not isinstance(x, dict) or any(x.get(c) is None for c in ("seq", "request_id", "start_s")):
                         raise MoEBenchError(f"run bundle: sample {n} is not a sample (seq, request_id, start_s, ...)")
+                    why = _sample_problem(x)
+                    if why:
+                        raise MoEBenchError(f"run bundle: sample {n} {why}")
                     keys = [c for c in sample_cols if c in x]
                     conn.execute(
                         f"INSERT INTO samples (run_id, {', '.join(keys)}) VALUES (?, {', '.join('?' * len(keys))})",
@@ -1034,6 +1080,77 @@ def _with_moe_figures(summary_json: Any, artifacts: Any) -> Any:
     from bench.metrics.moe import run_figures
 
     return json.dumps({**summary, **run_figures(routing)})
+
+
+EPOCH_MAX = 4_102_444_800.0  # 2100-01-01: a run's time past this is not a time
+_SAMPLE_REALS = ("start_s", "end_s", "e2e_ms")  # numbers
+_SAMPLE_OPTIONAL_REALS = ("ttft_ms", "tpot_ms", "itl_mean_ms", "ttft_any_ms", "send_lag_ms")  # numbers or null
+_SAMPLE_COUNTS = ("seq", "prompt_tokens", "output_tokens")  # whole numbers >= 0
+COUNT_MAX = 10**12
+
+
+def _finite(v: Any, low: float = -1e15, high: float = 1e15) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and low <= v <= high
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= COUNT_MAX
+
+
+def _sample_problem(x: dict[str, Any]) -> str | None:
+    """Why a bundle's sample is not one (wrong types or values), or None."""
+    for c in _SAMPLE_REALS:
+        if c in x and not _finite(x[c]):
+            return f"has {c} {str(x[c])[:40]!r}, not a number"
+    for c in _SAMPLE_OPTIONAL_REALS:
+        if x.get(c) is not None and not _finite(x[c]):
+            return f"has {c} {str(x[c])[:40]!r}, not a number"
+    for c in _SAMPLE_COUNTS:
+        if c in x and not _count(x[c]):
+            return f"has {c} {str(x[c])[:40]!r}, not a count"
+    if x.get("usage_output_tokens") is not None and not _count(x["usage_output_tokens"]):
+        return "has a usage_output_tokens that is not a count"
+    if not isinstance(x["request_id"], str) or not isinstance(x.get("error", ""), str):
+        return "has a request_id or error that is not text"
+    chunks = x.get("chunk_times_json", "[]")
+    if not isinstance(chunks, str):
+        return "has chunk_times_json that is not JSON text"
+    try:
+        times = json.loads(chunks)
+    except (ValueError, RecursionError):
+        return "has chunk_times_json that is not JSON"
+    if not isinstance(times, list) or not all(_finite(t) for t in times):
+        return "has chunk_times_json that is not a list of numbers"
+    return None
+
+
+def _summary_problem(text: Any) -> str | None:
+    """Why a bundle's summary_json would not load as a summary, or None (null is fine)."""
+    import dataclasses
+    import typing
+
+    try:
+        data = json.loads(text) if isinstance(text, str) else None
+    except (ValueError, RecursionError):
+        return "is not JSON"
+    if data is None:
+        return None
+    try:
+        summary = RunSummary.from_dict(data)
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+        return f"is not a run summary ({type(exc).__name__}: {str(exc)[:80]})"
+    hints = typing.get_type_hints(RunSummary)
+    for f in dataclasses.fields(summary):
+        v, hint = getattr(summary, f.name), str(hints.get(f.name, ""))
+        if dataclasses.is_dataclass(v):
+            for g in dataclasses.fields(v):
+                w = getattr(v, g.name)
+                if w is not None and not _finite(w, -1e300, 1e300):
+                    return f"has {f.name}.{g.name} {str(w)[:40]!r}, not a number"
+        elif v is not None and ("float" in hint or "int" in hint) and "str" not in hint and "dict" not in hint:
+            if not _finite(v, -1e300, 1e300) and not isinstance(v, tuple | list):
+                return f"has {f.name} {str(v)[:40]!r}, not a number"
+    return None
 
 
 def _json_text(value: Any, kind: type | tuple[type, ...]) -> bool:

@@ -12,6 +12,7 @@ prints one line ``error: <reason>`` on stderr and exits with status 2 (1 for a f
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -149,4 +150,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_USAGE
     except OSError as exc:
         print(f"error: {exc.strerror or exc}: {getattr(exc, 'filename', '') or ''}".rstrip(": "), file=sys.stderr)
+        return EXIT_USAGE
+    except sqlite3.DatabaseError as exc:  # a damaged results file (flipped bytes, a zeroed page)
+        db = getattr(args, "db", None) or "the results file"
+        print(f"error: {db} is damaged or not a MoE Bench database (SQLite: {exc})", file=sys.stderr)
         return EXIT_USAGE

@@ -155,3 +155,106 @@ def test_a_jsonl_prompt_with_a_lone_surrogate_or_a_huge_output_len_is_refused_in
                   "--db", str(tmp_path / "db.sqlite"), data_dir=tmp_path)  # fmt: skip
         assert r.returncode == 1, r.stderr  # the run is recorded as failed, with the reason
         assert reason in r.one_error(), r.one_error()
+
+
+# --- one imported bundle never breaks the store -------------------------------------------
+
+
+def _bundle_with(tmp_path: Path, where: str, key: str, value: object) -> Path:
+    bundle = json.loads(PROFILE.read_text())
+    if where == "run":
+        bundle["run"][key] = value
+    elif where == "summary":
+        summary = json.loads(bundle["run"]["summary_json"])
+        summary[key] = value
+        bundle["run"]["summary_json"] = json.dumps(summary)
+    else:
+        bundle["samples"][0][key] = value
+    path = tmp_path / f"bad-{where}-{key}.json"
+    path.write_text(json.dumps(bundle))
+    return path
+
+
+BAD_VALUES = [
+    ("sample", "ttft_ms", "fast", "sample 0 has ttft_ms 'fast', not a number"),
+    ("sample", "output_tokens", -5, "sample 0 has output_tokens '-5', not a count"),
+    ("sample", "chunk_times_json", '[1, "x"]', "sample 0 has chunk_times_json that is not a list of numbers"),
+    ("run", "created_at", "yesterday", "the run's created_at is not a time (seconds since 1970): yesterday"),
+    ("run", "created_at", 1e308, "the run's created_at is not a time"),
+    ("summary", "ttft_ms", "12 ms", "the run's summary_json is not a run summary"),
+    (
+        "summary",
+        "ttft_ms",
+        {
+            "count": 1,
+            "mean": {"nested": 1},
+            "std": None,
+            "min": None,
+            "max": None,
+            "p50": None,
+            "p90": None,
+            "p95": None,
+            "p99": None,
+        },
+        "has ttft_ms.mean",
+    ),
+    ("summary", "duration_s", "long", "has duration_s 'long', not a number"),
+]
+
+
+@pytest.mark.parametrize(("where", "key", "value", "reason"), BAD_VALUES, ids=[f"{c[0]}-{c[1]}" for c in BAD_VALUES])
+def test_a_bundle_with_a_wrong_type_is_refused_and_the_store_still_lists(
+    tmp_path: Path, where: str, key: str, value: object, reason: str
+) -> None:
+    db = tmp_path / "db.sqlite"
+    assert bench("import", str(PROFILE), "--db", str(db), data_dir=tmp_path).returncode == 0
+    r = bench("import", str(_bundle_with(tmp_path, where, key, value)), "--db", str(db), data_dir=tmp_path)
+    assert r.returncode == 2 and reason in r.one_error(), r.stderr
+    for argv in (
+        ["runs"],
+        ["report", "1", "--html", str(tmp_path / "r.html")],
+        ["export", "1", "--out", str(tmp_path / "e.csv")],
+    ):
+        done = bench(*argv, "--db", str(db), data_dir=tmp_path)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, (argv, done.stderr)
+
+
+def test_a_damaged_row_is_listed_and_named_and_a_damaged_file_is_one_line(tmp_path: Path) -> None:
+    import sqlite3
+
+    db = tmp_path / "db.sqlite"
+    for _ in range(2):
+        assert bench("import", str(PROFILE), "--db", str(db), data_dir=tmp_path).returncode == 0
+    con = sqlite3.connect(db)
+    con.execute("UPDATE runs SET summary_json=? WHERE id=1", (json.dumps({"ttft_ms": "x"}),))
+    con.commit()
+    con.close()
+    listed = bench("runs", "--db", str(db), data_dir=tmp_path)
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    store = Store(db)
+    runs = {r.id: r for r in store.list_runs()}
+    assert sorted(runs) == [1, 2] and runs[2].summary is not None
+    assert runs[1].summary is None and "damaged (summary_json unreadable)" in (runs[1].error or "")
+    store.close()
+    # a file whose pages are zeroed: one line, no traceback
+    data = bytearray(db.read_bytes())
+    data[4096 : 8192 * 2] = bytes(8192 * 2 - 4096)
+    broken = tmp_path / "broken.sqlite"
+    broken.write_bytes(bytes(data))
+    for argv in (["runs"], ["export", "1", "--out", str(tmp_path / "x.csv")]):
+        r = bench(*argv, "--db", str(broken), data_dir=tmp_path)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert "damaged" in r.one_error() or "not a MoE Bench database" in r.one_error(), r.stderr
+
+
+def test_a_device_or_an_oversize_bundle_is_refused_in_one_line(tmp_path: Path) -> None:
+    for dev in ("/dev/null", "/dev/full"):
+        r = bench("runs", "--db", dev, data_dir=tmp_path)
+        assert r.returncode == 2 and "is not a regular file" in r.one_error(), r.stderr
+        assert not Path(dev + "-journal").exists() and not Path(dev + "-wal").exists()
+    big = tmp_path / "big.json"
+    with big.open("wb") as fh:  # sparse: 600 MiB that take no disk
+        fh.truncate(600 * 2**20)
+    r = bench("import", str(big), "--db", str(tmp_path / "db.sqlite"), data_dir=tmp_path)
+    assert r.returncode == 2 and "over the 512 MiB allowed" in r.one_error(), r.stderr
+    assert r.peak_rss < 300 * 2**20
