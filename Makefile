@@ -51,8 +51,9 @@ run: $(STAMP)
 	$(PY) -m streamlit run dashboard/serve.py
 
 # A read-only dashboard for showing results (port 8502, beside an operator's `make run`):
-# nothing can be loaded, started, stopped or deleted. For a LAN demo add the machine's name:
-#   MOEBENCH_ALLOWED_HOSTS=127.0.0.1,localhost,bench-box.lan DEMO_ADDRESS=0.0.0.0 make demo
+# nothing can be loaded, started, stopped or deleted. For a LAN demo add the machine's name and
+# a secret (share http://bench-box.lan:8502/?token=SECRET):
+#   MOEBENCH_ACCESS_TOKEN=SECRET MOEBENCH_ALLOWED_HOSTS=127.0.0.1,localhost,bench-box.lan DEMO_ADDRESS=0.0.0.0 make demo
 DEMO_ADDRESS ?= 127.0.0.1
 demo: $(STAMP)
 	MOEBENCH_MODE=viewer $(PY) -m streamlit run dashboard/serve.py --server.port 8502 --server.address $(DEMO_ADDRESS)

@@ -6,6 +6,7 @@ draws the shared sidebar: the loaded engine, its memory and the run (or sweep) i
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -19,6 +20,14 @@ import streamlit as st  # noqa: E402
 from dashboard import services, ui  # noqa: E402
 
 st.set_page_config(page_title="MoE Bench", page_icon=":material/speed:", layout="wide")
+if os.environ.get("MOEBENCH_GUARDED") != "1":
+    # `streamlit run dashboard/app.py` skips serve.py's host guard and access token.
+    st.error(
+        "Start the dashboard with `make run` (`streamlit run dashboard/serve.py`): this entry point has no host "
+        "guard and no access token, so it serves nothing.",
+        icon=":material/lock:",
+    )
+    st.stop()
 
 PAGES = {
     "Setup": [

@@ -43,6 +43,11 @@ class Settings:
     # dashboard/host_guard.py); a LAN demo adds the machine's name or address, `*` turns the
     # check off. Env: MOEBENCH_ALLOWED_HOSTS.
     allowed_hosts: str = "127.0.0.1,localhost,::1"
+    # The dashboard's shared secret: when set, every request needs it (a cookie set once by
+    # opening the page with ?token=SECRET or through the login form); required to serve beyond
+    # loopback. Env: MOEBENCH_ACCESS_TOKEN, or MOEBENCH_ACCESS_TOKEN_FILE (a file holding it).
+    access_token: str = ""
+    access_token_file: str = ""
     # "operator" (default) or "viewer": a read-only dashboard for demos (`make demo`): every page
     # readable, nothing can be loaded, started, stopped, imported or deleted. Env: MOEBENCH_MODE.
     mode: str = "operator"
@@ -57,6 +62,21 @@ class Settings:
     # "on": the CLI names the threads still alive when it exits (a C++ abort's suspects: an H100 run
     # aborted with the run's worker still inside CUDA). Env: MOEBENCH_EXIT_THREADS.
     exit_threads: str = "off"
+
+    def dashboard_secret(self) -> str | None:
+        """The dashboard's access token: the variable, else the first line of the file; None when unset.
+        A file that cannot be read raises ValueError (one line): a secret asked for is never silently off."""
+        if self.access_token.strip():
+            return self.access_token.strip()
+        if not self.access_token_file:
+            return None
+        try:
+            text = Path(self.access_token_file).read_text(encoding="utf-8").strip().splitlines()
+        except OSError as exc:
+            raise ValueError(f"MOEBENCH_ACCESS_TOKEN_FILE {self.access_token_file}: {exc.strerror or exc}") from exc
+        if not text or not text[0].strip():
+            raise ValueError(f"MOEBENCH_ACCESS_TOKEN_FILE {self.access_token_file} is empty")
+        return text[0].strip()
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:

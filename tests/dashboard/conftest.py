@@ -79,9 +79,12 @@ def fresh_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def app_test() -> Callable[..., object]:
-    """A factory for an AppTest of the real app (after a first run, so pages can be switched)."""
+def app_test(monkeypatch: pytest.MonkeyPatch) -> Callable[..., object]:
+    """A factory for an AppTest of the real app (after a first run, so pages can be switched).
+    AppTest runs app.py itself: it stands in for serve.py, so it says the guard is in front."""
     from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("MOEBENCH_GUARDED", "1")
 
     def make(page: str | None = None, timeout: float = 60) -> AppTest:
         at = AppTest.from_file(str(APP), default_timeout=timeout)

@@ -11,6 +11,8 @@ import asyncio
 import logging
 import os
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route, WebSocketRoute
-from starlette.testclient import TestClient
+from starlette.testclient import TestClient, WebSocketDenialResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
@@ -33,7 +35,7 @@ from dashboard.host_guard import (
     parse_allowed_hosts,
 )
 from engines.settings import Settings
-from tests.dashboard.conftest import running_dashboard
+from tests.dashboard.conftest import ROOT, SERVE, free_port, running_dashboard
 
 DEFAULT = parse_allowed_hosts(Settings().allowed_hosts)
 STREAM = "/_stcore/stream"  # Streamlit's WebSocket endpoint
@@ -244,3 +246,98 @@ def test_refusals_are_logged(dashboard: str, tmp_path_factory: pytest.TempPathFa
     httpx.get(f"{dashboard}/", headers={"Host": "rebound.example"})
     log = Path(tmp_path_factory.getbasetemp()).glob("host_guard*/streamlit.log")
     assert any("Refused http /: Host 'rebound.example'" in p.read_text() for p in log)
+
+
+# --- the access token ---------------------------------------------------------------------
+
+
+def _tokened(secret: str) -> TestClient:
+    app = Starlette(
+        routes=[Route("/", _home), Route("/_stcore/health", _home), WebSocketRoute("/ws", _echo)],
+        middleware=[Middleware(HostGuardMiddleware, allowed_hosts="127.0.0.1", token=secret)],
+    )
+    return TestClient(app, base_url="http://127.0.0.1:8501")
+
+
+def test_with_a_token_every_request_needs_it() -> None:
+    client = _tokened("s3cret-token")
+    refused = client.get("/")
+    assert refused.status_code == 401 and 'name="token"' in refused.text  # the login form
+    assert client.get("/?token=wrong").status_code == 401
+    assert client.get("/_stcore/health").status_code == 200  # liveness only
+    with (
+        pytest.raises((WebSocketDisconnect, WebSocketDenialResponse)),
+        client.websocket_connect("/ws", headers={"Host": "127.0.0.1", "Origin": "http://127.0.0.1"}),
+    ):
+        pass
+    signed = client.get("/?token=s3cret-token&x=1", follow_redirects=False)
+    assert signed.status_code == 303 and signed.headers["location"] == "/?x=1"  # the token leaves the URL
+    cookie = signed.headers["set-cookie"]
+    assert "moebench_access=s3cret-token" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
+    assert client.get("/").text == "home"  # the client keeps the cookie
+    # (the test client sends no cookies on a WebSocket: the browser test below shows a real one does)
+    with client.websocket_connect(
+        "/ws", headers={"Host": "127.0.0.1", "Origin": "http://127.0.0.1", "Cookie": "moebench_access=s3cret-token"}
+    ) as ws:
+        assert ws.receive_text() == "hi"
+    stranger = _tokened("s3cret-token")
+    stranger.cookies.set("moebench_access", "guess")
+    assert stranger.get("/").status_code == 401
+
+
+def _serve(env_extra: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "MOEBENCH_DATA_DIR": str(tmp_path / "data"), **env_extra}
+    argv = [sys.executable, "-m", "streamlit", "run", str(SERVE), "--server.port", str(free_port()),
+            "--server.headless", "true"]  # fmt: skip
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_serving_beyond_loopback_without_a_token_refuses_to_start(tmp_path: Path) -> None:
+    r = _serve({"STREAMLIT_SERVER_ADDRESS": "0.0.0.0"}, tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert lines == [
+        "error: the dashboard would listen on 0.0.0.0, beyond this machine, without an access token: set "
+        "MOEBENCH_ACCESS_TOKEN (or MOEBENCH_ACCESS_TOKEN_FILE), or serve on 127.0.0.1"
+    ], r.stderr
+    missing = _serve({"MOEBENCH_ACCESS_TOKEN_FILE": str(tmp_path / "nope")}, tmp_path)
+    assert missing.returncode == 2 and "MOEBENCH_ACCESS_TOKEN_FILE" in missing.stderr
+
+
+def test_app_py_run_directly_serves_nothing(fresh_data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.delenv("MOEBENCH_GUARDED", raising=False)
+    at = AppTest.from_file(str(ROOT / "dashboard" / "app.py"), default_timeout=60)
+    at.run()
+    assert not at.exception
+    assert len(at.error) == 1 and at.error[0].value.startswith("Start the dashboard with `make run`")
+    assert not at.sidebar.markdown  # nothing else was drawn
+
+
+def test_chromium_signs_in_with_the_token_on_a_lan_address(tmp_path: Path) -> None:
+    """The dashboard on 0.0.0.0 with a token: a request without it gets 401 (HTTP and the
+    WebSocket), Chromium signs in through the form and the app works (its sidebar loads)."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.dashboard.test_e2e_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing (make browser installs it)")
+    env = {**os.environ, "MOEBENCH_DATA_DIR": str(tmp_path / "data"), "MOEBENCH_ACCESS_TOKEN": "lan-demo-7f3a",
+           "STREAMLIT_SERVER_ADDRESS": "0.0.0.0", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    with running_dashboard(env, tmp_path / "streamlit.log") as url:
+        port = _port(url)
+        assert httpx.get(f"{url}/").status_code == 401
+        assert _handshake(url, f"127.0.0.1:{port}", f"http://127.0.0.1:{port}") == 403
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page()
+            page.goto(url)
+            page.fill('input[name="token"]', "lan-demo-7f3a")
+            page.click('button[type="submit"]')
+            page.locator('[data-testid="stSidebarNav"]').wait_for(timeout=60_000)
+            assert "token=" not in page.url
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "signed-in.png"))
+            browser.close()

@@ -293,7 +293,12 @@ def test_profile_run_through_vllms_profiler_endpoints(vllm_engine: Any, store: S
     assert snap.status == "completed", snap.error
     trace = store.artifact(snap.run_id, "profile_trace")
     assert trace is not None and Path(trace["path"]).stat().st_size > 1000
-    assert str(Path(trace["path"])).startswith(vllm_engine.vopts.profiler_dir)
+    # the server wrote it under profiler_dir; the run keeps a copy in its store's traces folder
+    assert Path(trace["path"]) == store.trace_path(snap.run_id) and Path(trace["path"]).parent == store.traces_dir
+    assert any(
+        p.stat().st_size == Path(trace["path"]).stat().st_size
+        for p in Path(vllm_engine.vopts.profiler_dir).rglob("*.gz")
+    )
     with gzip.open(trace["path"], "rt") as fh:  # the worker's trace: the model's operators, no stacks
         names = {e.get("name", "") for e in json.load(fh)["traceEvents"]}
     assert any(n.startswith("aten::") for n in names) and not any(".py(" in n for n in names)
