@@ -10,6 +10,7 @@ page's background comparison is :mod:`dashboard.compare_task`.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -444,6 +445,15 @@ def run_label(run: RunRow) -> str:
     ``#12 vllm · concurrency c=16 · 128→64 tok`` (the device too when it is not the CPU)."""
     where = "" if run.accelerator == "cpu" else f" · {run.engine_info.get('device') or run.accelerator}"
     return f"#{run.id} {run.engine} · {workload_text(run.mode, run.concurrency, run.config)}{where}"
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>:~$])")
+
+
+def plain(text: Any) -> str:
+    """A name or other free text for a Markdown element, shown as the text it is: every Markdown
+    mark escaped (no link, image, heading, colour or icon directive), line breaks as spaces."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(str(text).split()))
 
 
 def sweep_label(sweep: SweepRow) -> str:

@@ -339,6 +339,14 @@ def require_operator() -> None:
         raise ConfigError(VIEWER_REASON)
 
 
+def cancel(task: Any) -> None:
+    """Stop a background task (a run, a comparison, an ablation) from a button: refused in viewer
+    mode whatever the client sends (the button is also off there)."""
+    if viewer():
+        return
+    task.cancel()
+
+
 def busy_reason() -> str | None:
     """Why a new run or sweep cannot start now (a run or a sweep in progress), or None."""
     if get_sweep_holder().active():

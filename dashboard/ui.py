@@ -339,7 +339,7 @@ def show_repeat_spread(sweep: SweepRow, runs: list[RunRow], key: str) -> None:
     done = [r for r in runs if r.status == "completed" and r.summary is not None]
     st.subheader(f"Spread over {len(done)} repeats")
     st.caption(
-        f"{data.sweep_label(sweep)} · runs {', '.join(f'#{r.id}' for r in runs)}"
+        f"{data.plain(data.sweep_label(sweep))} · runs {', '.join(f'#{r.id}' for r in runs)}"
         + (f" · {sweep.status}" if sweep.status != "completed" else "")
         + ". CV: standard deviation / mean; above about 10 % a single run of this workload is not to be trusted."
     )
@@ -367,6 +367,7 @@ def start_blocked_reason(state: Any, active: Any) -> str | None:
 
 
 def _save_upload(name: str, payload: bytes) -> Path:
+    services.require_operator()  # a viewer saves no file on the server
     folder = get_settings().data_dir / "uploads"
     folder.mkdir(parents=True, exist_ok=True)
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name)[:80] or "prompts.jsonl"
@@ -572,6 +573,9 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
             show_error(WorkloadError(f"ShareGPT file '{typed}' does not exist on this machine"))
             return None
         path = str(found.resolve())
+    elif source == "jsonl" and services.viewer():
+        st.info(services.VIEWER_REASON, icon=":material/visibility:")
+        return None
     elif source == "jsonl":
         upload = st.file_uploader(
             "Prompt file (JSONL: one object per line with 'prompt' and optional 'output_len')",

@@ -210,8 +210,8 @@ with st.container(border=True):
         s1.progress(now.fraction, text=f"{icon} native vs vLLM · {now.status} · {now.message}")
         if now.running:
             s2.button(
-                "Stop", icon=":material/stop:", key="c.btn.compare-stop", on_click=task.cancel, width="stretch",
-                disabled=services.viewer(),
+                "Stop", icon=":material/stop:", key="c.btn.compare-stop", on_click=services.cancel, args=(task,),
+                width="stretch", disabled=services.viewer(),
             )  # fmt: skip
         if now.error:
             st.error(now.error, icon=":material/error:")
@@ -560,7 +560,7 @@ if "goodput" in acc_columns:
 
 st.markdown("**Book** (chapter 8, section 8.3.3, as printed: % of the NVIDIA H100)")
 st.dataframe(book_acc, hide_index=True, key="c.acc-book")
-st.markdown(f"**Measured** (absolute values, and % of the baseline: {base_name}, beside the book's %)")
+st.markdown(f"**Measured** (absolute values, and % of the baseline: {data.plain(base_name)}, beside the book's %)")
 st.dataframe(pd.DataFrame(measured_acc, columns=acc_columns), hide_index=True, key="c.acc-measured")
 if base_run is None:
     st.info(

@@ -162,7 +162,7 @@ def _live() -> None:
         )
     with c2:
         st.button(
-            "Stop", icon=":material/stop:", key="p.btn.stop", on_click=job.cancel, width="stretch",
+            "Stop", icon=":material/stop:", key="p.btn.stop", on_click=services.cancel, args=(job,), width="stretch",
             disabled=services.viewer(),
         )  # fmt: skip
     if snap.error:

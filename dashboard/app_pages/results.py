@@ -201,7 +201,7 @@ with detail_tab:
         run_id = st.selectbox("Run", selected, key="r.detail", format_func=lambda i: labels.get(i, f"#{i}"))
         run = by_id[run_id]
         icon = ui.STATUS_ICONS.get(run.status, "")
-        st.markdown(f"#### {icon} {data.run_label(run)} · {run.status}")
+        st.markdown(f"#### {icon} {data.plain(data.run_label(run))} · {run.status}")
         if run.error:
             (st.warning if run.status == "cancelled" else st.error)(run.error)
         limits = data.run_limits(store, run)

@@ -372,7 +372,8 @@ def _open_results(sweep_id: int) -> None:
 def _header(sweep: SweepRow, runs: int) -> None:
     what = "Capacity search" if sweep.kind == "capacity" else "Sweep"
     icon = ui.STATUS_ICONS.get(sweep.status, "")
-    st.markdown(f"#### {icon} {what} #{sweep.id}" + (f" · {sweep.name}" if sweep.name else "") + f" · {sweep.status}")
+    named = f" · {data.plain(sweep.name)}" if sweep.name else ""
+    st.markdown(f"#### {icon} {what} #{sweep.id}{named} · {sweep.status}")
     h, d1, d2, d3 = st.columns([3.4, 1, 1, 1], vertical_alignment="center")
     h.caption(_describe(sweep, runs))
     sid = sweep.id

@@ -41,6 +41,7 @@ if st.button(
     "Import the saved GPU tuning runs", icon=":material/download:", key="t.btn.import", disabled=services.viewer()
 ):
     try:
+        services.require_operator()
         names = tuning.import_saved(store)
         ss["t.imported"] = (
             f"Imported {len(names)} tuning run(s)." if names else "The saved GPU tuning runs are already here."
@@ -349,7 +350,10 @@ def _status() -> None:
     st.markdown(f"{icon} **ablation · {state.status}** · {data.fmt_duration(max(0.0, state.since - state.created_at))}")
     st.caption(state.phase)
     if state.active:
-        st.button("Stop", icon=":material/stop:", key="t.btn.stop", on_click=now.cancel, disabled=services.viewer())
+        st.button(
+            "Stop", icon=":material/stop:", key="t.btn.stop", on_click=services.cancel, args=(now,),
+            disabled=services.viewer(),
+        )  # fmt: skip
     if state.error:
         st.error(state.error, icon=":material/error:")
     if now.lines:

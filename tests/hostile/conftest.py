@@ -14,3 +14,6 @@ def server() -> Iterator[HostileServer]:
     """A started :class:`HostileServer` on a free port (good unless a prompt or the URL says otherwise)."""
     with HostileServer() as s:
         yield s
+
+
+from tests.dashboard.conftest import app_test, fresh_data_dir  # noqa: E402,F401  (the dashboard's fixtures, for its probes)

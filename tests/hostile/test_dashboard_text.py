@@ -1,0 +1,43 @@
+"""Names and free text are shown as text on every page: a run or sweep named with Markdown (a link,
+an image that would fetch from a tracker) or HTML is not rendered as such (issue 34)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.store import Store
+from dashboard import ui
+from engines.settings import get_settings
+
+EVIL = "[win a prize](http://evil.example/phish) ![t](http://tracker.example/p.png) <b>bold</b>"
+PAGES = [ui.PAGE_RESULTS, ui.PAGE_SWEEP, ui.PAGE_PROFILING, ui.PAGE_REPLAY, ui.PAGE_COMPARE, ui.PAGE_CONCURRENCY]
+
+
+def _shown(at: Any) -> list[str]:
+    """Every Markdown-rendered text element of a page run (markdown, captions, alerts)."""
+    out = []
+    for kind in ("markdown", "caption", "info", "warning", "error", "success", "subheader", "header", "title"):
+        out += [str(e.value) for e in at.get(kind)]
+    return out
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_a_name_made_of_markdown_is_shown_as_text(
+    app_test: Callable[..., Any], fresh_data_dir: Path, page: str
+) -> None:
+    from tests.dashboard.synthetic import add_synthetic_run
+
+    store = Store(get_settings().db_path)
+    rid = add_synthetic_run(store, engine="openai", name=EVIL)
+    sweep = store.create_sweep(kind="concurrency", config={"values": [1]}, name=EVIL)
+    store.update_sweep(sweep, status="completed")
+    at = app_test(page)
+    assert not at.exception, at.exception
+    for text in _shown(at):
+        assert "](http://evil.example" not in text and "](http://tracker.example" not in text, (page, text)
+        assert "<b>bold</b>" not in text, (page, text)
+    assert rid
