@@ -339,6 +339,15 @@ def require_operator() -> None:
         raise ConfigError(VIEWER_REASON)
 
 
+def import_tuning_runs(store: Store) -> list[str]:
+    """The saved GPU tuning runs imported into ``store`` (the Tuning page's import); refused in
+    viewer mode."""
+    from bench.analysis import tuning
+
+    require_operator()
+    return tuning.import_saved(store)
+
+
 def cancel(task: Any) -> None:
     """Stop a background task (a run, a comparison, an ablation) from a button: refused in viewer
     mode whatever the client sends (the button is also off there)."""

@@ -366,7 +366,7 @@ def start_blocked_reason(state: Any, active: Any) -> str | None:
     return None
 
 
-def _save_upload(name: str, payload: bytes) -> Path:
+def save_upload(name: str, payload: bytes) -> Path:
     services.require_operator()  # a viewer saves no file on the server
     folder = get_settings().data_dir / "uploads"
     folder.mkdir(parents=True, exist_ok=True)
@@ -591,7 +591,7 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
         except WorkloadError as exc:
             show_error(exc)
             return None
-        saved = _save_upload(upload.name, payload)
+        saved = save_upload(upload.name, payload)
         st.caption(f"{len(items)} prompts, saved as `{saved}`")
         path = str(saved)
     if varied:

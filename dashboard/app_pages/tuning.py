@@ -41,8 +41,7 @@ if st.button(
     "Import the saved GPU tuning runs", icon=":material/download:", key="t.btn.import", disabled=services.viewer()
 ):
     try:
-        services.require_operator()
-        names = tuning.import_saved(store)
+        names = services.import_tuning_runs(store)
         ss["t.imported"] = (
             f"Imported {len(names)} tuning run(s)." if names else "The saved GPU tuning runs are already here."
         )

@@ -41,3 +41,36 @@ def test_a_name_made_of_markdown_is_shown_as_text(
         assert "](http://evil.example" not in text and "](http://tracker.example" not in text, (page, text)
         assert "<b>bold</b>" not in text, (page, text)
     assert rid
+
+
+def test_viewer_mode_refuses_in_the_services_not_only_in_the_widgets(
+    app_test: Callable[..., Any], fresh_data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The actions behind greyed buttons refuse themselves (a crafted click reaches them; AppTest
+    cannot send one, so the services are called as the page calls them): the Tuning import
+    imports nothing, a viewer saves no upload, the stop service ignores it; the page offers
+    no uploader."""
+    from dashboard import services
+
+    monkeypatch.setenv("MOEBENCH_MODE", "viewer")
+    store = Store(get_settings().db_path)
+    with pytest.raises(Exception, match="viewer mode"):
+        services.import_tuning_runs(store)
+    assert store.list_runs() == []
+    with pytest.raises(Exception, match="viewer mode"):
+        ui.save_upload("p.jsonl", b'{"prompt": "x"}\n')
+    assert not (fresh_data_dir / "uploads").exists()
+    at = app_test(ui.PAGE_CONCURRENCY)
+    at.selectbox(key="concurrency.source").set_value("jsonl").run()
+    assert not at.exception and not at.get("file_uploader")
+    assert any("viewer mode" in i.value for i in at.info)
+
+    class Task:
+        cancelled = False
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+    task = Task()
+    services.cancel(task)
+    assert task.cancelled is False
