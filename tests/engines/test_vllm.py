@@ -295,10 +295,8 @@ def test_profile_run_through_vllms_profiler_endpoints(vllm_engine: Any, store: S
     assert trace is not None and Path(trace["path"]).stat().st_size > 1000
     # the server wrote it under profiler_dir; the run keeps a copy in its store's traces folder
     assert Path(trace["path"]) == store.trace_path(snap.run_id) and Path(trace["path"]).parent == store.traces_dir
-    assert any(
-        p.stat().st_size == Path(trace["path"]).stat().st_size
-        for p in Path(vllm_engine.vopts.profiler_dir).rglob("*.gz")
-    )
+    kept = Path(trace["path"]).read_bytes()
+    (original,) = [p for p in Path(vllm_engine.vopts.profiler_dir).rglob("*.gz") if p.read_bytes() == kept]
     with gzip.open(trace["path"], "rt") as fh:  # the worker's trace: the model's operators, no stacks
         names = {e.get("name", "") for e in json.load(fh)["traceEvents"]}
     assert any(n.startswith("aten::") for n in names) and not any(".py(" in n for n in names)
@@ -306,9 +304,7 @@ def test_profile_run_through_vllms_profiler_endpoints(vllm_engine: Any, store: S
     # The operator table read from that trace is the one vLLM's own torch profiler printed
     # beside it (its top 50 rows by self CPU time; annotations like vLLM's steps included).
     ops = {o["operator"]: o for o in store.artifact(snap.run_id, "profile_operators")}
-    printed = _profiler_table(
-        Path(trace["path"]).with_name(Path(trace["path"]).name.split(".")[0] + ".profiler_out.txt")
-    )
+    printed = _profiler_table(original.with_name(original.name.split(".")[0] + ".profiler_out.txt"))
     assert len(printed) >= 20 and any(name.startswith("execute_") for name in printed)
     for name, (calls, self_ms, total_ms) in printed.items():
         assert ops[name]["calls"] == calls, name
