@@ -3,6 +3,7 @@ fails without its fix; the files, bundles and servers are made here."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -258,3 +259,35 @@ def test_a_device_or_an_oversize_bundle_is_refused_in_one_line(tmp_path: Path) -
     r = bench("import", str(big), "--db", str(tmp_path / "db.sqlite"), data_dir=tmp_path)
     assert r.returncode == 2 and "over the 512 MiB allowed" in r.one_error(), r.stderr
     assert r.peak_rss < 300 * 2**20
+
+
+# --- a managed server is gone when the CLI returns ------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_managed_triton_server_is_gone_when_the_cli_returns(tmp_path: Path, tiny_model: Path) -> None:
+    """Checked at once after the CLI returns (no grace period): no tritonserver process (zombies
+    included) and no model repository or temporary folder of the run is left; only its log."""
+    import psutil
+
+    def tritons() -> list[str]:
+        found = []
+        for p in psutil.process_iter(["name", "cmdline", "status"]):
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                if "tritonserver" in " ".join(p.info["cmdline"] or []) or p.info["name"] == "tritonserver":
+                    found.append(f"{p.pid} {p.info['status']}")
+        return found
+
+    before = tritons()
+    tmp_before = set(Path("/tmp").glob("mb-tritonserver-*"))
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "models").symlink_to(tiny_model.parent)
+    r = bench("run", "--engine", "triton", "--model", "tiny-deepseek-v3", "--requests", "2", "--quiet",
+              "--db", str(data / "db.sqlite"), data_dir=data)  # fmt: skip
+    left = [t for t in tritons() if t not in before]
+    assert r.returncode == 0, r.stderr
+    assert left == [], left
+    assert set(Path("/tmp").glob("mb-tritonserver-*")) == tmp_before
+    assert not (data / "triton").exists() or not any((data / "triton").iterdir())
+    assert list((data / "logs").glob("tritonserver-*.log"))  # the server's log is kept
