@@ -21,7 +21,9 @@ WRITE_TIMEOUT_S = 30.0
 # Bodies are read with a cap on the *decoded* bytes (a gzip body of 10 MB can inflate to 10 GB):
 ERROR_BODY_MAX = 64 * 1024  # an error answer: only its message is shown, the rest is not read
 JSON_BODY_MAX = 16 * 2**20  # a JSON answer (a model list, server info, a tokenization)
-METRICS_BODY_MAX = 32 * 2**20  # a Prometheus page
+# a Prometheus page: a vLLM or DCGM page is 0.1-0.3 MB; parsing one 4 MiB page costs about 4 s of CPU
+# in the process that measures, so a bigger page is refused rather than parsed
+METRICS_BODY_MAX = 4 * 2**20
 
 
 class BodyTooLarge(RequestFailed):

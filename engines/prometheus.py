@@ -11,6 +11,7 @@ up ``vllm:prompt_tokens_total``, ``nv_inference_request_success`` (a Triton coun
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterable
@@ -92,11 +93,16 @@ def _cached_samples(text: str) -> tuple[PromSample, ...]:
     return tuple(parse_prometheus_samples(text))
 
 
+MAX_LABEL_VALUES = 64  # distinct values of a split label kept (e.g. vLLM engines): a page cannot make a million series
+
+
 def parse_prometheus(text: str) -> dict[str, float]:
-    """Sum each metric's samples over their labels: ``{name: value}`` (comments skipped)."""
+    """Sum each metric's samples over their labels: ``{name: value}`` (comments skipped; a NaN or
+    infinite sample is skipped, so a sum is of finite values only)."""
     out: dict[str, float] = {}
     for s in _cached_samples(text):
-        out[s.name] = out.get(s.name, 0.0) + s.value
+        if math.isfinite(s.value):
+            out[s.name] = out.get(s.name, 0.0) + s.value
     return out
 
 
@@ -105,9 +111,15 @@ def parse_prometheus_by(text: str, label: str, names: Iterable[str]) -> dict[tup
     labels (e.g. vLLM's per data-parallel engine series by the ``engine`` label)."""
     wanted = set(names)
     out: dict[tuple[str, str], float] = {}
+    seen: set[str] = set()
     for s in _cached_samples(text):
-        if s.name in wanted and label in s.labels:
-            key = (s.name, s.labels[label])
+        if s.name in wanted and label in s.labels and math.isfinite(s.value):
+            value = s.labels[label]
+            if value not in seen:
+                if len(seen) >= MAX_LABEL_VALUES:
+                    continue  # past the cap: not a series of its own
+                seen.add(value)
+            key = (s.name, value)
             out[key] = out.get(key, 0.0) + s.value
     return out
 

@@ -633,6 +633,9 @@ EXPORTER_FAMILIES: tuple[_Family, ...] = (
 )
 
 
+MAX_DEVICES = 64  # devices read from one exporter page (a node holds 8-16)
+
+
 def parse_exporter_text(text: str, host: str | None = None) -> list[DeviceReading]:
     """The devices in a dcgm-exporter, npu-exporter or mlu-exporter scrape (any mix of the
     three; ``[]`` when none of their metrics is there), each carrying ``host``."""
@@ -664,7 +667,7 @@ def parse_exporter_text(text: str, host: str | None = None) -> list[DeviceReadin
             if index not in device_names:
                 device_names[index] = next((s.labels[k] for k in fam.name_labels if s.labels.get(k)), "")
         visible = any(m in names for m in fam.process_seen)
-        for index in sorted(values):
+        for index in sorted(values)[:MAX_DEVICES]:  # a page cannot make more devices than a host holds
             out.append(
                 _family_reading(
                     fam,

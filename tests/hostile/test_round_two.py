@@ -291,3 +291,53 @@ def test_a_managed_triton_server_is_gone_when_the_cli_returns(tmp_path: Path, ti
     assert set(Path("/tmp").glob("mb-tritonserver-*")) == tmp_before
     assert not (data / "triton").exists() or not any((data / "triton").iterdir())
     assert list((data / "logs").glob("tritonserver-*.log"))  # the server's log is kept
+
+
+# --- telemetry cannot grow without bound ----------------------------------------------------
+
+
+def test_a_metrics_page_cannot_make_a_million_series_or_store_nan() -> None:
+    from engines.prometheus import MAX_LABEL_VALUES, parse_prometheus, parse_prometheus_by
+    from engines.telemetry import MAX_DEVICES, parse_exporter_text
+
+    page = "\n".join(f'vllm:num_requests_running{{engine="{i}"}} 1' for i in range(5000))
+    page += '\nvllm:kv_cache_usage_perc{engine="0"} NaN\nvllm:kv_cache_usage_perc{engine="1"} +Inf\n'
+    by = parse_prometheus_by(page, "engine", ["vllm:num_requests_running", "vllm:kv_cache_usage_perc"])
+    assert len({k[1] for k in by}) == MAX_LABEL_VALUES == 64
+    assert not any(k[0] == "vllm:kv_cache_usage_perc" for k in by)
+    sums = parse_prometheus(page)
+    assert sums["vllm:num_requests_running"] == 5000 and "vllm:kv_cache_usage_perc" not in sums
+    dcgm = "\n".join(f'DCGM_FI_DEV_GPU_UTIL{{gpu="{i}",modelName="H100"}} 50' for i in range(3000))
+    assert len(parse_exporter_text(dcgm)) == MAX_DEVICES
+
+
+def test_an_exporter_page_over_the_cap_is_not_read(tmp_path: Path) -> None:
+    """A 20 MB exporter page: the source says why in one line and reads no device; the client's
+    memory does not hold the page."""
+    import http.server
+    import threading
+
+    from engines.telemetry import ExporterSource
+
+    body = ("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\"} 5\n" * 700_000).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            with contextlib.suppress(OSError):
+                self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        source = ExporterSource(f"http://127.0.0.1:{server.server_address[1]}/metrics")
+        assert source.read() == []
+        assert "over 4 MiB: not read" in source.last_error, source.last_error
+        source.close()
+    finally:
+        server.shutdown()
