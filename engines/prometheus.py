@@ -97,30 +97,40 @@ MAX_LABEL_VALUES = 64  # distinct values of a split label kept (e.g. vLLM engine
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
-    """Sum each metric's samples over their labels: ``{name: value}`` (comments skipped; a NaN or
-    infinite sample is skipped, so a sum is of finite values only)."""
+    """Sum each metric's samples over their labels: ``{name: value}`` (comments skipped). A metric
+    with a NaN or infinite sample has no sum and is left out (never stored as NaN or Inf)."""
     out: dict[str, float] = {}
+    bad: set[str] = set()
     for s in _cached_samples(text):
-        if math.isfinite(s.value):
-            out[s.name] = out.get(s.name, 0.0) + s.value
+        if not math.isfinite(s.value):
+            bad.add(s.name)
+        out[s.name] = out.get(s.name, 0.0) + s.value
+    for name in bad:
+        del out[name]
     return out
 
 
 def parse_prometheus_by(text: str, label: str, names: Iterable[str]) -> dict[tuple[str, str], float]:
     """For the metrics in ``names``: ``{(name, value of label): value}``, summed over the other
-    labels (e.g. vLLM's per data-parallel engine series by the ``engine`` label)."""
+    labels (e.g. vLLM's per data-parallel engine series by the ``engine`` label); at most
+    :data:`MAX_LABEL_VALUES` values of the label, and a sum with a NaN or infinite sample left out."""
     wanted = set(names)
     out: dict[tuple[str, str], float] = {}
     seen: set[str] = set()
+    bad: set[tuple[str, str]] = set()
     for s in _cached_samples(text):
-        if s.name in wanted and label in s.labels and math.isfinite(s.value):
+        if s.name in wanted and label in s.labels:
             value = s.labels[label]
             if value not in seen:
                 if len(seen) >= MAX_LABEL_VALUES:
                     continue  # past the cap: not a series of its own
                 seen.add(value)
             key = (s.name, value)
+            if not math.isfinite(s.value):
+                bad.add(key)
             out[key] = out.get(key, 0.0) + s.value
+    for key in bad:
+        del out[key]
     return out
 
 
