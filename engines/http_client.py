@@ -32,9 +32,11 @@ from engines.http_errors import (
     WRITE_TIMEOUT_S,
     RequestDeadline,
     http_errors,
+    httpx_client,
     read_capped,
     redacted,
     status_failure,
+    total_deadline,
 )
 from engines.settings import get_settings
 from engines.tokens import SERVER_TOKENIZER
@@ -173,7 +175,7 @@ class HTTPEngine(Engine):
         # TCP_NODELAY, as aiohttp (vllm bench serve) sets it: httpcore writes the headers and
         # the body separately, and Nagle + delayed ACK would hold the body back ~40 ms.
         transport = httpx.HTTPTransport(limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
-        return httpx.Client(
+        return httpx_client(
             timeout=httpx.Timeout(connect=CONNECT_TIMEOUT_S, read=read, write=WRITE_TIMEOUT_S, pool=None),
             transport=transport,
             headers=headers,
@@ -189,6 +191,7 @@ class HTTPEngine(Engine):
         deadline = self.request_deadline()
         with (
             http_errors(url, who, deadline),
+            total_deadline(None, end=deadline.end),
             self._client.stream("POST", url, json=body, timeout=deadline.httpx_timeout()) as resp,
         ):
             deadline.answered = True

@@ -20,6 +20,7 @@ from engines.accelerators import MemoryStats
 from engines.base import EngineOptions, ProgressFn
 from engines.errors import one_line
 from engines.http_client import HTTPEngine
+from engines.http_errors import httpx_client
 from engines.launch import ManagedProcess, creeping_progress
 from engines.models import checkpoint_stats
 from engines.settings import get_settings
@@ -147,7 +148,7 @@ class ServerEngine(HTTPEngine):
 
         with self._probe_lock:
             if self._probe is None:
-                self._probe = httpx.Client(timeout=5.0, limits=httpx.Limits(max_connections=4))
+                self._probe = httpx_client(timeout=5.0, limits=httpx.Limits(max_connections=4))
             return self._probe
 
     def stop(self) -> None:

@@ -59,7 +59,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from engines.errors import MoEBenchError, RequestFailed, one_line
-from engines.http_errors import METRICS_BODY_MAX, http_errors, http_get, redacted
+from engines.http_errors import METRICS_BODY_MAX, http_errors, http_get, httpx_client, redacted
 from engines.prometheus import PromSample as PromSample  # re-exported: the exporter parsers' sample
 from engines.prometheus import parse_prometheus_samples
 
@@ -736,12 +736,11 @@ class ExporterSource(TelemetrySource):
         self.name = f"exporter {self.shown_url}"
 
     def _scrape(self) -> str:
-        import httpx
 
         if self._client is None:
-            self._client = httpx.Client(timeout=self.timeout, follow_redirects=False)
+            self._client = httpx_client(timeout=self.timeout, follow_redirects=False)
         with http_errors(self.shown_url, who="the exporter"):
-            resp = http_get(self._client, self.url, METRICS_BODY_MAX)
+            resp = http_get(self._client, self.url, METRICS_BODY_MAX, timeout=self.timeout)
         if resp.status_code != 200:
             raise RequestFailed(f"HTTP {resp.status_code} from {self.shown_url}")
         return str(resp.text)

@@ -319,7 +319,7 @@ def test_an_exporter_page_over_the_cap_is_not_read(tmp_path: Path) -> None:
 
     from engines.telemetry import ExporterSource
 
-    body = ("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\"} 5\n" * 700_000).encode()
+    body = ('DCGM_FI_DEV_GPU_UTIL{gpu="0"} 5\n' * 700_000).encode()
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -341,3 +341,98 @@ def test_an_exporter_page_over_the_cap_is_not_read(tmp_path: Path) -> None:
         source.close()
     finally:
         server.shutdown()
+
+
+# --- every phase has a deadline ---------------------------------------------------------------
+
+
+class DripServer:
+    """Answers every connection with a status line sent one byte every 0.2 s, never finishing
+    the headers (a server that httpx's per-read timeouts never catch)."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import threading
+
+        self.sock.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
+
+    def _drip(self, conn: object) -> None:
+        import time
+
+        with contextlib.suppress(OSError):
+            conn.recv(65536)  # type: ignore[attr-defined]
+            for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 10_000:
+                if self.stop.is_set():
+                    break
+                conn.sendall(bytes([byte]))  # type: ignore[attr-defined]
+                time.sleep(0.2)
+        conn.close()  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+
+
+def test_headers_sent_a_byte_at_a_time_end_at_the_deadline() -> None:
+    """The threaded client (httpx, which Triton always uses): a whole exchange ends at its
+    total deadline however slowly the headers come (the hang guard is the pytest timeout)."""
+    import time
+
+    import httpcore
+    import httpx
+
+    from engines.http_errors import http_get, httpx_client, total_deadline
+
+    drip = DripServer()
+    try:
+        client = httpx_client(timeout=5.0)
+        t0 = time.monotonic()
+        with pytest.raises((httpx.TimeoutException, httpcore.TimeoutException)):
+            http_get(client, f"http://127.0.0.1:{drip.port}/v1/models", timeout=1.5)
+        assert time.monotonic() - t0 < 4.5  # 1.5 s asked; far under the 2,000 s the drip would take
+        with total_deadline(1.0), pytest.raises(httpx.TimeoutException):
+            client.get(f"http://127.0.0.1:{drip.port}/")
+    finally:
+        drip.close()
+
+
+@pytest.mark.parametrize("client", list(CLIENTS))
+def test_a_server_that_drips_its_headers_fails_the_run_in_one_line(tmp_path: Path, client: str) -> None:
+    drip = DripServer()
+    try:
+        r, _ = openai_run(
+            f"http://127.0.0.1:{drip.port}/v1", tmp_path, ["good one"], *CLIENTS[client],
+            env={"MOEBENCH_REQUEST_TIMEOUT_S": "3"},
+        )  # fmt: skip
+    finally:
+        drip.close()
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    line = r.one_error()
+    assert f"127.0.0.1:{drip.port}" in line, line
+
+
+def test_a_telemetry_exporter_that_drips_is_given_up(tmp_path: Path) -> None:
+    from engines.telemetry import ExporterSource
+
+    drip = DripServer()
+    try:
+        source = ExporterSource(f"http://127.0.0.1:{drip.port}/metrics", timeout=1.0)
+        assert source.read() == [] and source.last_error, source.last_error
+        source.close()
+    finally:
+        drip.close()
