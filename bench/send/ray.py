@@ -80,6 +80,20 @@ def ray_module() -> Any:
     return ray
 
 
+JOIN_TIMEOUT_S = 60.0  # joining a cluster that does not complete within this is given up
+
+
+def _http_probe(sock: socket.socket) -> bytes:
+    """What a server sends back to one HTTP/1.1 request line within a second (b"" for none): a
+    Ray head's GCS speaks gRPC (HTTP/2) and does not answer with an HTTP/1 status line."""
+    sock.settimeout(1.0)
+    try:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        return sock.recv(16)
+    except OSError:
+        return b""
+
+
 def check_address(address: str) -> str:
     """``auto``, ``host:port`` or ``ray://host:port``; anything else is refused in one line."""
     try:
@@ -290,23 +304,43 @@ class RaySender:
         if self.address != "auto":  # Ray itself waits minutes for a cluster that is not there
             host, _, port = self.address.removeprefix("ray://").rpartition(":")
             try:
-                socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_CHECK_S).close()
+                with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_CHECK_S) as sock:
+                    answer = _http_probe(sock)
             except OSError as exc:
                 raise MoEBenchError(
                     f"cannot join the Ray cluster at {self.address}: nothing answers there ({exc.strerror or exc}); "
                     "start one with `ray start --head` or check the address"
                 ) from exc
-        try:
-            ray.init(
-                address=self.address,
-                runtime_env={"py_modules": modules},
-                log_to_driver=False,
-                logging_level="ERROR",
-                configure_logging=False,
+            if answer.startswith(b"HTTP/1."):
+                raise MoEBenchError(
+                    f"cannot join the Ray cluster at {self.address}: an HTTP server answers there, not a Ray head "
+                    "(give the head's GCS port, 6379 by default)"
+                )
+        outcome: list[BaseException | None] = []
+
+        def join() -> None:
+            try:
+                ray.init(
+                    address=self.address,
+                    runtime_env={"py_modules": modules},
+                    log_to_driver=False,
+                    logging_level="ERROR",
+                    configure_logging=False,
+                )
+                outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001 - reported below, in this thread
+                outcome.append(exc)
+
+        joiner = threading.Thread(target=join, name="ray-join", daemon=True)
+        joiner.start()
+        joiner.join(JOIN_TIMEOUT_S)
+        if not outcome:  # Ray retries a head that does not answer as one for minutes
+            raise MoEBenchError(
+                f"cannot join the Ray cluster at {self.address}: no Ray head answered within {JOIN_TIMEOUT_S:g} s"
             )
-        except Exception as exc:
-            first = " ".join(str(exc).split())[:300]
-            raise MoEBenchError(f"cannot join the Ray cluster at {self.address}: {first}") from exc
+        if outcome[0] is not None:
+            first = " ".join(str(outcome[0]).split())[:300]
+            raise MoEBenchError(f"cannot join the Ray cluster at {self.address}: {first}") from outcome[0]
         return ray, True
 
     def _clock_offsets(self, ray: Any) -> list[tuple[float, float]]:

@@ -436,3 +436,12 @@ def test_a_telemetry_exporter_that_drips_is_given_up(tmp_path: Path) -> None:
         source.close()
     finally:
         drip.close()
+
+
+def test_a_ray_address_that_is_a_plain_http_server_is_refused_at_once(tmp_path: Path, server: HostileServer) -> None:
+    """--ray-address of an HTTP server (here the hostile one): refused in one line before Ray
+    retries for minutes (it did until killed at 300 s)."""
+    r, _ = openai_run(server.url(), tmp_path, ["good one"], "--ray-address", f"127.0.0.1:{server.port}")
+    assert r.returncode != 0
+    line = r.one_error()
+    assert "an HTTP server answers there, not a Ray head" in line, line
