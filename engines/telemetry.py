@@ -324,7 +324,7 @@ def _nvml_processes(procs: Any) -> dict[int, int] | None:
 
 # --- Ascend: npu-smi -------------------------------------------------------------------
 
-_BUS_ID = re.compile(r"^[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]+$")
+_BUS_ID = re.compile(r"^[0-9A-Fa-fxX]{4}:[0-9A-Fa-fxX]{2}:[0-9A-Fa-fxX]{2}\.[0-9A-Fa-fxX]+$")  # x: digits a poster masked
 _PAIR = re.compile(r"(\S+)\s*/\s*(\S+)")
 
 

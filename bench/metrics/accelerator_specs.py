@@ -116,11 +116,17 @@ class AcceleratorSpec:
 
 
 _H100_DATASHEET = "NVIDIA H100 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h100/"
+_H100_PCIE_DATASHEET = "NVIDIA H100 PCIe datasheet (H100 Tensor Core GPU, PCIe form factor column)"
 _H200_DATASHEET = "NVIDIA H200 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h200/"
 _HOPPER_DENSE = (
     "dense = half the datasheet's 'with sparsity' figure; the dense 989.4 TFLOPS BF16 for H100 SXM5 is in "
     "NVIDIA's H100 Tensor Core GPU Architecture whitepaper (GTC22), table of H100 SXM5 peak figures; "
     "H200 uses the same GH100 compute at the same clocks"
+)
+_ASCEND_A2_WHITEPAPER = (
+    "Huawei Atlas 800T A2 training server technical white paper (https://e.huawei.com/cn/documents/products/"
+    "computing/b0b253c4d5da4e05ba80a39e3dc65fd2): per NPU 313 or 376 TFLOPS FP16, by option; Huawei's "
+    "msmodeling device list names the A2 part ATLAS_800_A2_376T_64G (376 TFLOPS BF16, 64 GB)"
 )
 _ASCEND_MODEL_CONFIG = (
     "secondary: a public Ascend performance-model config (HWConf, DeviceType.ASCEND910B2/ASCEND910B3, seen "
@@ -164,6 +170,66 @@ SPECS: dict[str, AcceleratorSpec] = {
             memory_type="HBM3",
         ),
         AcceleratorSpec(
+            key="h100-pcie",
+            name="NVIDIA H100 PCIe",
+            accelerator="cuda",
+            memory_gb=Figure(80, "GB", f"{_H100_PCIE_DATASHEET}: GPU memory 80 GB (HBM2e)", "high"),
+            bandwidth_gb_s=Figure(2000, "GB/s", f"{_H100_PCIE_DATASHEET}: GPU memory bandwidth 2 TB/s", "high"),
+            peak_tflops_16=Figure(
+                756.5,
+                "TFLOP/s",
+                f"{_H100_PCIE_DATASHEET}: BF16 Tensor Core 1,513 TFLOPS with sparsity; dense is half",
+                "high",
+            ),
+            peak_tflops_8=Figure(
+                1513,
+                "TFLOP/s",
+                f"{_H100_PCIE_DATASHEET}: FP8 Tensor Core 3,026 TFLOPS with sparsity; dense is half",
+                "high",
+            ),
+            memory_type="HBM2e",
+        ),
+        AcceleratorSpec(
+            key="h100-nvl",
+            name="NVIDIA H100 NVL",
+            accelerator="cuda",
+            memory_gb=Figure(94, "GB", f"{_H100_DATASHEET}: H100 NVL GPU memory 94 GB", "high"),
+            bandwidth_gb_s=Figure(3900, "GB/s", f"{_H100_DATASHEET}: H100 NVL GPU memory bandwidth 3.9 TB/s", "high"),
+            peak_tflops_16=Figure(
+                835.5,
+                "TFLOP/s",
+                f"{_H100_DATASHEET}: H100 NVL BF16 Tensor Core 1,671 TFLOPS with sparsity; dense is half",
+                "high",
+            ),
+            peak_tflops_8=Figure(
+                1670.5,
+                "TFLOP/s",
+                f"{_H100_DATASHEET}: H100 NVL FP8 Tensor Core 3,341 TFLOPS with sparsity; dense is half",
+                "high",
+            ),
+            memory_type="HBM3",
+        ),
+        AcceleratorSpec(
+            key="h200-nvl",
+            name="NVIDIA H200 NVL",
+            accelerator="cuda",
+            memory_gb=Figure(141, "GB", f"{_H200_DATASHEET}: H200 NVL GPU memory 141 GB", "high"),
+            bandwidth_gb_s=Figure(4800, "GB/s", f"{_H200_DATASHEET}: H200 NVL GPU memory bandwidth 4.8 TB/s", "high"),
+            peak_tflops_16=Figure(
+                835.5,
+                "TFLOP/s",
+                f"{_H200_DATASHEET}: H200 NVL BF16 Tensor Core 1,671 TFLOPS with sparsity; dense is half",
+                "high",
+            ),
+            peak_tflops_8=Figure(
+                1670.5,
+                "TFLOP/s",
+                f"{_H200_DATASHEET}: H200 NVL FP8 Tensor Core 3,341 TFLOPS with sparsity; dense is half",
+                "high",
+            ),
+            memory_type="HBM3e",
+        ),
+        AcceleratorSpec(
             key="h200",
             name="NVIDIA H200 (SXM)",
             accelerator="cuda",
@@ -191,10 +257,16 @@ SPECS: dict[str, AcceleratorSpec] = {
             memory_gb=Figure(64, "GB", _ASCEND_MEMORY, "medium"),
             bandwidth_gb_s=Figure(1600, "GB/s", f"{_ASCEND_MODEL_CONFIG}: 1.6 TB/s HBM", "low", _ASCEND_OTHER),
             peak_tflops_16=Figure(
-                294.9, "TFLOP/s", f"{_ASCEND_MODEL_CONFIG}: 294.9 TFLOPS FP16 cube", "low", _ASCEND_OTHER
+                313,
+                "TFLOP/s",
+                f"{_ASCEND_A2_WHITEPAPER}; 313 is the lower option, the 910B3 (20 AI cores x 4,096 FP16 MACs x "
+                "2 FLOP at about 1.9 GHz)",
+                "medium",
+                f"{_ASCEND_MODEL_CONFIG} gave 294.9 (1.8 GHz), which a measured 328 TFLOPS BF16 matmul on a 910B "
+                f"(limulidae benchmark README) rules out as a peak. {_ASCEND_OTHER}",
             ),
             memory_type="HBM2e",
-            note="variant 910B3 (20 AI cores); figures from secondary sources only",
+            note="variant 910B3 (20 AI cores); peak from Huawei's Atlas 800T A2 white paper, the rest secondary",
         ),
         AcceleratorSpec(
             key="ascend-910b2",
@@ -203,10 +275,14 @@ SPECS: dict[str, AcceleratorSpec] = {
             memory_gb=Figure(64, "GB", _ASCEND_MEMORY, "medium"),
             bandwidth_gb_s=Figure(1600, "GB/s", f"{_ASCEND_MODEL_CONFIG}: 1.6 TB/s HBM", "low", _ASCEND_OTHER),
             peak_tflops_16=Figure(
-                353.8, "TFLOP/s", f"{_ASCEND_MODEL_CONFIG}: 353.8 TFLOPS FP16 cube", "low", _ASCEND_OTHER
+                376,
+                "TFLOP/s",
+                f"{_ASCEND_A2_WHITEPAPER}; 376 is the higher option, the 910B2 (24 AI cores, about 1.9 GHz)",
+                "medium",
+                f"{_ASCEND_MODEL_CONFIG} gave 353.8 (1.8 GHz). {_ASCEND_OTHER}",
             ),
             memory_type="HBM2e",
-            note="variant 910B2 (24 AI cores); figures from secondary sources only",
+            note="variant 910B2 (24 AI cores); peak from Huawei's Atlas 800T A2 white paper, the rest secondary",
         ),
         AcceleratorSpec(
             key="mlu590",

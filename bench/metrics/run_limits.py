@@ -36,8 +36,13 @@ from bench.metrics.roofline import Limits, get_spec, limits, preset_config, roof
 from bench.metrics.summary import RunSummary
 
 # engine_info["device"] substrings -> spec keys (checked in order; the first match wins).
+# NVML names the parts "NVIDIA H100 80GB HBM3" (SXM), "NVIDIA H100 PCIe", "NVIDIA H100 NVL",
+# "NVIDIA H200", "NVIDIA H200 NVL"; an H100 of no named form is taken as the SXM one.
 DEVICE_SPECS: tuple[tuple[str, str], ...] = (
+    ("h200nvl", "h200-nvl"),
     ("h200", "h200"),
+    ("h100nvl", "h100-nvl"),
+    ("h100pcie", "h100-pcie"),
     ("h100", "h100-sxm"),
     ("910b2", "ascend-910b2"),
     ("910b3", "ascend-910b3"),

@@ -300,12 +300,31 @@ def test_every_spec_figure_has_a_source_and_a_confidence() -> None:
             assert fig.source.strip(), f"{key}.{name} has no source"
             assert fig.confidence in ("high", "medium", "low", "unverified"), f"{key}.{name}"
             assert fig.value > 0 and math.isfinite(fig.value)
-        # the secondary and unverified figures say so in their source
+        # the secondary and unverified figures say so in their source; a vendor's own document is named
         if spec.accelerator != "cuda":
             assert spec.confidence in ("low", "unverified")
             assert all(
-                f.source.startswith(("secondary", "unverified")) for f in (spec.bandwidth_gb_s, spec.peak_tflops_16)
+                f.source.startswith(("secondary", "unverified", "Huawei"))
+                for f in (spec.bandwidth_gb_s, spec.peak_tflops_16)
             )
+
+
+def test_the_910b_peaks_are_huaweis_and_every_hopper_form_has_its_own_figures() -> None:
+    """Issue 34: the 910B peaks were below the 313 / 376 TFLOPS their own note cited; any device
+    name with "h100" got the SXM figures."""
+    from bench.metrics.run_limits import spec_for
+
+    b3, b2 = SPECS["ascend-910b3"], SPECS["ascend-910b2"]
+    assert (b3.peak_tflops_16.value, b2.peak_tflops_16.value) == (313, 376)
+    assert all("e.huawei.com" in s.peak_tflops_16.source and s.peak_tflops_16.confidence == "medium" for s in (b3, b2))
+    names = {
+        "NVIDIA H100 80GB HBM3": ("h100-sxm", 989.4, 3350), "NVIDIA H100 PCIe": ("h100-pcie", 756.5, 2000),
+        "NVIDIA H100 NVL": ("h100-nvl", 835.5, 3900), "NVIDIA H200": ("h200", 989.4, 4800),
+        "NVIDIA H200 NVL": ("h200-nvl", 835.5, 4800),
+    }  # fmt: skip
+    for device, (key, tflops, bandwidth) in names.items():
+        spec = spec_for("cuda", {"device": device})
+        assert (spec.key, spec.peak_tflops_16.value, spec.bandwidth_gb_s.value) == (key, tflops, bandwidth), device
 
 
 def test_nvidia_figures() -> None:
