@@ -324,7 +324,8 @@ def _nvml_processes(procs: Any) -> dict[int, int] | None:
 
 # --- Ascend: npu-smi -------------------------------------------------------------------
 
-_BUS_ID = re.compile(r"^[0-9A-Fa-fxX]{4}:[0-9A-Fa-fxX]{2}:[0-9A-Fa-fxX]{2}\.[0-9A-Fa-fxX]+$")  # x: digits a poster masked
+# a PCI address; x: a digit masked (as people mask them in the outputs they post)
+_BUS_ID = re.compile(r"^[0-9A-Fa-fxX]{4}:[0-9A-Fa-fxX]{2}:[0-9A-Fa-fxX]{2}\.[0-9A-Fa-fxX]+$")
 _PAIR = re.compile(r"(\S+)\s*/\s*(\S+)")
 
 
@@ -517,10 +518,57 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+_CNMON_CARD = re.compile(r"^(\d+)\s+(\S+)\s+(\S+)(?:\s+(\S+))?$")  # Card  VF  Name  [Firmware]
+_CNMON_TEMP = re.compile(r"(-?\d+(?:\.\d+)?)\s*C\b")
+_CNMON_POWER = re.compile(r"(\d+(?:\.\d+)?)\s*W\s*/")
+_CNMON_MEM = re.compile(r"(\d+(?:\.\d+)?)\s*(MiB|GiB|KiB|B)\s*/\s*(\d+(?:\.\d+)?)\s*(MiB|GiB|KiB|B)")
+
+
+def parse_cnmon_table(text: str) -> list[DeviceReading]:
+    """The cards in plain ``cnmon``'s table (``[]`` for anything else): two rows per card,
+    ``Card VF Name Firmware | Bus-Id (or Inited Driver) | Util Ecc-Error`` then
+    ``Fan Temp Pwr:Usage/Cap | Memory-Usage | ...``, as CNMON v4 and v5 print them
+    (tests/data/telemetry/real: MLU370-X8 and -X4 captures)."""
+    readings: list[DeviceReading] = []
+    pending: tuple[int, str, str] | None = None
+    in_cards = False
+    for line in text.splitlines():
+        if line.startswith("|=") and not in_cards:
+            in_cards = True
+            continue
+        if "Processes:" in line:
+            break
+        cells = _table_cells(line)
+        if not in_cards or not cells or len(cells) < 3:
+            continue
+        if pending is None:
+            m = _CNMON_CARD.match(cells[0])
+            if m:
+                pending = (int(m.group(1)), m.group(3), cells[2].split()[0] if cells[2].split() else "")
+            continue
+        index, name, util = pending
+        pending = None
+        temp, power, mem = _CNMON_TEMP.search(cells[0]), _CNMON_POWER.search(cells[0]), _CNMON_MEM.search(cells[1])
+        readings.append(
+            DeviceReading(
+                vendor="cambricon",
+                index=index,
+                name=name,
+                util_pct=_number(util.rstrip("%")),
+                mem_used_bytes=_bytes(mem.group(1), mem.group(2)) if mem else None,
+                mem_total_bytes=_bytes(mem.group(3), mem.group(4)) if mem else None,
+                power_w=float(power.group(1)) if power else None,
+                temp_c=float(temp.group(1)) if temp else None,
+            )
+        )
+    return readings
+
+
 class CambriconSource(TelemetrySource):
     """Cambricon MLUs through ``cnmon info -e -m -u -j``. cnmon writes its JSON to
     ``cnmon_info.json`` in its working folder, so each run gets a private scratch folder
-    (removed by :meth:`close`); JSON printed on stdout is read too."""
+    (removed by :meth:`close`); JSON printed on stdout is read too. Without JSON, plain
+    ``cnmon``'s card table is read (:func:`parse_cnmon_table`)."""
 
     name = "cnmon"
 
@@ -545,7 +593,12 @@ class CambriconSource(TelemetrySource):
         text = target.read_text(encoding="utf-8", errors="replace") if target.exists() else out
         readings = parse_cnmon_json(text)
         if not readings:
-            self.last_error = f"cnmon wrote no CnmonInfo JSON: {one_line(text, 120)!r}"
+            # The JSON's layout is known only from the code that reads it (no real file is public);
+            # plain cnmon's table is known from real captures: read that instead.
+            table, _ = _run_tool([self.executable], self.timeout, cwd=self._scratch)
+            readings = parse_cnmon_table(table or "")
+        if not readings:
+            self.last_error = f"cnmon wrote no CnmonInfo JSON and printed no card table: {one_line(text, 120)!r}"
             return []
         self.last_error = ""
         return [r for r in readings if self.devices is None or r.index in self.devices]

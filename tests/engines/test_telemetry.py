@@ -198,7 +198,7 @@ def test_detect_mlu_runs_cnmon_which_writes_its_json_file(tool_dir: Path) -> Non
     # a run that writes no file must not read the previous second's file again
     write_tool(tool_dir, "cnmon", 'echo "MLU driver not loaded"')
     assert source.read() == []
-    assert source.last_error == "cnmon wrote no CnmonInfo JSON: 'MLU driver not loaded'"
+    assert source.last_error == "cnmon wrote no CnmonInfo JSON and printed no card table: 'MLU driver not loaded'"
 
     # JSON on stdout is read too
     write_tool(tool_dir, "cnmon", f'cat "{DATA / "cnmon_info.json"}"')

@@ -28,3 +28,30 @@ def test_npu_smi_info_of_an_a3_server_with_two_chips_per_npu() -> None:
     assert [c.power_w for c in chips] == [162.6, None] and [c.temp_c for c in chips] == [34.0, 34.0]
     assert [c.mem_used_bytes for c in chips] == [3419 * MIB, 2874 * MIB]
     assert all(c.mem_total_bytes == 65536 * MIB for c in chips)
+
+
+def test_npu_smi_usages_of_910b_servers_old_and_new_drivers() -> None:
+    """``npu-smi info -t usages -i 0``: a 910B1 (npu-smi 23.0.rc2) and a 910B on driver 25.5.1,
+    which adds NPU Utilization and Aicube Usage Rate lines."""
+    from engines.telemetry import parse_npu_smi_usages
+
+    (old,) = parse_npu_smi_usages((REAL / "npu_smi_usages_910b1_arthurchiao.txt").read_text())
+    (new,) = parse_npu_smi_usages((REAL / "npu_smi_usages_910b_25_5_telegraf.txt").read_text())
+    for chip, rate in ((old, 4.0), (new, 5.0)):
+        assert chip["HBM Capacity(MB)"] == 65536 and chip["HBM Usage Rate(%)"] == rate and chip["Chip ID"] == 0
+        assert chip["NPU ID"] == 0 and chip["Chip Count"] == 1
+    assert new["NPU Utilization(%)"] == 0 and new["Aicube Usage Rate(%)"] == 0 and "Aicube Usage Rate(%)" not in old
+
+
+def test_plain_cnmon_tables_of_mlu370_cards() -> None:
+    """``cnmon`` (v5.10.13, two MLU370-X8; v4.20.11, three MLU370-X4 with the older header)."""
+    from engines.telemetry import parse_cnmon_table
+
+    x8 = parse_cnmon_table((REAL / "cnmon_mlu370_x8_paddle.txt").read_text())
+    assert [(c.index, c.name, c.temp_c, c.power_w, c.util_pct) for c in x8] == [
+        (0, "MLU370-X8", 32.0, 106.0, 0.0), (1, "MLU370-X8", 39.0, 106.0, 0.0)
+    ]  # fmt: skip
+    assert all(c.mem_used_bytes == 0 and c.mem_total_bytes == 23374 * MIB for c in x8)
+    x4 = parse_cnmon_table((REAL / "cnmon_mlu370_x4_paddle.txt").read_text())
+    assert [(c.index, c.power_w, c.temp_c) for c in x4] == [(0, 30.0, 32.0), (1, 25.0, 33.0), (2, 26.0, 30.0)]
+    assert all(c.mem_total_bytes == 23308 * MIB for c in x4)  # Memory-Usage, not the vMemory column
