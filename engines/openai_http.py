@@ -128,6 +128,7 @@ class OpenAIEngine(HTTPEngine):
         self.served_models: list[str] = []
         self._asession: Any = None  # aiohttp session between aopen() and aclose()
         self._context_len: int | None = None  # from /models, when the server lists it
+        self._served_by: str | None = None  # the model list's owned_by: which server answers
         self._reported_shape: dict[str, Any] | None = None  # the deployment the server reports (SGLang)
         self._experts: Any = None  # engines.sglang.ExpertDistribution, when asked for
         self._layout: dict[str, Any] | None = None  # the model's routing layout, when routing is asked for
@@ -345,6 +346,10 @@ class OpenAIEngine(HTTPEngine):
             lens = [m.get("max_model_len") for m in data if isinstance(m, dict) and m.get("id") == self.served_name]
             if lens and isinstance(lens[0], int) and not isinstance(lens[0], bool) and lens[0] > 0:
                 self._context_len = lens[0]
+            # who serves it, as the server says (vLLM: "vllm", LMDeploy: "lmdeploy", SGLang: "sglang")
+            owners = [m.get("owned_by") for m in data if isinstance(m, dict) and m.get("id") == self.served_name]
+            if owners and isinstance(owners[0], str) and owners[0].strip():
+                self._served_by = one_line(owners[0], 40)
         except (ValueError, AttributeError) as exc:
             raise EngineUnavailable(f"{url} did not answer an OpenAI model list: {one_line(resp.text, 120)}") from exc
         if self.opts.check_model and self.served_models and self.served_name not in self.served_models:
@@ -364,6 +369,8 @@ class OpenAIEngine(HTTPEngine):
             info["deployment"] = self._reported_shape
         if self._context_len is not None:
             info["context_length"] = self._context_len
+        if self._served_by is not None:
+            info["served_by"] = self._served_by
         return info
 
     # --- requests ---------------------------------------------------------------------

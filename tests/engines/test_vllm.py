@@ -260,9 +260,10 @@ def test_connect_to_running_server_and_bad_names(vllm_engine: Any) -> None:
         bad.start()
 
 
-def test_lmdeploy_protocol_path_against_a_real_openai_server(vllm_engine: Any, store: Store) -> None:
-    """LMDeploy's engine in connect mode speaks the same OpenAI protocol an api_server does:
-    here it drives a whole run against the real vLLM server (LMDeploy itself has no CPU backend)."""
+def test_the_lmdeploy_engines_client_against_a_vllm_server_says_who_served(vllm_engine: Any, store: Store) -> None:
+    """The lmdeploy engine's connect mode is the OpenAI client an LMDeploy api_server answers; no
+    LMDeploy runs on this CPU machine, so it drives a whole run against the real vLLM server, and
+    the run records who answered (the model list's owned_by): vllm, not lmdeploy."""
     engine = create_engine({"kind": "lmdeploy", "model": "tiny-deepseek-v3", "base_url": vllm_engine.base_url})
     engine.start()
     try:
@@ -276,7 +277,8 @@ def test_lmdeploy_protocol_path_against_a_real_openai_server(vllm_engine: Any, s
         assert snap.status == "completed", snap.error
         recs = store.records(snap.run_id)
         assert len(recs) == 6 and all(r.output_tokens == 8 and r.ttft_ms for r in recs)
-        assert store.get_run(snap.run_id).engine_info["engine"] == "lmdeploy"
+        info = store.get_run(snap.run_id).engine_info
+        assert info["engine"] == "lmdeploy" and info["served_by"] == "vllm"
     finally:
         engine.stop()
 
