@@ -12,6 +12,7 @@ prints one line ``error: <reason>`` on stderr and exits with status 2 (1 for a f
 from __future__ import annotations
 
 import argparse
+import re
 import sqlite3
 import sys
 from collections.abc import Sequence
@@ -126,10 +127,32 @@ COMMANDS = {
 }
 
 
+# C0 controls but tab, newline and carriage return (the progress line uses it), DEL and C1
+# controls: a name or a server's message holding an escape sequence must not recolour the
+# terminal, set its title or move its cursor
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+class _PlainText:
+    """A text stream that writes control characters as ``?`` (see :data:`_CONTROL`)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def write(self, text: str) -> int:
+        return self._inner.write(_CONTROL.sub("?", text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _PlainText(out), _PlainText(err)  # type: ignore[assignment]
     try:
         return _main(argv)
     finally:
+        sys.stdout, sys.stderr = out, err
         if get_settings().exit_threads not in ("off", "0", ""):  # which threads are alive at exit
             import threading
 

@@ -445,3 +445,18 @@ def test_a_ray_address_that_is_a_plain_http_server_is_refused_at_once(tmp_path: 
     assert r.returncode != 0
     line = r.one_error()
     assert "an HTTP server answers there, not a Ray head" in line, line
+
+
+def test_names_with_terminal_escapes_are_printed_as_text(tmp_path: Path) -> None:
+    """A run whose model is named with ANSI escapes (window title, colour, a C1 CSI): `bench runs`
+    prints them as '?' (every CLI output goes through the same filter)."""
+    db = tmp_path / "db.sqlite"
+    bundle = json.loads(PROFILE.read_text())
+    bundle["run"]["model"] = "\x1b]0;pwned\x07\x1b[31mred\x1b[0m\x9b2J"
+    path = tmp_path / "esc.json"
+    path.write_text(json.dumps(bundle))
+    assert bench("import", str(path), "--db", str(db), data_dir=tmp_path).returncode == 0
+    r = bench("runs", "--db", str(db), data_dir=tmp_path)
+    assert r.returncode == 0
+    assert "\x1b" not in r.stdout and "\x07" not in r.stdout and "\x9b" not in r.stdout
+    assert "?]0;pwned??[31mred?[0m?2J"[:20] in r.stdout, r.stdout
