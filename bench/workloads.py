@@ -185,8 +185,10 @@ def parse_jsonl(data: bytes | str, origin: str = "upload") -> list[dict[str, Any
     return items
 
 
-def read_jsonl(path: Path, context_len: int | None = None) -> list[dict[str, Any]]:
-    """:func:`parse_jsonl` of a file, read a line at a time (its size is checked first).
+def read_jsonl(path: Path, context_len: int | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    """:func:`parse_jsonl` of a file, read a line at a time (its size is checked first); with
+    ``limit``, only until that many prompts are read (a run of 8 requests reads 8 lines of a
+    3-million-line file, not all of them).
 
     A line longer than ``context_len`` x :data:`CHARS_PER_TOKEN_LIMIT` characters (or
     :data:`MAX_PROMPT_CHARS` without a context) is refused before it is tokenized.
@@ -210,6 +212,8 @@ def read_jsonl(path: Path, context_len: int | None = None) -> list[dict[str, Any
                 raise WorkloadError(f"{path.name} line {n} is not UTF-8 text (byte {exc.start})") from exc
             if item := _jsonl_item(line, n, path.name):
                 items.append(item)
+                if limit is not None and len(items) >= limit:
+                    break
     if not items:
         raise WorkloadError(f"{path.name} holds no prompts")
     return items
@@ -736,7 +740,7 @@ def request_source(
             path = _existing_file(spec.path, "prompt file")
             items = [
                 (obj["prompt"], _prompt_tokens(tokenizer, obj["prompt"]), obj["output_len"])
-                for obj in read_jsonl(path, context_len)
+                for obj in read_jsonl(path, context_len, limit=count)
             ]
         if context_len is not None:
             _check_items(items, sampling, context_len)

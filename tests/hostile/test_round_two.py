@@ -460,3 +460,17 @@ def test_names_with_terminal_escapes_are_printed_as_text(tmp_path: Path) -> None
     assert r.returncode == 0
     assert "\x1b" not in r.stdout and "\x07" not in r.stdout and "\x9b" not in r.stdout
     assert "?]0;pwned??[31mred?[0m?2J"[:20] in r.stdout, r.stdout
+
+
+def test_a_long_prompt_file_is_read_only_as_far_as_the_run_needs(tmp_path: Path, server: HostileServer) -> None:
+    """A 300,000-line JSONL for a 4-request run: the first 4 prompts are read (a broken line far
+    below them is never reached, and the file's other lines are not tokenized)."""
+    path = tmp_path / "long.jsonl"
+    with path.open("w") as fh:
+        fh.write("".join(json.dumps({"prompt": f"good prompt {i}"}) + "\n" for i in range(300_000)))
+        fh.write("{not json\n")
+    r = bench("run", "--engine", "openai", "--base-url", server.url(), "--model", MODEL, "--prompts", "jsonl",
+              "--prompt-file", str(path), "--requests", "4", "--warmup", "0", "--output-len", "4", "--quiet",
+              "--db", str(tmp_path / "db.sqlite"), data_dir=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.peak_rss < 600 * 2**20
