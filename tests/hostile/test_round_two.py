@@ -264,6 +264,19 @@ def test_a_device_or_an_oversize_bundle_is_refused_in_one_line(tmp_path: Path) -
 # --- a managed server is gone when the CLI returns ------------------------------------------
 
 
+def processes_of(data: Path) -> dict[int, str]:
+    """Every process whose environment says it belongs to the CLI run of the data folder ``data``
+    (MOEBENCH_DATA_DIR, inherited by every process a run starts)."""
+    import psutil
+
+    found = {}
+    for p in psutil.process_iter(["cmdline", "status"]):
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            if p.environ().get("MOEBENCH_DATA_DIR") == str(data):
+                found[p.pid] = f"{p.pid} {p.info['status']} {' '.join(p.info['cmdline'] or [])[:80]}"
+    return found
+
+
 @pytest.mark.slow
 def test_a_managed_triton_server_is_gone_when_the_cli_returns(tmp_path: Path, tiny_model: Path) -> None:
     """Checked at once after the CLI returns (no grace period): no tritonserver process (zombies
@@ -474,3 +487,18 @@ def test_a_long_prompt_file_is_read_only_as_far_as_the_run_needs(tmp_path: Path,
               "--db", str(tmp_path / "db.sqlite"), data_dir=tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert r.peak_rss < 600 * 2**20
+
+
+@pytest.mark.slow
+def test_a_managed_vllm_server_is_gone_when_the_cli_returns(tmp_path: Path, tiny_model: Path) -> None:
+    """The vLLM CPU server MoE Bench launches (API server, engine core, workers): none of its
+    processes is alive, zombies included, at once after the CLI returns."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "models").symlink_to(tiny_model.parent)
+    before = processes_of(data)
+    r = bench("run", "--engine", "vllm", "--model", "tiny-deepseek-v3", "--requests", "2", "--output-len", "4",
+              "--quiet", "--db", str(data / "db.sqlite"), data_dir=data)  # fmt: skip
+    left = [what for pid, what in processes_of(data).items() if pid not in before]
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert left == [], left
