@@ -502,3 +502,16 @@ def test_a_managed_vllm_server_is_gone_when_the_cli_returns(tmp_path: Path, tiny
     left = [what for pid, what in processes_of(data).items() if pid not in before]
     assert r.returncode == 0, r.stderr[-2000:]
     assert left == [], left
+
+
+def test_a_sparse_sharegpt_file_is_refused_before_it_is_read(
+    tmp_path: Path, server: HostileServer, tiny_model: Path
+) -> None:
+    path = tmp_path / "sparse.json"
+    with path.open("wb") as fh:
+        fh.truncate(900 * 2**20)  # 900 MiB of zero bytes, taking no disk: under the 1 GiB cap
+    r = bench("run", "--engine", "openai", "--base-url", server.url(), "--model", MODEL, "--prompts", "sharegpt",
+              "--prompt-file", str(path), "--requests", "2", "--quiet", "--db", str(tmp_path / "db.sqlite"),
+              "--engine-opt", f"tokenizer={tiny_model}", data_dir=tmp_path)  # fmt: skip
+    assert r.returncode != 0 and "is not a ShareGPT JSON list" in r.one_error(), r.stderr
+    assert r.peak_rss < 400 * 2**20, f"{r.peak_rss / 2**20:.0f} MiB"
