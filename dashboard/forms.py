@@ -154,6 +154,8 @@ OPTION_META: dict[str, tuple[str, str]] = {
     "enforce_eager": ("Eager mode (no CUDA graphs)", GROUP_SERVER),
     "served_model_name": ("Served model name", GROUP_SERVER),
     "sglang_expert_distribution_dir": ("SGLang: expert distribution dump folder", GROUP_CONNECT),
+    "routed_experts": ("Ask for each request's routed experts (SGLang)", GROUP_CONNECT),
+    "routing_pass": ("Routing pass: requests re-sent, not streamed, for routed experts (vLLM)", GROUP_CONNECT),
     "backend": ("LMDeploy backend", GROUP_SERVER),
     "session_len": ("Session length (tokens)", GROUP_SERVER),
     "max_batch_size": ("Max batch size", GROUP_SERVER),

@@ -145,7 +145,7 @@ def test_a_stored_sweep_shows_charts_table_recommendations_and_downloads(
     at.selectbox(key="w.view").set_value(use_sweep_data["sweep_id"]).run()
     _no_exception(at)
     text = _texts(at)
-    assert f"Sweep #{use_sweep_data['sweep_id']} · c-sweep · completed" in text
+    assert f"Sweep #{use_sweep_data['sweep_id']} · c\\-sweep · completed" in text  # the name as text (data.plain)
     assert "SLOs: TTFT p99 ≤ 50 ms" in text
 
     # The table: one row per point, with the SLO verdict and its runs.
