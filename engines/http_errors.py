@@ -9,6 +9,7 @@ the human part out of an OpenAI-style error body.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 import time
@@ -31,16 +32,25 @@ class BodyTooLarge(RequestFailed):
     """An answer bigger than the cap MoE Bench reads for its kind."""
 
 
+def _full(out: bytearray, cap: int, what: str, truncate: bool) -> bool:
+    """Whether a body read so far into ``out`` has reached ``cap`` (then cut to it with
+    ``truncate``); over it without ``truncate``: :class:`BodyTooLarge`."""
+    if len(out) <= cap:
+        return False
+    if not truncate:
+        raise BodyTooLarge(f"{what} is over {cap / 2**20:g} MiB: not read")
+    del out[cap:]
+    return True
+
+
 def read_capped(chunks: Iterable[bytes], cap: int, what: str, truncate: bool = False) -> bytes:
     """The body from its (decoded) chunks, at most ``cap`` bytes: with ``truncate`` the rest is
     not read (an error message needs its start only), else :class:`BodyTooLarge`."""
     out = bytearray()
     for chunk in chunks:
         out += chunk
-        if len(out) > cap:
-            if truncate:
-                return bytes(out[:cap])
-            raise BodyTooLarge(f"{what} is over {cap / 2**20:g} MiB: not read")
+        if _full(out, cap, what, truncate):
+            break
     return bytes(out)
 
 
@@ -49,10 +59,8 @@ async def aread_capped(resp: Any, cap: int, what: str, truncate: bool = False) -
     out = bytearray()
     async for chunk in resp.content.iter_chunked(2**16):
         out += chunk
-        if len(out) > cap:
-            if truncate:
-                return bytes(out[:cap])
-            raise BodyTooLarge(f"{what} is over {cap / 2**20:g} MiB: not read")
+        if _full(out, cap, what, truncate):
+            break
     return bytes(out)
 
 
@@ -78,7 +86,8 @@ def total_deadline(seconds: float | None, end: float | None = None) -> Iterator[
         _DEADLINE.end = before
 
 
-def _backend() -> Any:
+@functools.lru_cache(maxsize=1)
+def _backend() -> Any:  # stateless: one for every client
     import httpcore
 
     class DeadlineStream(httpcore.NetworkStream):

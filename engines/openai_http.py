@@ -48,6 +48,7 @@ from engines.http_errors import (
     aread_capped,
     error_message,
     http_get,
+    read_capped,
     status_failure,
 )
 from engines.routing import routed_counts
@@ -275,12 +276,8 @@ class OpenAIEngine(HTTPEngine):
             why, counts, prompt = None, None, request.prompt_tokens
             try:
                 with self.post_stream(self._url_for_endpoint(), body) as chunks:
-                    raw = bytearray()
-                    for part in chunks:
-                        raw += part
-                        if len(raw) > ROUTED_EXPERTS_MAX_B64 + 2**20:
-                            raise RequestFailed(f"the answer is over {(ROUTED_EXPERTS_MAX_B64 >> 20) + 1} MiB")
-                obj = json.loads(bytes(raw))
+                    raw = read_capped(chunks, ROUTED_EXPERTS_MAX_B64 + 2**20, "the answer")
+                obj = json.loads(raw)
                 choice = (obj.get("choices") or [{}])[0] if isinstance(obj, dict) else {}
                 field = choice.get("routed_experts") if isinstance(choice, dict) else None
                 ext = obj.get("sglext") if isinstance(obj, dict) else None

@@ -333,8 +333,8 @@ def routed_counts(
     """One request's routed experts (either encoding, see :func:`decode_routed_experts`) straight
     to counts [2, MoE layers, experts] (uint16, or uint32 past 65,535 rows: small to pass from a
     sender process): one bincount over the raw array, the dense layers' and placeholder cells
-    dropped after, no per-layer copies. What the client does per request; equal to
-    :func:`counts_from_ids` of :func:`decode_routed_experts` (tests/engines/test_routed_experts.py)."""
+    dropped after, no per-layer copies. What the client does per request; equal to a per-layer
+    count of :func:`decode_routed_experts`' ids (tests/engines/test_routed_experts.py)."""
     import numpy as np
 
     ids, keep, why = _read_ids(b64, layout)
@@ -353,27 +353,6 @@ def routed_counts(
     return kept.astype(np.uint16 if rows < 65536 else np.uint32), None
 
 
-def counts_from_ids(ids: Any, prompt_tokens: int | None, num_experts: int, prompt_start: int = 0) -> Any:
-    """Routing counts [2, layers, experts] from expert ids [rows, layers, top-k]: phase 0 the
-    prompt's rows (the first ``prompt_tokens - prompt_start``), 1 the generated tokens'.
-    ``prompt_tokens`` None (no count from the server or the workload): every row is counted
-    as the prompt's, the split unknown."""
-    import numpy as np
-
-    rows, layers = len(ids), ids.shape[1]
-    prompt_rows = rows if prompt_tokens is None else max(0, min(rows, prompt_tokens - prompt_start))
-    cells = layers * num_experts
-    # one bincount over (phase, layer, expert) cells, not one per layer and phase
-    offsets = (np.arange(layers, dtype=np.int64) * num_experts).reshape(1, -1, 1) + (
-        (np.arange(rows) >= prompt_rows).astype(np.int64) * cells
-    ).reshape(-1, 1, 1)
-    flat = ids + offsets
-    if rows and int(ids.min()) < 0:
-        flat = flat[ids >= 0]  # -1: no routed expert in that slot
-    counts = np.bincount(flat.reshape(-1), minlength=2 * cells)
-    return counts.reshape(2, layers, num_experts).astype(np.int64, copy=False)
-
-
 def counts_from_routed_experts(
     b64: Any, prompt_tokens: int, num_experts: int, prompt_start: int = 0, layout: dict[str, Any] | None = None
 ) -> tuple[Any, str | None]:
@@ -382,7 +361,4 @@ def counts_from_routed_experts(
     rows, 1 the generated tokens' (the first ``prompt_start`` prompt tokens left out by the
     server, vLLM's ``routed_experts_prompt_start``). (counts, None) or (None, one-line reason).
     Without ``layout``, only an .npy array is read, its layers taken as the MoE layers."""
-    ids, why = decode_routed_experts(b64, {**(layout or {}), "num_experts": num_experts})
-    if ids is None:
-        return None, why
-    return counts_from_ids(ids, prompt_tokens, num_experts, prompt_start), None
+    return routed_counts(b64, {**(layout or {}), "num_experts": num_experts}, prompt_tokens, prompt_start)

@@ -126,7 +126,17 @@ def test_the_fast_path_counts_as_decode_then_count_does(encoding: str) -> None:
     """routed_counts (one bincount, what the client runs per request) against the plain decode and
     a per-layer count, on random ids with placeholders, both encodings, several prompt splits."""
     from engines.models import TINY_CONFIG
-    from engines.routing import counts_from_ids, decode_routed_experts, layout_from_config, routed_counts
+    from engines.routing import decode_routed_experts, layout_from_config, routed_counts
+
+    def counts_from_ids(ids: np.ndarray, prompt: int | None, experts: int) -> np.ndarray:
+        """The reference: one bincount per (phase, layer), placeholders dropped."""
+        split = len(ids) if prompt is None else max(0, min(len(ids), prompt))
+        out = np.zeros((2, ids.shape[1], experts), dtype=np.int64)
+        for phase, part in ((0, ids[:split]), (1, ids[split:])):
+            for layer in range(ids.shape[1]):
+                flat = part[:, layer].reshape(-1)
+                out[phase, layer] = np.bincount(flat[flat >= 0], minlength=experts)
+        return out
 
     layout = layout_from_config({**TINY_CONFIG, "num_hidden_layers": 5, "n_routed_experts": 16}, "test")
     rng = np.random.default_rng(3)
