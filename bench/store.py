@@ -83,6 +83,13 @@ CREATE TABLE IF NOT EXISTS samples (
     usage_output_tokens INTEGER,
     ttft_any_ms REAL,
     send_lag_ms REAL,
+    itl_token_mean_ms REAL,
+    reasoning_tokens INTEGER,
+    answer_tokens INTEGER,
+    usage_reasoning_tokens INTEGER,
+    reasoning_ms REAL,
+    chunk_tokens_json TEXT,
+    reasoning_chunks INTEGER,
     PRIMARY KEY (run_id, seq)
 );
 CREATE TABLE IF NOT EXISTS timeseries (
@@ -132,7 +139,31 @@ REQUEST_CSV_COLUMNS: tuple[str, ...] = (
     "usage_output_tokens",
     "ttft_any_ms",
     "send_lag_ms",
+    "itl_token_mean_ms",
+    "reasoning_tokens",
+    "answer_tokens",
+    "usage_reasoning_tokens",
+    "reasoning_ms",
     "error",
+)
+# Sample columns added after schema 2 (ALTER TABLE adds them to older files; NULL in old rows).
+_LATER_SAMPLE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("itl_token_mean_ms", "REAL"),
+    ("reasoning_tokens", "INTEGER"),
+    ("answer_tokens", "INTEGER"),
+    ("usage_reasoning_tokens", "INTEGER"),
+    ("reasoning_ms", "REAL"),
+    ("chunk_tokens_json", "TEXT"),
+    ("reasoning_chunks", "INTEGER"),
+)
+_SAMPLE_INSERT_COLUMNS: tuple[str, ...] = (
+    "run_id", "seq", "request_id", "start_s", "end_s", "ttft_ms", "tpot_ms", "itl_mean_ms", "e2e_ms",
+    "prompt_tokens", "output_tokens", "error", "chunk_times_json", "usage_output_tokens", "ttft_any_ms",
+    "send_lag_ms", *(c for c, _ in _LATER_SAMPLE_COLUMNS),
+)  # fmt: skip
+_SAMPLE_INSERT = (
+    f"INSERT OR REPLACE INTO samples ({', '.join(_SAMPLE_INSERT_COLUMNS)}) "
+    f"VALUES ({','.join('?' * len(_SAMPLE_INSERT_COLUMNS))})"
 )
 
 SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
@@ -200,6 +231,29 @@ SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
     "moe_imbalance_max",
     "ep_rank_imbalance",
     "eplb_balancedness_whatif",
+    "itl_token_ms_mean",
+    "itl_token_ms_p50",
+    "itl_token_ms_p90",
+    "itl_token_ms_p99",
+    "spec_acceptance_rate",
+    "spec_acceptance_length",
+    "spec_accepted_per_pos",
+    "spec_drafts",
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
+    "reasoning_tokens",
+    "answer_tokens",
+    "answer_throughput_tok_s",
+    "reasoning_ms_p50",
+    "reasoning_ms_p90",
+    "reasoning_ms_p99",
+    "reasoning_mismatches",
+    "energy_j",
+    "joules_per_output_token",
+    "output_tokens_per_j",
+    "power_avg_w",
+    "power_peak_w",
+    "goodput_per_w",
     "error",
 )
 
@@ -390,6 +444,10 @@ class Store:
             for col, decl in (("sweep_id", "INTEGER"), ("sweep_point", "TEXT")):
                 if col not in have:
                     conn.execute(f"ALTER TABLE runs ADD COLUMN {col} {decl}")
+            have = {r["name"] for r in conn.execute("PRAGMA table_info(samples)").fetchall()}
+            for col, decl in _LATER_SAMPLE_COLUMNS:
+                if col not in have:
+                    conn.execute(f"ALTER TABLE samples ADD COLUMN {col} {decl}")
             conn.execute("CREATE INDEX IF NOT EXISTS runs_sweep ON runs(sweep_id)")
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         self.mark_interrupted()
@@ -637,6 +695,13 @@ class Store:
                     row["usage_output_tokens"],
                     row["ttft_any_ms"],
                     row["send_lag_ms"],
+                    row["itl_token_mean_ms"],
+                    row["reasoning_tokens"],
+                    row["answer_tokens"],
+                    row["usage_reasoning_tokens"],
+                    row["reasoning_ms"],
+                    None if rec.chunk_tokens is None else json.dumps(rec.chunk_tokens, separators=(",", ":")),
+                    rec.reasoning_chunks,
                 )
             )
         conn = self._conn()
@@ -660,7 +725,7 @@ class Store:
                         f"SELECT COUNT(*) FROM samples WHERE run_id=? AND seq IN ({','.join('?' * len(part))})",
                         [run_id, *part],
                     ).fetchone()[0]
-                conn.executemany("INSERT OR REPLACE INTO samples VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+                conn.executemany(_SAMPLE_INSERT, rows)
                 conn.execute("UPDATE sample_counts SET n = n + ? WHERE run_id=?", (len(set(seqs)) - again, run_id))
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -673,7 +738,8 @@ class Store:
             self._conn()
             .execute(
                 "SELECT request_id, start_s, end_s, chunk_times_json, prompt_tokens, output_tokens, error,"
-                " usage_output_tokens, ttft_any_ms, send_lag_ms FROM samples WHERE run_id=? ORDER BY seq",
+                " usage_output_tokens, ttft_any_ms, send_lag_ms, chunk_tokens_json, reasoning_chunks,"
+                " reasoning_tokens, usage_reasoning_tokens FROM samples WHERE run_id=? ORDER BY seq",
                 (run_id,),
             )
             .fetchall()
@@ -690,6 +756,10 @@ class Store:
                 usage_output_tokens=r["usage_output_tokens"],
                 first_any_token_s=None if r["ttft_any_ms"] is None else r["start_s"] + r["ttft_any_ms"] / 1000.0,
                 send_lag_ms=r["send_lag_ms"],
+                chunk_tokens=None if r["chunk_tokens_json"] is None else json.loads(r["chunk_tokens_json"]),
+                reasoning_chunks=r["reasoning_chunks"] or 0,
+                reasoning_tokens=r["reasoning_tokens"] or 0,
+                usage_reasoning_tokens=r["usage_reasoning_tokens"],
             )
             for r in rows
         ]
@@ -1084,7 +1154,11 @@ def _with_moe_figures(summary_json: Any, artifacts: Any) -> Any:
 
 EPOCH_MAX = 4_102_444_800.0  # 2100-01-01: a run's time past this is not a time
 _SAMPLE_REALS = ("start_s", "end_s", "e2e_ms")  # numbers
-_SAMPLE_OPTIONAL_REALS = ("ttft_ms", "tpot_ms", "itl_mean_ms", "ttft_any_ms", "send_lag_ms")  # numbers or null
+_SAMPLE_OPTIONAL_REALS = (  # numbers or null
+    "ttft_ms", "tpot_ms", "itl_mean_ms", "ttft_any_ms", "send_lag_ms", "itl_token_mean_ms", "reasoning_ms",
+)  # fmt: skip
+_SAMPLE_OPTIONAL_COUNTS = ("usage_output_tokens", "reasoning_tokens", "answer_tokens", "usage_reasoning_tokens",
+                           "reasoning_chunks")  # fmt: skip
 _SAMPLE_COUNTS = ("seq", "prompt_tokens", "output_tokens")  # whole numbers >= 0
 COUNT_MAX = 10**12
 
@@ -1108,8 +1182,17 @@ def _sample_problem(x: dict[str, Any]) -> str | None:
     for c in _SAMPLE_COUNTS:
         if c in x and not _count(x[c]):
             return f"has {c} {str(x[c])[:40]!r}, not a count"
-    if x.get("usage_output_tokens") is not None and not _count(x["usage_output_tokens"]):
-        return "has a usage_output_tokens that is not a count"
+    for c in _SAMPLE_OPTIONAL_COUNTS:
+        if x.get(c) is not None and not _count(x[c]):
+            return f"has a {c} that is not a count"
+    tokens = x.get("chunk_tokens_json")
+    if tokens is not None:
+        try:
+            parsed = json.loads(tokens) if isinstance(tokens, str) else None
+        except (ValueError, RecursionError):
+            parsed = None
+        if not isinstance(parsed, list) or not all(_count(n) for n in parsed):
+            return "has chunk_tokens_json that is not a JSON list of counts"
     if not isinstance(x["request_id"], str) or not isinstance(x.get("error", ""), str):
         return "has a request_id or error that is not text"
     chunks = x.get("chunk_times_json", "[]")

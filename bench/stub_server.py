@@ -48,6 +48,20 @@ answer); ``vllm``: base64 of an ``.npy`` [rows, MoE layers, K] in the non-stream
 (the hot expert: E/K times the mean load per layer), slot s > 0 expert 1 + (row + layer + s)
 mod (E - 1) (:func:`planted_ids`).
 
+Several tokens per chunk (``--tokens-per-chunk K``), as a server with speculative decoding
+or MTP streams them: each event carries up to K tokens (``" a" * k``, with ``token_ids``: the
+exact count), so N tokens come in ceil(N / K) events ``--itl-ms`` apart. ``/metrics`` then
+exports vLLM's speculative-decoding counters as if every event were one decoding step with a
+draft of K - 1 tokens of which k - 1 were accepted (``vllm:spec_decode_num_drafts_total``,
+``..._num_draft_tokens_total``, ``..._num_accepted_tokens_total``,
+``..._num_accepted_tokens_per_pos_total{position="p"}``: positions below k - 1 accepted), counted
+over this process's streams since it started.
+
+Reasoning (``--reasoning-tokens R``, chat endpoint): the first min(R, N) tokens of each answer
+stream as ``delta.reasoning_content`` (DeepSeek-R1 style), the rest as ``content``; the usage
+chunk reports ``completion_tokens_details.reasoning_tokens`` as R (``--reasoning-usage exact``),
+0 (``zero``: a server that miscounts) or not at all (``none``).
+
 From code: ``url, proc = start_stub_server(model="tiny-deepseek-v3")`` launches it as a
 managed subprocess on a free port (``url`` ends in ``/v1``); ``proc.stop()`` ends it.
 """
@@ -72,6 +86,7 @@ if __package__ in (None, ""):  # run as a script
 DEFAULT_MODEL = "tiny-deepseek-v3"
 WORD = " a"  # the text of every generated "token"
 DEFAULT_MAX_TOKENS = 16
+STUB_TOKEN_ID = 64  # the id token_ids carry (any id: only their number is read)
 _CACHE_LIMIT = 64  # distinct model names whose events are kept pre-encoded
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -94,17 +109,23 @@ class Events:
             "model": model,
         }
 
-        def chunk(text: str, finish: str | None, role: bool = False) -> bytes:
-            if chat:
-                delta = {"role": "assistant", "content": text} if role else {"content": text}
-                choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            else:
-                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-            return _event({**self.base, "choices": [choice]})
+        self.chat = chat
+        self.first = self.chunk("", None, role=True) if chat else b""
+        self.token = self.chunk(WORD, None)
+        self.last = self.chunk(WORD, "length")
 
-        self.first = chunk("", None, role=True) if chat else b""
-        self.token = chunk(WORD, None)
-        self.last = chunk(WORD, "length")
+    def chunk(self, text: str, finish: str | None, role: bool = False, k: int = 0, reasoning: bool = False) -> bytes:
+        """One event; ``k`` > 0 adds ``token_ids`` (k of them: the exact count of the chunk)."""
+        choice: dict[str, Any]
+        if self.chat:
+            field = "reasoning_content" if reasoning else "content"
+            delta = {"role": "assistant", field: text} if role else {field: text}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        if k:
+            choice["token_ids"] = [STUB_TOKEN_ID] * k
+        return _event({**self.base, "choices": [choice]})
 
 
 _EVENTS: dict[tuple[bool, str], Events] = {}
@@ -187,6 +208,9 @@ def make_app(
     load_ms: float = 0.0,
     routed_experts: str | None = None,
     routing_shape: tuple[int, int, int, int] = ROUTING_SHAPE,
+    tokens_per_chunk: int = 1,
+    reasoning_tokens: int = 0,
+    reasoning_usage: str = "exact",
 ) -> Any:
     """The aiohttp application (see the module docstring).
 
@@ -197,6 +221,34 @@ def make_app(
 
     itl_s, ttft_s, load_s = itl_ms / 1000.0, ttft_ms / 1000.0, load_ms / 1000.0
     in_flight = 0
+    per_chunk = max(1, int(tokens_per_chunk))
+    # speculative-decoding counters as /metrics exports them (see the module docstring)
+    spec = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "pos": [0] * max(0, per_chunk - 1)}
+
+    def count_step(k: int) -> None:
+        spec["drafts"] += 1
+        spec["draft_tokens"] += per_chunk - 1
+        spec["accepted"] += k - 1
+        for p in range(k - 1):
+            spec["pos"][p] += 1
+
+    def metrics_text() -> str:
+        lab = f'engine="0",model_name="{model}"'
+        lines = []
+        for key, name in (
+            ("drafts", "num_drafts"),
+            ("draft_tokens", "num_draft_tokens"),
+            ("accepted", "num_accepted_tokens"),
+        ):
+            lines += [
+                f"# TYPE vllm:spec_decode_{name} counter",
+                f"vllm:spec_decode_{name}_total{{{lab}}} {float(spec[key])}",
+            ]
+        lines.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter")
+        for p, v in enumerate(spec["pos"]):
+            lines.append(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{p}"}} {float(v)}')
+        return "\n".join(lines) + "\n"
+
     models_body = json.dumps(
         {
             "object": "list",
@@ -213,6 +265,9 @@ def make_app(
 
     async def models(request: web.Request) -> web.Response:
         return web.Response(body=models_body, content_type="application/json")
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=metrics_text() if per_chunk > 1 else "", content_type="text/plain")
 
     async def generate(request: web.Request, chat: bool) -> web.StreamResponse:
         try:
@@ -235,7 +290,14 @@ def make_app(
         if n < 1:
             return error(400, "max_tokens must be at least 1")
         ev = events_for(chat, name)
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+        usage: dict[str, Any] = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": n,
+            "total_tokens": prompt_tokens + n,
+        }
+        thinking = min(reasoning_tokens, n) if chat else 0
+        if thinking and reasoning_usage != "none":
+            usage["completion_tokens_details"] = {"reasoning_tokens": thinking if reasoning_usage == "exact" else 0}
         routed = (
             encode_routed(routed_experts, prompt_tokens + n - 1, routing_shape)
             if routed_experts and body.get("return_routed_experts")
@@ -264,11 +326,18 @@ def make_app(
             if ev.first:
                 await resp.write(ev.first)
             token, write = ev.token, resp.write
-            for _ in range(n - 1):
-                await write(token)
-                if itl_s > 0 or load_s > 0:
-                    await asyncio.sleep(itl_s + load_s * (in_flight - 1))
-            await write(ev.last)
+            if per_chunk > 1 or thinking:
+                events = _shaped_events(ev, n, per_chunk, thinking, count_step if per_chunk > 1 else None)
+                for i, event in enumerate(events):
+                    await write(event)
+                    if i < len(events) - 1 and (itl_s > 0 or load_s > 0):
+                        await asyncio.sleep(itl_s + load_s * (in_flight - 1))
+            else:
+                for _ in range(n - 1):
+                    await write(token)
+                    if itl_s > 0 or load_s > 0:
+                        await asyncio.sleep(itl_s + load_s * (in_flight - 1))
+                await write(ev.last)
         finally:
             in_flight -= 1
         if routed is not None and routed_experts == "sglang":
@@ -289,9 +358,29 @@ def make_app(
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     return app
+
+
+def _shaped_events(ev: Events, n: int, per_chunk: int, thinking: int, step: Any) -> list[bytes]:
+    """The events of an answer of ``n`` tokens: the first ``thinking`` as reasoning, then content,
+    each event up to ``per_chunk`` tokens (never mixing the two), the last with its finish reason;
+    ``step(k)`` counts each event as a decoding step of k tokens (speculative decoding)."""
+    sizes: list[tuple[int, bool]] = []
+    for part, reasoning in ((thinking, True), (n - thinking, False)):
+        while part > 0:
+            k = min(per_chunk, part)
+            sizes.append((k, reasoning))
+            part -= k
+    out = []
+    for i, (k, reasoning) in enumerate(sizes):
+        finish = "length" if i == len(sizes) - 1 else None
+        out.append(ev.chunk(WORD * k, finish, k=k, reasoning=reasoning))
+        if step is not None:
+            step(k)
+    return out
 
 
 async def _watch_parent(parent: int) -> None:
@@ -311,11 +400,12 @@ def _serve_one(
     load_ms: float = 0.0,
     routed_experts: str | None = None,
     routing_shape: tuple[int, int, int, int] = ROUTING_SHAPE,
+    shape: dict[str, Any] | None = None,
 ) -> None:
     from aiohttp import web
 
     async def main() -> None:
-        app = make_app(model, itl_ms, ttft_ms, load_ms, routed_experts, routing_shape)
+        app = make_app(model, itl_ms, ttft_ms, load_ms, routed_experts, routing_shape, **(shape or {}))
         runner = web.AppRunner(app, access_log=None, handle_signals=True)
         await runner.setup()
         # A large backlog: a client opening 1000+ connections at once must not see refusals.
@@ -344,18 +434,20 @@ def serve(
     load_ms: float = 0.0,
     routed_experts: str | None = None,
     routing_shape: tuple[int, int, int, int] = ROUTING_SHAPE,
+    shape: dict[str, Any] | None = None,
 ) -> None:
-    """Serve until interrupted: this process, plus ``processes - 1`` forked ones on the same port."""
+    """Serve until interrupted: this process, plus ``processes - 1`` forked ones on the same port.
+    ``shape``: make_app's tokens_per_chunk, reasoning_tokens, reasoning_usage."""
     children = []
     if processes > 1:
         ctx = multiprocessing.get_context("fork")  # before any event loop exists: safe
         for _ in range(processes - 1):
-            args = (host, port, model, itl_ms, ttft_ms, os.getpid(), load_ms, routed_experts, routing_shape)
+            args = (host, port, model, itl_ms, ttft_ms, os.getpid(), load_ms, routed_experts, routing_shape, shape)
             child = ctx.Process(target=_serve_one, args=args, daemon=True)
             child.start()
             children.append(child)
     try:
-        _serve_one(host, port, model, itl_ms, ttft_ms, None, load_ms, routed_experts, routing_shape)
+        _serve_one(host, port, model, itl_ms, ttft_ms, None, load_ms, routed_experts, routing_shape, shape)
     finally:
         for child in children:
             child.terminate()
@@ -371,6 +463,9 @@ def start_stub_server(
     ttft_ms: float = 0.0,
     load_ms: float = 0.0,
     routed_experts: str | None = None,
+    tokens_per_chunk: int = 1,
+    reasoning_tokens: int = 0,
+    reasoning_usage: str = "exact",
     port: int | None = None,
     python: str | None = None,
     timeout: float = 30.0,
@@ -402,6 +497,12 @@ def start_stub_server(
         "--load-ms",
         str(load_ms),
         *(["--routed-experts", routed_experts] if routed_experts else []),
+        *(["--tokens-per-chunk", str(tokens_per_chunk)] if tokens_per_chunk != 1 else []),
+        *(
+            ["--reasoning-tokens", str(reasoning_tokens), "--reasoning-usage", reasoning_usage]
+            if reasoning_tokens
+            else []
+        ),
     ]
     proc = ManagedProcess(argv, name="stub-server", cwd=PROJECT_ROOT, log_path=log_path).start()
     try:
@@ -431,9 +532,21 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(map(str, ROUTING_SHAPE)),
         help="hidden layers, dense layers first, experts, top-k of the routed experts sent (default: the tiny model)",
     )
+    p.add_argument("--tokens-per-chunk", type=int, default=1, help="tokens per event, as speculative decoding sends")
+    p.add_argument(
+        "--reasoning-tokens", type=int, default=0, help="chat: the first R tokens stream as reasoning_content"
+    )
+    p.add_argument(
+        "--reasoning-usage",
+        choices=("exact", "zero", "none"),
+        default="exact",
+        help="what usage.completion_tokens_details.reasoning_tokens reports: R, 0 or nothing",
+    )
     args = p.parse_args(argv)
     if args.processes < 1:
         p.error("--processes must be at least 1")
+    if not 1 <= args.tokens_per_chunk <= 64 or args.reasoning_tokens < 0:
+        p.error("--tokens-per-chunk must be 1..64 and --reasoning-tokens at least 0")
     try:
         shape = tuple(int(x) for x in args.routing_shape.split(","))
     except ValueError:
@@ -455,6 +568,11 @@ def main(argv: list[str] | None = None) -> int:
         load_ms=args.load_ms,
         routed_experts=args.routed_experts,
         routing_shape=shape,  # type: ignore[arg-type]
+        shape={
+            "tokens_per_chunk": args.tokens_per_chunk,
+            "reasoning_tokens": args.reasoning_tokens,
+            "reasoning_usage": args.reasoning_usage,
+        },
     )
     return 0
 

@@ -72,6 +72,8 @@ class StreamChunk:
     final: bool = False
     prompt_tokens: int | None = None
     usage_output_tokens: int | None = None
+    # the server's count of reasoning tokens (usage.completion_tokens_details.reasoning_tokens)
+    usage_reasoning_tokens: int | None = None
     reasoning: bool = False  # a reasoning_content chunk (reasoning models), not answer content
     # ``tokens`` is a guess (one per chunk: no server count and no client tokenizer here)
     estimated: bool = False
@@ -85,6 +87,7 @@ class StreamChunk:
 class TimedChunk:
     t: float  # time.perf_counter() when the chunk reached the caller
     tokens: int
+    reasoning: bool = False  # a reasoning chunk (before the answer of a reasoning model)
 
 
 # Cumulative server counters of prefix-cache lookups and hits, in prompt tokens (an engine's
@@ -92,6 +95,14 @@ class TimedChunk:
 REQUEST_CANCELLED = "cancelled"  # the error of a request cut short by its run's cancel (not a failure)
 SERIES_PREFIX_QUERIES = "server_prefix_cache_queries"
 SERIES_PREFIX_HITS = "server_prefix_cache_hits"
+# Cumulative speculative-decoding counters (vLLM's vllm:spec_decode_*): drafts proposed, draft
+# tokens proposed, draft tokens accepted, and accepted tokens at draft position k
+# (SERIES_SPEC_POS + "k"); the runner turns their deltas over the run into acceptance figures.
+SERIES_SPEC_DRAFTS = "server_spec_drafts"
+SERIES_SPEC_DRAFT_TOKENS = "server_spec_draft_tokens"
+SERIES_SPEC_ACCEPTED = "server_spec_accepted_tokens"
+SERIES_SPEC_POS = "server_spec_accepted_pos"
+SERIES_SPEC_ACCEPTANCE = "server_spec_acceptance_pct"  # accepted / draft tokens between two scrapes, %
 
 
 @dataclass
@@ -100,13 +111,14 @@ class TimedResult:
 
     start: float
     end: float = 0.0
-    chunks: list[TimedChunk] = field(default_factory=list)  # content chunks only
+    chunks: list[TimedChunk] = field(default_factory=list)  # output chunks, reasoning and answer
     first_any: float | None = None  # first chunk of any kind (reasoning or content)
     text: str = ""
     prompt_tokens: int | None = None
     output_tokens: int = 0
     usage_output_tokens: int | None = None
-    reasoning_tokens: int = 0
+    reasoning_tokens: int = 0  # the client's count of reasoning tokens (in output_tokens too)
+    usage_reasoning_tokens: int | None = None  # the server's count, where its usage reports one
     error: str | None = None
     estimated: bool = False  # some chunk's token count was a guess (see StreamChunk.estimated)
     unreachable: bool = False  # failed without reaching the server (connection refused, ...)
@@ -141,6 +153,8 @@ class Stamper:
             result.prompt_tokens = chunk.prompt_tokens
         if chunk.usage_output_tokens is not None:
             result.usage_output_tokens = chunk.usage_output_tokens
+        if chunk.usage_reasoning_tokens is not None:
+            result.usage_reasoning_tokens = chunk.usage_reasoning_tokens
         if chunk.routing is not None:
             result.routing = chunk.routing
         carries = chunk.tokens > 0 or bool(chunk.text)
@@ -148,15 +162,14 @@ class Stamper:
             result.estimated = True
         if carries and result.first_any is None:
             result.first_any = now
-        if chunk.reasoning:
-            result.output_tokens += chunk.tokens
-            result.reasoning_tokens += chunk.tokens
-            return
         if carries:
-            tc = TimedChunk(now, chunk.tokens)
+            tc = TimedChunk(now, chunk.tokens, chunk.reasoning)
             result.chunks.append(tc)
             result.output_tokens += chunk.tokens
-            self.parts.append(chunk.text)
+            if chunk.reasoning:
+                result.reasoning_tokens += chunk.tokens
+            else:
+                self.parts.append(chunk.text)
             if self.on_chunk is not None:
                 self.on_chunk(tc)
         if result.output_tokens > self.cap:

@@ -577,6 +577,7 @@ class CompletionStream:
                     final=True,
                     prompt_tokens=usage["prompt_tokens"],
                     usage_output_tokens=usage["completion_tokens"],
+                    usage_reasoning_tokens=usage["reasoning_tokens"],
                     routing=self._routing() if self._routed is not None or self._routing_reason else None,
                 )
             ]
@@ -621,22 +622,28 @@ class CompletionStream:
 USAGE_MAX = 10**9  # a token count above this in a usage report is not a count
 
 
+def _usage_count(v: Any) -> int | None:
+    """A usage count: a whole number in [0, 1e9], else None."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    if isinstance(v, float) and not (math.isfinite(v) and v.is_integer()):
+        return None
+    return int(v) if 0 <= v <= USAGE_MAX else None
+
+
 def _usage(value: Any) -> dict[str, int | None] | None:
-    """A usage report's prompt and completion counts, each a whole number in [0, 1e9] or None: a
+    """A usage report's prompt, completion and reasoning counts (the last from
+    ``completion_tokens_details.reasoning_tokens``), each a whole number in [0, 1e9] or None: a
     NaN, a string, a negative or an absurd count is that request's server being wrong, and is
     ignored (the client's own count stands), never an error of the run."""
     if not isinstance(value, dict):
         return None
-
-    def count(key: str) -> int | None:
-        v = value.get(key)
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            return None
-        if isinstance(v, float) and not (math.isfinite(v) and v.is_integer()):
-            return None
-        return int(v) if 0 <= v <= USAGE_MAX else None
-
-    return {"prompt_tokens": count("prompt_tokens"), "completion_tokens": count("completion_tokens")}
+    details = value.get("completion_tokens_details")
+    return {
+        "prompt_tokens": _usage_count(value.get("prompt_tokens")),
+        "completion_tokens": _usage_count(value.get("completion_tokens")),
+        "reasoning_tokens": _usage_count(details.get("reasoning_tokens")) if isinstance(details, dict) else None,
+    }
 
 
 def _clean(text: Any) -> str:

@@ -10,6 +10,7 @@ class per way of reading a device:
   :func:`parse_npu_smi_info`); :func:`parse_npu_smi_usages` reads ``npu-smi info -t usages``.
 - :class:`CambriconSource`: Cambricon MLUs through ``cnmon info -e -m -u -j`` (JSON, parsed
   by :func:`parse_cnmon_json`).
+- :class:`RaplSource`: the CPU packages' energy counters (Linux RAPL, ``/sys/class/powercap``).
 - :class:`ExporterSource`: a Prometheus endpoint of NVIDIA's dcgm-exporter, Ascend's
   MindCluster npu-exporter or Cambricon's mlu-exporter, on this host or another
   (:func:`parse_exporter_text`, over :func:`engines.prometheus.parse_prometheus_samples`).
@@ -31,7 +32,7 @@ table has one and the ``NPU`` id otherwise, cnmon's card number, the exporter's 
 Series names (:func:`series_points`), one float per name per second::
 
     dev{i}_util_pct  dev{i}_mem_used_gib  dev{i}_mem_total_gib
-    dev{i}_power_w   dev{i}_sm_clock_mhz  dev{i}_temp_c
+    dev{i}_power_w   dev{i}_sm_clock_mhz  dev{i}_temp_c   dev{i}_energy_j
 
 A reading from an exporter carries its URL's host and its names are prefixed
 ``h{host}_`` (``h10_0_0_7_dev0_util_pct``, ``hnode3_dev1_power_w``): the host lower-cased,
@@ -93,6 +94,9 @@ class DeviceReading:
     temp_c: float | None = None
     health: str | None = None
     host: str | None = None
+    # the device's own cumulative energy counter, J (NVML total energy since the driver loaded,
+    # DCGM's total energy, RAPL): a run's energy is its last value less its first
+    energy_j: float | None = None
     process_mem_bytes: dict[int, int] | None = field(default=None)
 
 
@@ -279,6 +283,7 @@ class NvmlSource(TelemetrySource):
                 clock = self._field(errors, index, nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM)
                 temp = self._field(errors, index, nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU)
                 procs = self._field(errors, index, nvml.nvmlDeviceGetComputeRunningProcesses, handle)
+                energy_mj = self._field(errors, index, nvml.nvmlDeviceGetTotalEnergyConsumption, handle)
                 out.append(
                     DeviceReading(
                         vendor="nvidia",
@@ -291,6 +296,7 @@ class NvmlSource(TelemetrySource):
                         sm_clock_mhz=_number(clock),
                         temp_c=_number(temp),
                         process_mem_bytes=_nvml_processes(procs),
+                        energy_j=energy_mj / 1000.0 if _number(energy_mj) is not None else None,
                     )
                 )
             self.last_error = "; ".join(errors)
@@ -640,6 +646,7 @@ EXPORTER_FAMILIES: tuple[_Family, ...] = (
             "mem_used_bytes": (("DCGM_FI_DEV_FB_USED", MIB),),
             "mem_free_bytes": (("DCGM_FI_DEV_FB_FREE", MIB),),
             "power_w": (("DCGM_FI_DEV_POWER_USAGE", 1.0),),
+            "energy_j": (("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 1e-3),),  # mJ since boot
             "sm_clock_mhz": (("DCGM_FI_DEV_SM_CLOCK", 1.0),),
             "temp_c": (("DCGM_FI_DEV_GPU_TEMP", 1.0),),
         },
@@ -766,6 +773,7 @@ def _family_reading(
         power_w=pick("power_w"),
         sm_clock_mhz=pick("sm_clock_mhz"),
         temp_c=pick("temp_c"),
+        energy_j=pick("energy_j"),
         health=fam.health.get(health_value) if health_value is not None else None,
         host=host,
         process_mem_bytes=procs,
@@ -817,6 +825,68 @@ class ExporterSource(TelemetrySource):
             self._client = None
 
 
+POWERCAP = Path("/sys/class/powercap")
+
+
+class RaplSource(TelemetrySource):
+    """The CPU packages' energy through Linux RAPL (``/sys/class/powercap/intel-rapl:N``, AMD's
+    too): each package's ``energy_uj`` counter, as ``energy_j`` (wraps at ``max_energy_range_uj``
+    are unwound) and the power since the last read. Sub-domains (``intel-rapl:N:M``: cores,
+    DRAM) are inside their package's figure and not read. :class:`TelemetryUnavailable` when
+    no package's counter can be read (a VM usually hides RAPL; reading it may need root)."""
+
+    name = "rapl"
+
+    def __init__(self, root: Path = POWERCAP) -> None:
+        super().__init__()
+        zones = sorted(p for p in root.glob("*rapl:*") if p.name.count(":") == 1) if root.is_dir() else []
+        self._zones: list[tuple[int, Path, str, float]] = []
+        why = f"{root} is absent (a virtual machine usually hides RAPL)" if not root.is_dir() else ""
+        for zone in zones:
+            try:
+                int((zone / "energy_uj").read_text())
+                top = (
+                    float((zone / "max_energy_range_uj").read_text()) if (zone / "max_energy_range_uj").exists() else 0
+                )
+                label = (zone / "name").read_text().strip() if (zone / "name").exists() else zone.name
+            except (OSError, ValueError) as exc:
+                why = f"{zone / 'energy_uj'}: {getattr(exc, 'strerror', None) or exc}"
+                continue
+            index = _int(zone.name.rsplit(":", 1)[1])
+            self._zones.append((index if index is not None else len(self._zones), zone, label, top))
+        if not self._zones:
+            raise TelemetryUnavailable(f"no CPU energy counter (RAPL): {why or 'no package zone under ' + str(root)}")
+        self._last: dict[int, tuple[float, float, float]] = {}  # index -> (raw uj, unwound J, monotonic s)
+
+    def read(self) -> list[DeviceReading]:
+        import time
+
+        out: list[DeviceReading] = []
+        errors: list[str] = []
+        now = time.monotonic()
+        for index, zone, label, top in self._zones:
+            try:
+                raw = float((zone / "energy_uj").read_text())
+            except (OSError, ValueError) as exc:
+                errors.append(f"{zone.name}: {one_line(exc, 100)}")
+                continue
+            last = self._last.get(index)
+            if last is None:
+                total = raw / 1e6
+                power = None
+            else:
+                step = raw - last[0]
+                if step < 0 and top > 0:
+                    step += top  # the counter wrapped
+                total = last[1] + max(step, 0.0) / 1e6
+                dt = now - last[2]
+                power = (total - last[1]) / dt if dt > 0 else None
+            self._last[index] = (raw, total, now)
+            out.append(DeviceReading(vendor="cpu", index=index, name=f"CPU {label}", power_w=power, energy_j=total))
+        self.last_error = "; ".join(errors)
+        return out
+
+
 # --- detection and series ----------------------------------------------------------------
 
 ACCELERATOR_TOOLS: dict[str, tuple[str, type[AscendSmiSource] | type[CambriconSource]]] = {
@@ -826,15 +896,18 @@ ACCELERATOR_TOOLS: dict[str, tuple[str, type[AscendSmiSource] | type[CambriconSo
 
 
 def detect(
-    accelerator: str, urls: Iterable[str] = (), devices: list[int] | None = None
+    accelerator: str, urls: Iterable[str] = (), devices: list[int] | None = None, local: bool = True
 ) -> tuple[list[TelemetrySource], list[str]]:
     """The telemetry sources for ``accelerator`` here (``cuda``: NVML; ``npu``: npu-smi;
-    ``mlu``: cnmon; ``cpu``: none) plus one :class:`ExporterSource` per URL, and a one-line
-    reason for each source that is missing. ``devices`` narrows the local source. Never raises."""
+    ``mlu``: cnmon; ``cpu``: RAPL's energy counters) plus one :class:`ExporterSource` per URL,
+    and a one-line reason for each source that is missing. ``devices`` narrows the local source;
+    ``local=False``: the exporters only. Never raises."""
     sources: list[TelemetrySource] = []
     reasons: list[str] = []
     try:
-        if accelerator == "cuda":
+        if not local:
+            pass
+        elif accelerator == "cuda":
             sources.append(NvmlSource(devices))
         elif accelerator in ACCELERATOR_TOOLS:
             tool, cls = ACCELERATOR_TOOLS[accelerator]
@@ -843,7 +916,9 @@ def detect(
                 reasons.append(f"{tool} not found on PATH")
             else:
                 sources.append(cls(path, devices=devices))
-        elif accelerator != "cpu":
+        elif accelerator == "cpu":
+            sources.append(RaplSource())
+        else:
             reasons.append(f"no device telemetry for accelerator {accelerator!r} (known: cpu, cuda, npu, mlu)")
     except TelemetryUnavailable as exc:
         reasons.append(str(exc))
@@ -864,6 +939,7 @@ _SERIES_FIELDS: tuple[tuple[str, str, float], ...] = (
     ("power_w", "power_w", 1.0),
     ("sm_clock_mhz", "sm_clock_mhz", 1.0),
     ("temp_c", "temp_c", 1.0),
+    ("energy_j", "energy_j", 1.0),
 )
 _IPV4 = re.compile(r"^\d{1,3}(?:\.\d{1,3}){3}$")
 

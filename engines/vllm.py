@@ -34,7 +34,17 @@ from typing import Any, Literal
 from pydantic import Field
 
 from engines.accelerators import Availability
-from engines.base import SERIES_PREFIX_HITS, SERIES_PREFIX_QUERIES, ProgressFn, register_engine
+from engines.base import (
+    SERIES_PREFIX_HITS,
+    SERIES_PREFIX_QUERIES,
+    SERIES_SPEC_ACCEPTANCE,
+    SERIES_SPEC_ACCEPTED,
+    SERIES_SPEC_DRAFT_TOKENS,
+    SERIES_SPEC_DRAFTS,
+    SERIES_SPEC_POS,
+    ProgressFn,
+    register_engine,
+)
 from engines.errors import ConfigError, EngineUnavailable, RequestFailed
 from engines.http_errors import METRICS_BODY_MAX, http_get
 from engines.launch import ManagedProcess, free_port
@@ -67,7 +77,12 @@ COUNTERS: dict[str, str] = {
     "vllm:generation_tokens_total": "server_generation_tok_s",
     "vllm:prefix_cache_queries_total": SERIES_PREFIX_QUERIES,  # cumulative prompt tokens looked up
     "vllm:prefix_cache_hits_total": SERIES_PREFIX_HITS,  # cumulative prompt tokens served from the cache
+    # speculative decoding (vllm/v1/spec_decode/metrics.py), cumulative, summed over engines
+    "vllm:spec_decode_num_drafts_total": SERIES_SPEC_DRAFTS,
+    "vllm:spec_decode_num_draft_tokens_total": SERIES_SPEC_DRAFT_TOKENS,
+    "vllm:spec_decode_num_accepted_tokens_total": SERIES_SPEC_ACCEPTED,
 }
+SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"  # label position="k", k from 0
 RATE_SERIES = {"server_prompt_tok_s", "server_generation_tok_s"}
 # Per data-parallel engine (the `engine` label vLLM puts on every metric), with 2+ engines:
 # series "server_e<k>_<name>" for engine k (the unit suffix stays last, for the charts).
@@ -460,6 +475,7 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
         self.cpu_threads_bind: str | None = None  # VLLM_CPU_OMP_THREADS_BIND a launch set
         self._eplb_log: EplbLog | None = None  # a launched EPLB server's balancedness, from its log
         self._rates = CounterRates()
+        self._spec_last: tuple[float, float] | None = None  # (draft tokens, accepted) at the last scrape
 
     # --- naming -----------------------------------------------------------------------
     def health_url(self) -> str:
@@ -570,11 +586,26 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
         rates = {n for n in counters if n in RATE_SERIES or n.endswith("_generation_tok_s")}
         out.update({name: value for name, value in counters.items() if name not in rates})
         out.update(self._rates.update({name: value for name, value in counters.items() if name in rates}))
+        out.update(self._spec(text, out))
         for prom, value in values.items():
             if prom.startswith(EPLB_PREFIX):
                 out["server_eplb_" + prom.removeprefix(EPLB_PREFIX)] = value
         if self._eplb_log is not None:
             out.update(self._eplb_log.read())
+        return out
+
+    def _spec(self, text: str, counters: dict[str, float]) -> dict[str, float]:
+        """Speculative decoding's per-position counters, and the acceptance since the last scrape (%)."""
+        out: dict[str, float] = {}
+        if SERIES_SPEC_DRAFT_TOKENS not in counters:
+            return out
+        for (_, pos), value in parse_prometheus_by(text, "position", [SPEC_PER_POS]).items():
+            if pos.isdigit():
+                out[f"{SERIES_SPEC_POS}{int(pos)}"] = value
+        now = (counters[SERIES_SPEC_DRAFT_TOKENS], counters.get(SERIES_SPEC_ACCEPTED, 0.0))
+        before, self._spec_last = self._spec_last, now
+        if before is not None and now[0] > before[0]:
+            out[SERIES_SPEC_ACCEPTANCE] = 100.0 * max(0.0, now[1] - before[1]) / (now[0] - before[0])
         return out
 
     def served_dtype(self) -> str:

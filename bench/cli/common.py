@@ -270,6 +270,10 @@ def format_summary(summary: RunSummary) -> str:
         ("ITL ms", summary.itl_ms),
         ("E2E ms", summary.e2e_ms),
     ]
+    if summary.tokens_per_chunk is not None and summary.tokens_per_chunk > 1.05 and summary.itl_token_ms is not None:
+        rows.insert(3, ("ITL/token", summary.itl_token_ms))  # several tokens per chunk: ITL per token too
+    if summary.reasoning_ms is not None:
+        rows.append(("reasoning", summary.reasoning_ms))
     if summary.send_lag_ms is not None:
         rows.append(("send lag", summary.send_lag_ms))
     for label, st in rows:
@@ -291,6 +295,26 @@ def format_summary(summary: RunSummary) -> str:
     if summary.tokens_per_chunk is not None:
         share = f"{summary.single_chunk_share:.0%}" if summary.single_chunk_share is not None else "-"
         lines.append(f"chunks        {summary.tokens_per_chunk:.2f} tokens per chunk, {share} of outputs in one chunk")
+    if summary.reasoning_tokens is not None:
+        lines.append(
+            f"reasoning     {summary.reasoning_tokens} reasoning + {summary.answer_tokens} answer tokens, "
+            f"{summary.answer_throughput_tok_s or 0:.2f} answer tok/s"
+        )
+    if summary.spec_acceptance_rate is not None:
+        per = " ".join(f"{v:.0%}" for v in summary.spec_accepted_per_pos or ())
+        lines.append(
+            f"speculative   acceptance {summary.spec_acceptance_rate:.1%}, length {summary.spec_acceptance_length:.2f} "
+            f"tokens/step ({summary.spec_accepted_tokens:.0f} of {summary.spec_draft_tokens:.0f} draft tokens, "
+            f"{summary.spec_drafts:.0f} drafts)" + (f"; by position {per}" if per else "")
+        )
+    if summary.energy_j is not None:
+        per_tok = summary.joules_per_output_token
+        lines.append(
+            f"energy        {summary.energy_j:.1f} J, "
+            + (f"{per_tok:.4g} J/output token ({summary.output_tokens_per_j:.4g} tok/J), " if per_tok else "")
+            + f"power {summary.power_avg_w or 0:.1f} W mean, {summary.power_peak_w or 0:.1f} W peak"
+            + (f", goodput {summary.goodput_per_w:.4g} req/J" if summary.goodput_per_w is not None else "")
+        )
     if summary.other_cpu_cores is not None:
         lines.append(
             f"host CPU      MoE Bench {summary.client_cpu_cores or 0:.2f} cores, other processes "
@@ -308,7 +332,7 @@ def format_summary(summary: RunSummary) -> str:
     if summary.disturbance:
         lines.append(f"DISTURBED     {summary.disturbance}")
     load = None if summary.disturbance else summary.load_warning  # already part of the disturbance
-    for warning in (load, summary.cache_warning, summary.burst_warning):
+    for warning in (load, summary.cache_warning, summary.burst_warning, summary.reasoning_warning):
         if warning:
             lines.append(f"warning       {warning}")
     return "\n".join(lines)

@@ -2,10 +2,12 @@
 
 Conventions follow ``vllm bench serve``:
 
-- TTFT: time from sending the request to the first chunk that carries output.
-- TPOT: (E2E - TTFT) / (output tokens - 1), per request; requests with one output
-  token have no TPOT.
-- ITL: every gap between consecutive output chunks, across all requests.
+- TTFT: time from sending the request to the first chunk that carries answer output
+  (``ttft_any_ms``: the first output of any kind, a reasoning model's thinking included).
+- TPOT: (E2E - TTFT) / (output tokens - 1), per request, from the first output token of
+  any kind; requests with one output token have no TPOT.
+- ITL: every gap between consecutive output chunks, across all requests; ITL per token
+  splits a k-token chunk's gap into k (speculative decoding sends several per chunk).
 - E2E: time from sending the request to its last chunk.
 - Throughputs divide by the wall-clock duration of the run (first send to last
   completion), never by a sum of latencies.
@@ -32,11 +34,18 @@ BURST_SINGLE_CHUNK_SHARE = 0.2  # share of multi-token outputs that arrived in o
 BURST_TOKENS_PER_CHUNK = 2.0  # mean output tokens per chunk
 
 METRIC_DEFINITIONS: dict[str, str] = {
-    "ttft_ms": "Time to first token: from sending the request to receiving the first chunk that carries output, in ms.",
-    "tpot_ms": "Time per output token after the first: (E2E - TTFT) / (output_tokens - 1), per request, in ms; "
-    "undefined for requests with a single output token.",
-    "itl_ms": "Inter-token latency: each gap between two consecutive output chunks of a request, in ms; "
-    "statistics pool the gaps of all requests.",
+    "ttft_ms": "Time to first token: from sending the request to receiving the first chunk that carries answer "
+    "output, in ms (a reasoning model's thinking is not the answer: see ttft_any_ms). For models without a "
+    "reasoning stream it is vllm bench serve's TTFT.",
+    "tpot_ms": "Time per output token after the first: (E2E - TTFT) / (output_tokens - 1), per request, in ms, with "
+    "TTFT the first output token of any kind (reasoning included, as vllm bench counts it) and E2E to the last "
+    "output chunk; undefined for requests with a single output token.",
+    "itl_ms": "Inter-token latency per chunk: each gap between two consecutive output chunks of a request "
+    "(reasoning chunks included), in ms; statistics pool the gaps of all requests. vllm bench serve's ITL.",
+    "itl_token_ms": "Inter-token latency per token: a chunk of k tokens after a gap g counts k gaps of g / k, so a "
+    "server that sends several tokens per chunk (speculative decoding, MTP, stream batching) is timed per token; "
+    "equals itl_ms when every chunk holds one token. Its per-request mean is (last chunk - first chunk) / the "
+    "tokens of the chunks after the first.",
     "e2e_ms": "End-to-end latency: from sending the request to receiving its last chunk, in ms.",
     "cancelled": "Requests in flight when the run was cancelled (Stop, Ctrl-C): cut short by the client, so "
     "counted neither as completed nor as failed; requests = completed + failed + cancelled.",
@@ -45,8 +54,38 @@ METRIC_DEFINITIONS: dict[str, str] = {
     "request_throughput_rps": "Completed requests / duration_s.",
     "output_throughput_tok_s": "Output tokens of completed requests / duration_s.",
     "total_throughput_tok_s": "(Prompt + output tokens of completed requests) / duration_s.",
-    "ttft_any_ms": "Time to the first chunk of any kind, reasoning_content included (reasoning models), in ms; "
-    "equals ttft_ms for models without a reasoning stream.",
+    "ttft_any_ms": "Time to first output token of any kind, reasoning_content included (AIPerf's time to first "
+    "output token; vllm bench serve's TTFT on a reasoning model), in ms; equals ttft_ms for models without a "
+    "reasoning stream.",
+    "reasoning_tokens": "Output tokens streamed as reasoning (reasoning_content / reasoning), counted by the client "
+    "(the server's tokenizer where it sends token ids or usage per chunk, else the client tokenizer); they are in "
+    "output_tokens too.",
+    "answer_tokens": "Output tokens that are answer: the counted output tokens less reasoning_tokens.",
+    "usage_reasoning_tokens": "Reasoning tokens as the server's usage reports them "
+    "(usage.completion_tokens_details.reasoning_tokens); empty when it reports none.",
+    "reasoning_ms": "Reasoning time: from the first reasoning chunk to the first answer chunk, per request, in ms; "
+    "empty for a request with no reasoning or no answer.",
+    "answer_throughput_tok_s": "Answer tokens of completed requests / duration_s (reasoning tokens left out).",
+    "reasoning_mismatches": "Completed requests whose server-reported reasoning tokens differ from the client's "
+    "count by more than max(2, 10 %); a run with any carries a warning (a server that reports 0 reasoning "
+    "tokens for a thinking model, vllm-ascend#13070).",
+    "spec_acceptance_rate": "Speculative decoding (MTP, EAGLE, n-gram...): accepted draft tokens / proposed draft "
+    "tokens over the run, from the server's counters (vllm:spec_decode_num_accepted_tokens / "
+    "vllm:spec_decode_num_draft_tokens) read just before the first request and after the last: the run's own "
+    "deltas, not the totals since the server started.",
+    "spec_acceptance_length": "Mean tokens per decoding step with speculative decoding: 1 + accepted draft tokens / "
+    "drafts (the verified token plus the accepted ones), from the same counter deltas.",
+    "spec_accepted_per_pos": "Acceptance per draft position: accepted tokens at position i / drafts, i = 0..k-1 "
+    "(vllm:spec_decode_num_accepted_tokens_per_pos deltas).",
+    "energy_j": "Energy the devices drew during the measured window (first request sent to last finished), in J, "
+    "summed over the devices read: from the device's own energy counter where it has one (NVML total energy, Linux "
+    "RAPL), else the power samples integrated by the trapezoid rule; per device in the run's energy artifact.",
+    "joules_per_output_token": "energy_j / output tokens of completed requests.",
+    "output_tokens_per_j": "Output tokens of completed requests / energy_j (= output tokens/s per W).",
+    "power_avg_w": "energy_j / the measured window's length: the devices' mean power, in W, summed over devices.",
+    "power_peak_w": "The highest power sample of the measured window, summed over the devices read at that "
+    "second, in W.",
+    "goodput_per_w": "goodput_rps / power_avg_w: good requests per joule (requests/s per W); empty without an SLO.",
     "usage_output_tokens": "Output tokens as the server's usage report counts them (HTTP engines); output_tokens is "
     "the client's own count, and a run counts the requests where the two differ in usage_mismatches. TPOT, token "
     "totals and throughputs use the server's count where there is one (as vllm bench serve does), else the client's.",
@@ -120,6 +159,10 @@ class RequestRecord:
     usage_output_tokens: int | None = None  # the server's own count, where it reports one
     first_any_token_s: float | None = None  # first chunk of any kind, reasoning included
     send_lag_ms: float | None = None  # actual send time - scheduled send time
+    chunk_tokens: list[int] | None = None  # tokens per output chunk (chunk_times_s); None: one each
+    reasoning_chunks: int = 0  # the leading chunks that are reasoning, before the first answer chunk
+    reasoning_tokens: int = 0  # the client's count of reasoning tokens (output_tokens includes them)
+    usage_reasoning_tokens: int | None = None  # the server's count (usage.completion_tokens_details)
 
     @property
     def ok(self) -> bool:
@@ -136,7 +179,9 @@ class RequestRecord:
 
     @property
     def first_token_s(self) -> float | None:
-        return self.chunk_times_s[0] if self.chunk_times_s else None
+        """The first answer chunk's time (after the leading reasoning chunks of a reasoning model)."""
+        k = self.reasoning_chunks
+        return self.chunk_times_s[k] if len(self.chunk_times_s) > k else None
 
     @property
     def ttft_ms(self) -> float | None:
@@ -165,15 +210,17 @@ class RequestRecord:
 
     @property
     def tpot_ms(self) -> float | None:
-        ttft = self.ttft_ms
+        """(last output chunk - first output chunk) / (output tokens - 1): E2E - TTFT over N - 1, with
+        the first token of any kind (a reasoning model's thinking is output too, as vllm bench counts it)."""
+        times = self.chunk_times_s
         n = self.counted_output_tokens
-        if ttft is None or n < 2:
+        if not times or n < 2:
             return None
-        last = self.chunk_times_s[-1]
-        return ((last - self.start_s) * 1000.0 - ttft) / (n - 1)
+        return ((times[-1] - self.start_s) * 1000.0 - (times[0] - self.start_s) * 1000.0) / (n - 1)
 
     @property
     def itls_ms(self) -> list[float]:
+        """The gaps between consecutive output chunks (reasoning chunks included), ms."""
         t = self.chunk_times_s
         return [(b - a) * 1000.0 for a, b in itertools.pairwise(t)]
 
@@ -181,6 +228,53 @@ class RequestRecord:
     def itl_mean_ms(self) -> float | None:
         gaps = self.itls_ms
         return sum(gaps) / len(gaps) if gaps else None
+
+    @property
+    def itl_token_ms(self) -> list[float]:
+        """ITL per token: a chunk of k tokens after a gap g counts k gaps of g / k (speculative
+        decoding, MTP and servers that batch their stream send several tokens per chunk)."""
+        gaps = self.itls_ms
+        if self.chunk_tokens is None or len(self.chunk_tokens) != len(self.chunk_times_s):
+            return gaps
+        out: list[float] = []
+        for g, k in zip(gaps, self.chunk_tokens[1:], strict=True):
+            if k > 0:
+                out.extend([g / k] * k)
+        return out
+
+    @property
+    def itl_token_mean_ms(self) -> float | None:
+        """Mean ITL per token: (last chunk - first chunk) / the tokens of the chunks after the first."""
+        gaps = self.itls_ms
+        if not gaps:
+            return None
+        if self.chunk_tokens is None or len(self.chunk_tokens) != len(self.chunk_times_s):
+            return sum(gaps) / len(gaps)
+        n = sum(self.chunk_tokens[1:])
+        return sum(gaps) / n if n > 0 else None
+
+    @property
+    def answer_tokens(self) -> int:
+        """Output tokens that are answer, not reasoning: the counted output less the client's reasoning count."""
+        return max(0, self.counted_output_tokens - self.reasoning_tokens)
+
+    @property
+    def reasoning_ms(self) -> float | None:
+        """Reasoning time: from the first reasoning chunk to the first answer chunk, ms; None for a
+        request with no reasoning stream or no answer."""
+        first_answer = self.first_token_s
+        if not self.reasoning_chunks or first_answer is None or not self.chunk_times_s:
+            return None
+        return (first_answer - self.chunk_times_s[0]) * 1000.0
+
+    @property
+    def reasoning_mismatch(self) -> bool:
+        """The server's reasoning-token count disagrees with the client's: by more than
+        max(2 tokens, 10 % of the client's count) (tokenizer boundaries move a count by a token or two)."""
+        server = self.usage_reasoning_tokens
+        if server is None:
+            return False
+        return abs(server - self.reasoning_tokens) > max(2.0, 0.1 * self.reasoning_tokens)
 
     def as_row(self) -> dict[str, Any]:
         """The per-request CSV/store row (units in the column names)."""
@@ -197,6 +291,11 @@ class RequestRecord:
             "usage_output_tokens": self.usage_output_tokens,
             "ttft_any_ms": self.ttft_any_ms,
             "send_lag_ms": self.send_lag_ms,
+            "itl_token_mean_ms": self.itl_token_mean_ms,
+            "reasoning_tokens": self.reasoning_tokens,
+            "answer_tokens": self.answer_tokens,
+            "usage_reasoning_tokens": self.usage_reasoning_tokens,
+            "reasoning_ms": self.reasoning_ms,
             "error": self.error or "",
         }
 

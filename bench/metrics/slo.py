@@ -3,7 +3,9 @@
 An SLO is written ``METRIC:STAT<=LIMIT``, e.g. ``ttft_ms:p99<=2000``:
 
 - ``METRIC``: a latency metric of :mod:`bench.metrics` (``ttft_ms``, ``tpot_ms``,
-  ``itl_ms``, ``e2e_ms``), in ms.
+  ``itl_ms``, ``e2e_ms``, ``itl_token_ms``, ``ttft_any_ms``), in ms. ``ttft_ms`` is the
+  first *answer* token: on a reasoning model, goodput on it judges when the answer began,
+  the thinking before it included; ``ttft_any_ms`` judges the first token of any kind.
 - ``STAT``: ``pNN`` (any percentile, ``p99.9`` too), ``mean`` or ``max``.
 - ``LIMIT``: the bound in ms (``<=``: the value may equal it).
 
@@ -12,7 +14,8 @@ Two things are judged against a set of SLOs:
 - **Goodput** (as ``vllm bench serve --goodput`` defines it): completed requests that
   met every SLO on their own values, divided by the run's duration. A request's own
   value is its TTFT, its TPOT (a one-token output has none and meets a TPOT SLO, as in
-  vllm bench, where its TPOT is 0), its E2E, and for ITL the mean of its gaps. The
+  vllm bench, where its TPOT is 0), its E2E, and for ITL the mean of its gaps (per
+  token: its mean ITL per token). The
   STAT part plays no role per request. Failed requests never count as good.
 - **The run's verdict**: each SLO's STAT over the run's requests (percentiles of the
   pooled values, ITL pooling every gap) is within its limit. Sweeps and the capacity
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 
 from bench.metrics.records import RequestRecord, percentile
 
-SLO_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+SLO_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "itl_token_ms", "ttft_any_ms")
 
 # Named sets of SLOs. The MLPerf Inference server scenario for DeepSeek-R1 bounds
 # TTFT at 2 s and TPOT at 80 ms (p99); its interactive scenario at 1.5 s and 15 ms.
@@ -107,6 +110,10 @@ def request_value(rec: RequestRecord, metric: str) -> float | None:
         return rec.tpot_ms if rec.tpot_ms is not None else 0.0
     if metric == "itl_ms":
         return rec.itl_mean_ms if rec.itl_mean_ms is not None else 0.0
+    if metric == "itl_token_ms":
+        return rec.itl_token_mean_ms if rec.itl_token_mean_ms is not None else 0.0
+    if metric == "ttft_any_ms":
+        return rec.ttft_any_ms
     return rec.e2e_ms
 
 
@@ -152,6 +159,8 @@ def pooled_values(records: Iterable[RequestRecord], metric: str) -> list[float]:
     ok = [r for r in records if r.ok]
     if metric == "itl_ms":
         return [g for r in ok for g in r.itls_ms]
+    if metric == "itl_token_ms":
+        return [g for r in ok for g in r.itl_token_ms]
     values = (getattr(r, metric) for r in ok)
     return [float(v) for v in values if v is not None]
 

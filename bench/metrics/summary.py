@@ -17,6 +17,8 @@ from bench.metrics.records import (
 )
 from bench.metrics.slo import all_met, good_requests, judge, parse_slos
 
+OPTIONAL_STATS = ("send_lag_ms", "itl_token_ms", "reasoning_ms")  # Stat fields a summary may lack
+
 
 @dataclass(frozen=True)
 class RunSummary:
@@ -63,6 +65,28 @@ class RunSummary:
     moe_imbalance_max: float | None = None  # the worst MoE layer's busiest expert / mean (bench.metrics.moe)
     ep_rank_imbalance: float | None = None  # the worst layer's busiest EP rank / mean, EP 8, contiguous
     eplb_balancedness_whatif: float | None = None  # vLLM's balancedness EPLB would reach at EP 8 (8 replicas)
+    # several tokens per chunk (speculative decoding, MTP): ITL per token (bench.metrics.records)
+    itl_token_ms: Stat | None = None
+    # reasoning models: None when no request streamed reasoning
+    reasoning_tokens: int | None = None  # client-counted reasoning tokens, completed requests
+    answer_tokens: int | None = None  # output tokens less reasoning tokens
+    answer_throughput_tok_s: float | None = None  # answer tokens / duration_s
+    reasoning_ms: Stat | None = None  # first reasoning chunk -> first answer chunk
+    reasoning_mismatches: int | None = None  # server's reasoning count off the client's (None: none reported)
+    # speculative decoding, from the server's counters over the measured window (None: none reported)
+    spec_drafts: float | None = None
+    spec_draft_tokens: float | None = None
+    spec_accepted_tokens: float | None = None
+    spec_acceptance_rate: float | None = None  # accepted / draft tokens, 0..1
+    spec_acceptance_length: float | None = None  # 1 + accepted / drafts
+    spec_accepted_per_pos: tuple[float, ...] | None = None  # accepted at position i / drafts
+    # energy over the measured window, summed over devices (bench.metrics.energy); None: no power read
+    energy_j: float | None = None
+    joules_per_output_token: float | None = None
+    output_tokens_per_j: float | None = None
+    power_avg_w: float | None = None
+    power_peak_w: float | None = None
+    goodput_per_w: float | None = None  # goodput_rps / power_avg_w
 
     @property
     def bursty(self) -> bool:
@@ -79,10 +103,27 @@ class RunSummary:
             return None
         share = f"{self.single_chunk_share:.0%}" if self.single_chunk_share is not None else "-"
         per = f"{self.tokens_per_chunk:.1f}" if self.tokens_per_chunk is not None else "-"
+        if self.spec_acceptance_rate is not None:
+            return (
+                f"{per} tokens per chunk on average, from speculative decoding (acceptance "
+                f"{self.spec_acceptance_rate:.0%}): ITL times the decoding steps, ITL per token (itl_token_ms) "
+                "the tokens"
+            )
         return (
             f"output arrived in bursts: {share} of the requests got their whole output in one chunk, "
-            f"{per} tokens per chunk on average; TPOT and ITL time the gaps between bursts, not per-token "
-            "generation (the server batches its stream)"
+            f"{per} tokens per chunk on average; ITL times the gaps between bursts, not per-token generation "
+            "(the server batches its stream, or decodes speculatively): see ITL per token (itl_token_ms)"
+        )
+
+    @property
+    def reasoning_warning(self) -> str | None:
+        """One line when the server's reasoning-token counts disagree with the client's."""
+        if not self.reasoning_mismatches:
+            return None
+        return (
+            f"{self.reasoning_mismatches} of {self.completed} requests: the server's usage reports a different "
+            "number of reasoning tokens than the client counted in the reasoning stream (reasoning_tokens and "
+            "answer figures use the client's count)"
         )
 
     @property
@@ -110,10 +151,13 @@ class RunSummary:
         """One flat row: ``ttft_ms_p50``, ``e2e_ms_mean``, ... for tables and CSV."""
         row: dict[str, Any] = {}
         for key, value in self.as_dict().items():
-            if value is None and key in ("send_lag_ms", "burstiness"):
+            if value is None and key in (*OPTIONAL_STATS, "burstiness"):
                 continue
             if key == "slos":
                 row[key] = " ".join(value) if value else None
+                continue
+            if key == "spec_accepted_per_pos":
+                row[key] = " ".join(f"{v:.4f}" for v in value) if value else None
                 continue
             if isinstance(value, dict):
                 for stat, v in value.items():
@@ -126,11 +170,13 @@ class RunSummary:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunSummary:
         stats = {k: Stat(**data[k]) for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")}
-        if data.get("send_lag_ms"):
-            stats["send_lag_ms"] = Stat(**data["send_lag_ms"])
+        for k in OPTIONAL_STATS:
+            if data.get(k):
+                stats[k] = Stat(**data[k])
         rest = {k: v for k, v in data.items() if k not in stats}
-        if rest.get("slos") is not None:
-            rest["slos"] = tuple(rest["slos"])
+        for k in ("slos", "spec_accepted_per_pos"):
+            if rest.get(k) is not None:
+                rest[k] = tuple(rest[k])
         return cls(**rest, **stats)
 
 
@@ -181,8 +227,27 @@ def summarize(
         burstiness=burstiness if request_rate is not None else None,
         prefix_cache_hit_rate=prefix_cache_hit_rate,
         **chunk_fields(ok),
+        **reasoning_fields(ok, rate),
         **slo_fields(records, duration_s, slos),
     )
+
+
+def reasoning_fields(ok: Sequence[RequestRecord], rate: Any) -> dict[str, Any]:
+    """ITL per token, and the reasoning figures of a run whose requests streamed reasoning."""
+    out: dict[str, Any] = {"itl_token_ms": describe(g for r in ok for g in r.itl_token_ms)}
+    thinking = [r for r in ok if r.reasoning_tokens or r.reasoning_chunks]
+    if thinking:
+        answer = sum(r.answer_tokens for r in ok)
+        out.update(
+            reasoning_tokens=sum(r.reasoning_tokens for r in ok),
+            answer_tokens=answer,
+            answer_throughput_tok_s=rate(answer),
+            reasoning_ms=describe(r.reasoning_ms for r in thinking),
+        )
+    reported = [r for r in ok if r.usage_reasoning_tokens is not None]
+    if reported:
+        out["reasoning_mismatches"] = sum(1 for r in reported if r.reasoning_mismatch)
+    return out
 
 
 def chunk_fields(ok: Sequence[RequestRecord]) -> dict[str, float | None]:

@@ -14,4 +14,5 @@ ARTIFACT_DEVICE_TELEMETRY = "device_telemetry"
 ARTIFACT_LOAD_GENERATORS = "load_generators"  # Ray runs: each sender actor's node, pid, clock offset
 ARTIFACT_LIMITS = "limits"  # bench.metrics.run_limits.RunLimits.as_dict(), or {"reason": why there is none}
 ARTIFACT_GC = "gc_pauses"  # bench.run.gc_watch.GcWatch.as_dict(): this process's GC pauses during the run
+ARTIFACT_ENERGY = "energy"  # bench.metrics.energy.energy_of_run: per device, or {"reason": why there is none}
 ARTIFACT_PREPARE = "engine_prepare"  # {"text", "seconds"}: what the engine did before the clock (graphs captured)

@@ -37,10 +37,13 @@ from typing import Any
 from bench.config import RunConfig
 from bench.metrics import moe
 from bench.metrics.cpu_limits import measure_cpu
+from bench.metrics.energy import energy_of_run, is_energy_series
+from bench.metrics.spec_decode import spec_fields, spec_series_names
 from bench.metrics.summary import RunSummary, summarize
 from bench.run.artifacts import (
     ARTIFACT_BREAKDOWN,
     ARTIFACT_DEVICE_TELEMETRY,
+    ARTIFACT_ENERGY,
     ARTIFACT_GC,
     ARTIFACT_LIMITS,
     ARTIFACT_LOAD_GENERATORS,
@@ -324,8 +327,7 @@ def _device_sources(cfg: RunConfig, store: Store, run_id: int) -> list[Any]:
         return []
     from engines.telemetry import detect
 
-    accelerator = cfg.engine_options.accelerator if cfg.device_telemetry else "cpu"
-    sources, missing = detect(accelerator, cfg.telemetry_urls)
+    sources, missing = detect(cfg.engine_options.accelerator, cfg.telemetry_urls, local=cfg.device_telemetry)
     found = [{"source": type(s).__name__, "name": s.name} for s in sources]
     store.put_artifact(run_id, ARTIFACT_DEVICE_TELEMETRY, {"sources": found, "missing": missing})
     return sources
@@ -346,6 +348,24 @@ def _prefix_cache_hit_rate(store: Store, run_id: int) -> float | None:
     if len(queries) < 2 or len(hits) < 2 or queries[-1] - queries[0] <= 0:
         return None
     return max(0.0, min(1.0, (hits[-1] - hits[0]) / (queries[-1] - queries[0])))
+
+
+def _with_energy(store: Store, run_id: int, summary: RunSummary) -> RunSummary:
+    """The summary with the devices' energy over the measured window (bench.metrics.energy); the
+    per-device figures, or the one line why there are none, are the run's ``energy`` artifact."""
+    names = [n for n in store.series_names(run_id) if is_energy_series(n)]
+    why = None
+    if not names:
+        found = store.artifact(run_id, ARTIFACT_DEVICE_TELEMETRY)
+        missing = found.get("missing") if isinstance(found, dict) else None
+        if missing:
+            why = "no power read: " + "; ".join(str(m) for m in missing)
+        elif found is None:
+            why = "no power read: device telemetry was off for this run"
+    points = store.timeseries(run_id, names) if names else []
+    fields, artifact = energy_of_run(points, summary.output_tokens, summary.goodput_rps, why)
+    store.put_artifact(run_id, ARTIFACT_ENERGY, artifact)
+    return dataclasses.replace(summary, **fields)
 
 
 def _measured_peak(store: Store, run_id: int, engine: Engine) -> float | None:
@@ -411,6 +431,8 @@ def _finish(job: Job, engine: Engine) -> None:
         summary = dataclasses.replace(summary, peak_memory_gib=job.server_device_peak_gib)
     summary = _with_limits(store, run_id, cfg, summary)
     summary = dataclasses.replace(summary, **moe.run_figures(store.artifact(run_id, ARTIFACT_ROUTING)))
+    summary = dataclasses.replace(summary, **spec_fields(store.timeseries(run_id, spec_series_names())))
+    summary = _with_energy(store, run_id, summary)
     job.set_summary(summary)
     engine_error = job.error
     if job.write_error is not None:

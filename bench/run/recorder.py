@@ -177,8 +177,18 @@ class Recorder:
         self.chunks = 0  # output chunks of completed requests
         self.multi_token = 0  # completed requests with 2+ output tokens
         self.single_chunk = 0  # ... whose output came in one chunk
-        self.dists = {k: Distribution() for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "send_lag_ms")}
+        self.dists = {
+            k: Distribution()
+            for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "send_lag_ms", "itl_token_ms", "ttft_any_ms")
+        }
         self._gaps: list[float] = []  # ITL gaps of the batch being taken, added to the sketch at once
+        self._token_gaps: list[float] = []  # ... per token (a k-token chunk's gap counted k times, / k)
+        self.reasoning_tokens = 0  # completed requests' reasoning tokens (client count)
+        self.answer_tokens = 0
+        self.thinking = 0  # completed requests that streamed reasoning
+        self.reasoning_reported = 0  # ... whose server reported a reasoning count
+        self.reasoning_mismatches = 0
+        self.reasoning_dist = Distribution()
         self._thread: threading.Thread | None = None
         self.write_error: str | None = None
         # the server's routing, summed over requests (engines.routing.served_record builds the record)
@@ -247,9 +257,24 @@ class Recorder:
                 send_lag_ms=self.dists["send_lag_ms"].stat() if self.dists["send_lag_ms"].count else None,
                 single_chunk_share=self.single_chunk / self.multi_token if self.multi_token else None,
                 tokens_per_chunk=self.output_tokens / self.chunks if self.chunks else None,
+                itl_token_ms=self.dists["itl_token_ms"].stat(),
+                **self._reasoning_fields(rate),
                 **kw,
                 **self._slo_fields(rate),
             )
+
+    def _reasoning_fields(self, rate: Callable[[float], float]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.thinking:
+            out.update(
+                reasoning_tokens=self.reasoning_tokens,
+                answer_tokens=self.answer_tokens,
+                answer_throughput_tok_s=rate(self.answer_tokens),
+                reasoning_ms=self.reasoning_dist.stat(),
+            )
+        if self.reasoning_reported:
+            out["reasoning_mismatches"] = self.reasoning_mismatches
+        return out
 
     def _slo_fields(self, rate: Callable[[float], float]) -> dict[str, Any]:
         """Goodput so far, and the verdict from the sketches' percentiles (the final one is exact)."""
@@ -284,6 +309,10 @@ class Recorder:
             usage_output_tokens=c.usage_output_tokens,
             first_any_token_s=None if c.first_any is None else c.first_any - t0,
             send_lag_ms=(c.start - c.due) * 1000.0,
+            chunk_tokens=None if c.chunk_tokens is None else list(c.chunk_tokens),
+            reasoning_chunks=c.reasoning_chunks,
+            reasoning_tokens=c.reasoning_tokens,
+            usage_reasoning_tokens=c.usage_reasoning_tokens,
         )
 
     def _add_routing(self, c: Completion, rec: RequestRecord) -> None:
@@ -326,12 +355,23 @@ class Recorder:
             self.single_chunk += len(rec.chunk_times_s) == 1
         if self.slos and is_good(rec, self.slos):
             self.good += 1
-        for name, value in (("ttft_ms", rec.ttft_ms), ("tpot_ms", rec.tpot_ms)):
+        for name, value in (("ttft_ms", rec.ttft_ms), ("tpot_ms", rec.tpot_ms), ("ttft_any_ms", rec.ttft_any_ms)):
             if value is not None:
                 d[name].add(value)
         d["e2e_ms"].add(rec.e2e_ms)
         times = rec.chunk_times_s
-        self._gaps.extend((times[i] - times[i - 1]) * 1000.0 for i in range(1, len(times)))
+        gaps = [(times[i] - times[i - 1]) * 1000.0 for i in range(1, len(times))]
+        self._gaps.extend(gaps)
+        self._token_gaps.extend(gaps if rec.chunk_tokens is None else rec.itl_token_ms)
+        if rec.reasoning_tokens or rec.reasoning_chunks:
+            self.thinking += 1
+            self.reasoning_tokens += rec.reasoning_tokens
+            if (ms := rec.reasoning_ms) is not None:
+                self.reasoning_dist.add(ms)
+        self.answer_tokens += rec.answer_tokens
+        if rec.usage_reasoning_tokens is not None:
+            self.reasoning_reported += 1
+            self.reasoning_mismatches += rec.reasoning_mismatch
 
     def _loop(self) -> None:
         pending: list[tuple[int, RequestRecord]] = []
@@ -365,7 +405,8 @@ class Recorder:
                     for rec in recs:
                         self._accumulate(rec)
                     self.dists["itl_ms"].add_many(self._gaps)
-                    self._gaps = []
+                    self.dists["itl_token_ms"].add_many(self._token_gaps)
+                    self._gaps, self._token_gaps = [], []
             now = time.monotonic()
             if pending and (stop or len(pending) >= WRITE_BATCH or now - last_write >= WRITE_EVERY_S):
                 self._write(pending)

@@ -25,7 +25,7 @@ from multiprocessing.connection import Connection
 from typing import Any, overload
 
 from bench.send.schedule import Strategy, Tickets
-from engines.base import Engine, GenerationRequest, TimedResult, timed_astream
+from engines.base import Engine, GenerationRequest, TimedChunk, TimedResult, timed_astream
 from engines.errors import MoEBenchError
 
 FEED_AHEAD_BLOCKS = 4  # blocks of prompts a sender process holds ahead of the tickets taken
@@ -68,6 +68,10 @@ class Completion:
     error: str | None
     text: str | None = None
     routing: Any = None  # the server's routing counts for this request (engines.base.StreamChunk.routing)
+    chunk_tokens: tuple[int, ...] | None = None  # tokens per output chunk; None: one each
+    reasoning_chunks: int = 0  # the leading chunks that are reasoning (before the first answer chunk)
+    reasoning_tokens: int = 0  # the client's count of reasoning tokens (in output_tokens too)
+    usage_reasoning_tokens: int | None = None  # the server's count, where its usage reports one
 
 
 class FedRequests(Sequence[GenerationRequest]):
@@ -155,7 +159,17 @@ def blocks_of(requests: Sequence[GenerationRequest]) -> tuple[int, Callable[[int
     return size, block
 
 
+def chunk_layout(chunks: Sequence[TimedChunk]) -> tuple[tuple[int, ...] | None, int]:
+    """(tokens per chunk, or None when every chunk holds one; the leading reasoning chunks)."""
+    tokens = tuple(c.tokens for c in chunks)
+    lead = 0
+    while lead < len(chunks) and chunks[lead].reasoning:
+        lead += 1
+    return (None if all(n == 1 for n in tokens) else tokens), lead
+
+
 def completion(seq: int, req: GenerationRequest, res: TimedResult, due: float, keep_text: bool) -> Completion:
+    chunk_tokens, reasoning_chunks = chunk_layout(res.chunks)
     return Completion(
         seq=seq,
         request_id=req.request_id,
@@ -170,6 +184,10 @@ def completion(seq: int, req: GenerationRequest, res: TimedResult, due: float, k
         error=res.error,
         text=res.text if keep_text and res.estimated and res.usage_output_tokens != res.output_tokens else None,
         routing=res.routing,
+        chunk_tokens=chunk_tokens,
+        reasoning_chunks=reasoning_chunks,
+        reasoning_tokens=res.reasoning_tokens,
+        usage_reasoning_tokens=res.usage_reasoning_tokens,
     )
 
 

@@ -282,7 +282,9 @@ def test_reasoning_chunks(server: str) -> None:
     for client in CLIENTS:
         res = _timed(engine, _req(), client)
         assert res.reasoning_tokens == 2 and res.output_tokens == 3 and res.text == "answer", client
-        assert res.first_any is not None and res.first_any < res.chunks[0].t
+        # every output chunk is timed, reasoning first: the answer's chunk is the third
+        assert [c.reasoning for c in res.chunks] == [True, True, False], client
+        assert res.first_any == res.chunks[0].t and res.first_any < res.chunks[2].t, client
     engine.stop()
 
 

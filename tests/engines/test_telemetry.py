@@ -306,10 +306,16 @@ def test_exporter_failures_are_one_line_reasons(exporter: str) -> None:
 
 
 def test_detect_adds_one_exporter_per_url_and_reasons_for_bad_ones(exporter: str) -> None:
-    sources, reasons = detect("cpu", [exporter + "/dcgm", "localhost:9400/metrics", exporter + "/npu"])
+    sources, reasons = detect("cpu", [exporter + "/dcgm", "localhost:9400/metrics", exporter + "/npu"], local=False)
     assert [s.name for s in sources] == [f"exporter {exporter}/dcgm", f"exporter {exporter}/npu"]
     assert reasons == ["exporter URL 'localhost:9400/metrics' is not an http(s) URL with a host"]
-    assert detect("cpu") == ([], [])
+    assert detect("cpu", local=False) == ([], [])
+    # on cpu the local source is RAPL's energy counter; this machine says why when it has none
+    local, why = detect("cpu")
+    if Path("/sys/class/powercap").is_dir() and local:
+        assert [s.name for s in local] == ["rapl"] and why == []
+    else:
+        assert local == [] and len(why) == 1 and why[0].startswith("no CPU energy counter (RAPL): "), why
     assert detect("tpu") == ([], ["no device telemetry for accelerator 'tpu' (known: cpu, cuda, npu, mlu)"])
     with pytest.raises(TelemetryUnavailable, match="not an http"):
         ExporterSource("ftp://10.0.0.1/metrics")
