@@ -26,6 +26,9 @@ class FakeOptions(EngineOptions):
     async_stream: bool = True
     processes: bool = False
     fail_every: int = 0
+    tokens_per_chunk: int = 1  # each chunk carries up to this many tokens (speculative decoding)
+    reasoning_tokens: int = 0  # the first tokens of each answer stream as reasoning
+    usage_reasoning_tokens: int | None = None  # what the final usage reports as reasoning tokens
 
 
 @register_engine
@@ -54,14 +57,15 @@ class FakeEngine(Engine):
         self.sent.append(request.request_id)
         yield StreamChunk(text="", tokens=0, prompt_tokens=request.prompt_tokens or 4)
         time.sleep(self.fo.ttft_s)
-        for i in range(request.sampling.max_tokens):
+        for i, chunk in enumerate(self._chunks(request)):
             if cancel is not None and cancel.is_set():
                 return
             if i:
                 time.sleep(self.fo.itl_s)
-            yield StreamChunk(text=" t", tokens=1)
+            yield chunk
             if i == 0 and self._fails(request):
                 raise RequestFailed("scripted failure")
+        yield self._usage(request)
 
     def async_capable(self) -> bool:
         return self.fo.async_stream
@@ -72,15 +76,37 @@ class FakeEngine(Engine):
         self.sent.append(request.request_id)
         yield StreamChunk(text="", tokens=0, prompt_tokens=request.prompt_tokens or 4)
         await asyncio.sleep(self.fo.ttft_s)
-        for i in range(request.sampling.max_tokens):
+        for i, chunk in enumerate(self._chunks(request)):
             if cancel is not None and cancel.is_set():
                 return
             if i:
                 await asyncio.sleep(self.fo.itl_s)
-            yield StreamChunk(text=" t", tokens=1)
+            yield chunk
             if i == 0 and self._fails(request):
                 raise RequestFailed("scripted failure")
-        yield StreamChunk(text="", tokens=0, final=True, usage_output_tokens=request.sampling.max_tokens)
+        yield self._usage(request)
+
+    def _chunks(self, request: GenerationRequest) -> list[StreamChunk]:
+        """The answer's chunks: ``reasoning_tokens`` of reasoning first, then content, up to
+        ``tokens_per_chunk`` tokens each (a chunk never mixes the two)."""
+        n = request.sampling.max_tokens
+        thinking = min(self.fo.reasoning_tokens, n)
+        out = []
+        for part, reasoning in ((thinking, True), (n - thinking, False)):
+            while part > 0:
+                k = min(self.fo.tokens_per_chunk, part)
+                out.append(StreamChunk(text=" t" * k, tokens=k, reasoning=reasoning))
+                part -= k
+        return out
+
+    def _usage(self, request: GenerationRequest) -> StreamChunk:
+        return StreamChunk(
+            text="",
+            tokens=0,
+            final=True,
+            usage_output_tokens=request.sampling.max_tokens,
+            usage_reasoning_tokens=self.fo.usage_reasoning_tokens,
+        )
 
     def sender_spec(self) -> dict[str, Any] | None:
         return self.base_sender_spec() if self.fo.processes else None
