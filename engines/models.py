@@ -22,7 +22,7 @@ from engines.errors import ModelLoadError
 from engines.settings import get_settings
 
 TINY = "tiny-deepseek-v3"
-TINY_VERSION = "1"  # bump when the tiny build changes; stale caches are rebuilt
+TINY_VERSION = "2"  # bump when the tiny build changes; stale caches are rebuilt (2: <think> tokens)
 
 
 @dataclass(frozen=True)
@@ -150,6 +150,9 @@ def _train_tokenizer(dest: Path) -> None:
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", model_max_length=2048
     )
+    # DeepSeek-R1's thinking markers, as R1's tokenizer has them (added, not special): vLLM's
+    # deepseek_r1 reasoning parser needs both in the vocabulary (ids 615, 616: under the model's 1024)
+    fast.add_tokens(["<think>", "</think>"])
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(dest)
 

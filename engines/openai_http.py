@@ -588,7 +588,7 @@ class CompletionStream:
             self.finished = True
         if self.routing_layout is not None and choice.get("routed_experts") is not None:
             self._routed = choice["routed_experts"]  # vLLM's field, should a stream carry it
-        text, reasoning = _choice_text(choice)
+        text, reasoning, thinking = _choice_text(choice)
         server_n: int | None = None
         if isinstance(choice.get("token_ids"), list):
             server_n = len(choice["token_ids"])
@@ -598,8 +598,10 @@ class CompletionStream:
             self.usage_out = max(self.usage_out, usage["completion_tokens"])
         out = []
         guess = self.content_count.tokenizer is None  # no tokenizer: one token per chunk
-        if reasoning:
-            n = self.reasoning_count.add(reasoning, True)
+        # a reasoning delta whose text is empty (a token that ends inside a UTF-8 character) still
+        # carries its token when the server counts it (token_ids): it is reasoning, not answer
+        if reasoning or (thinking and not text and server_n):
+            n = self.reasoning_count.add(reasoning, True) if reasoning else 0
             exact = server_n is not None and not text
             if exact:
                 n = server_n  # type: ignore[assignment]
@@ -659,13 +661,15 @@ def _clean(text: Any) -> str:
     return text
 
 
-def _choice_text(choice: dict[str, Any]) -> tuple[str, str]:
-    """(content text, reasoning text) of one streamed choice."""
+def _choice_text(choice: dict[str, Any]) -> tuple[str, str, bool]:
+    """(content text, reasoning text, whether the delta is a reasoning one) of one streamed choice;
+    ``reasoning_content`` (DeepSeek, SGLang) or ``reasoning`` (vLLM 0.32)."""
     if "delta" in choice:
         delta = choice.get("delta") or {}
         if not isinstance(delta, dict):
-            return "", ""
+            return "", "", False
         content = delta.get("content") or ""
         reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
-        return _clean(content), _clean(reasoning)
-    return _clean(choice.get("text") or ""), ""
+        thinking = "reasoning_content" in delta or "reasoning" in delta
+        return _clean(content), _clean(reasoning), thinking
+    return _clean(choice.get("text") or ""), "", False

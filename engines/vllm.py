@@ -209,6 +209,10 @@ def availability_for(accelerator: str, info: dict[str, Any]) -> Availability:
     return Availability(True)
 
 
+# The speculative-decoding methods MoE Bench offers (vLLM 0.32's SpeculativeMethod has more).
+SpecMethod = Literal["ngram", "suffix", "mtp", "deepseek_mtp", "eagle", "eagle3", "draft_model"]
+
+
 class VLLMOptions(OpenAIOptions):
     """vLLM server options (the seed's 8.2.3 ``LLM(...)`` arguments and a few more)."""
 
@@ -251,6 +255,23 @@ class VLLMOptions(OpenAIOptions):
         "e.g. 0-3|4-7). Empty: vLLM's own binding for one worker; this machine's cores split evenly for several",
     )
     enforce_eager: bool = True
+    # Speculative decoding (vLLM's --speculative-config) and the reasoning parser.
+    speculative_method: SpecMethod | None = Field(
+        None,
+        description="Speculative decoding: ngram (prompt lookup, no draft model), suffix, mtp / deepseek_mtp (the "
+        "checkpoint's own MTP layers), eagle, eagle3 or draft_model (these three need speculative_model)",
+    )
+    num_speculative_tokens: int | None = Field(None, ge=1, le=16, description="Draft tokens per step (default: 3 for "
+                                               "ngram and suffix, 1 for the others)")  # fmt: skip
+    speculative_model: str | None = Field(None, max_length=500, description="The draft model's folder (eagle, eagle3, "
+                                          "draft_model)")  # fmt: skip
+    reasoning_parser: str | None = Field(
+        None,
+        max_length=64,
+        pattern=r"^[a-z0-9_]+$",
+        description="vLLM's --reasoning-parser (deepseek_r1, deepseek_v3, ...): the server streams the thinking "
+        "as reasoning, and MoE Bench splits reasoning from answer tokens",
+    )
     extra_args: list[str] = Field(default_factory=list)  # more server flags, as argv items
     # Start the server with vLLM's torch profiler writing here, so profile runs can call
     # /start_profile and /stop_profile (connect mode: the server's own profiler folder).
@@ -263,6 +284,22 @@ class VLLMOptions(OpenAIOptions):
     )
     port: int | None = Field(None, ge=1, le=65535)  # default: a free port
     start_timeout_s: float | None = Field(None, gt=0)  # default: Settings.server_start_timeout_s
+
+
+def speculative_config(opts: VLLMOptions) -> dict[str, Any] | None:
+    """The --speculative-config for these options, or None without speculative decoding."""
+    method = opts.speculative_method
+    if method is None:
+        return None
+    config: dict[str, Any] = {
+        "method": method,
+        "num_speculative_tokens": opts.num_speculative_tokens or (3 if method in ("ngram", "suffix") else 1),
+    }
+    if method == "ngram":  # vLLM's own defaults are 5 / 5: shorter lookups find drafts in short prompts
+        config.update(prompt_lookup_max=4, prompt_lookup_min=2)
+    if opts.speculative_model:
+        config["model"] = opts.speculative_model
+    return config
 
 
 def vllm_dtype(opts: VLLMOptions) -> str:
@@ -303,6 +340,11 @@ def server_argv(python: str, model_dir: str, name: str, host: str, port: int, op
         argv += ["--eplb-config", json.dumps(eplb)]
     if opts.routing_pass and not opts.base_url:
         argv.append("--enable-return-routed-experts")  # with VLLM_USE_V2_MODEL_RUNNER=1 (VLLMEngine.start)
+    spec = speculative_config(opts)
+    if spec is not None and not opts.base_url:
+        argv += ["--speculative-config", json.dumps(spec)]
+    if opts.reasoning_parser and not opts.base_url:
+        argv += ["--reasoning-parser", opts.reasoning_parser]
     if opts.distributed_executor_backend:
         argv += ["--distributed-executor-backend", opts.distributed_executor_backend]
     if opts.max_num_batched_tokens is not None:
@@ -330,6 +372,80 @@ def server_argv(python: str, model_dir: str, name: str, host: str, port: int, op
         argv += ["--profiler-config", json.dumps(config)]
     argv += [str(a) for a in opts.extra_args]
     return argv
+
+
+DRAFT_MODEL_METHODS = ("eagle", "eagle3", "draft_model")
+MTP_METHODS = ("mtp", "deepseek_mtp")
+THINK_PARSERS = ("deepseek_r1", "qwen3")  # parsers that need <think> and </think> in the vocabulary
+
+
+def check_speculative(o: VLLMOptions) -> None:
+    """One-line refusals for speculative and reasoning options that cannot apply."""
+    if o.base_url and (o.speculative_method or o.reasoning_parser):
+        raise ConfigError(
+            "speculative_method and reasoning_parser are flags of a server MoE Bench starts; the server at base_url "
+            "runs with its own (MoE Bench reads its spec-decode counters and reasoning stream as they come)"
+        )
+    if o.speculative_method is None:
+        if o.num_speculative_tokens is not None or o.speculative_model:
+            raise ConfigError("num_speculative_tokens and speculative_model need speculative_method")
+        return
+    if o.speculative_method in DRAFT_MODEL_METHODS and not o.speculative_model:
+        raise ConfigError(
+            f"speculative_method={o.speculative_method} needs speculative_model (the draft model's folder)"
+        )
+    if o.speculative_method not in DRAFT_MODEL_METHODS and o.speculative_model:
+        raise ConfigError(
+            f"speculative_method={o.speculative_method} drafts without a model: drop speculative_model "
+            f"(it is for {', '.join(DRAFT_MODEL_METHODS)})"
+        )
+    if o.speculative_model and not Path(o.speculative_model).is_dir():
+        raise ConfigError(f"speculative_model '{o.speculative_model}' is not a folder on this machine")
+
+
+def mtp_layers(model_dir: Path, config: dict[str, Any]) -> int:
+    """How many MTP layers the checkpoint holds weights for: layers numbered from
+    ``num_hidden_layers`` on, in the safetensors index or the single file's header."""
+    layers = int(config.get("num_hidden_layers") or 0)
+    names: set[str] = set()
+    index = model_dir / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            names = set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}))
+        else:
+            for part in sorted(model_dir.glob("*.safetensors"))[:1]:
+                with open(part, "rb") as fh:
+                    size = int.from_bytes(fh.read(8), "little")
+                    if 0 < size < 2**27:
+                        names = set(json.loads(fh.read(size)))
+    except (OSError, ValueError):
+        return 0
+    found = {int(m.group(1)) for n in names if (m := re.match(r"model\.layers\.(\d+)\.", n))}
+    return sum(1 for i in found if i >= layers)
+
+
+def check_model_features(o: VLLMOptions, model_dir: Path, config: dict[str, Any] | None) -> None:
+    """Refuse, before the server starts, MTP on a checkpoint without MTP weights and a think-tag
+    reasoning parser on a tokenizer without the tags (vLLM fails on both after loading)."""
+    if o.speculative_method in MTP_METHODS and config is not None:
+        declared = int(config.get("num_nextn_predict_layers") or 0)
+        if declared < 1 or mtp_layers(model_dir, config) < 1:
+            raise ConfigError(
+                f"speculative_method={o.speculative_method} needs the checkpoint's MTP layers: {model_dir.name} "
+                f"declares {declared} (num_nextn_predict_layers) and holds weights for "
+                f"{mtp_layers(model_dir, config)} (a checkpoint exported without them cannot draft); try ngram"
+            )
+    if o.reasoning_parser in THINK_PARSERS:
+        tok = model_dir / "tokenizer.json"
+        try:
+            text = tok.read_text(encoding="utf-8") if tok.is_file() else ""
+        except OSError:
+            text = ""
+        if text and ('"<think>"' not in text or '"</think>"' not in text):
+            raise ConfigError(
+                f"reasoning_parser={o.reasoning_parser} needs <think> and </think> in the tokenizer; "
+                f"{model_dir.name}'s has none (vLLM refuses to start)"
+            )
 
 
 def deployment_shape(opts: VLLMOptions) -> dict[str, Any]:
@@ -364,6 +480,7 @@ def check_deployment(opts: VLLMOptions, config: dict[str, Any] | None, visible_d
             "vLLM's CPU server cannot return routed experts: --enable-return-routed-experts needs Model Runner V2, "
             "which needs Triton with a CPU backend (not on PyPI); see docs/profiling.md"
         )
+    check_speculative(o)
     if o.enable_eplb and not o.enable_expert_parallel:
         raise ConfigError("enable_eplb needs enable_expert_parallel: EPLB balances experts spread over GPUs")
     if o.eplb_num_redundant_experts and not o.enable_eplb:
@@ -517,6 +634,7 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
         config_file = Path(path) / "config.json"
         model_config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else None
         check_deployment(self.vopts, model_config, visible_devices(self.vopts.accelerator))
+        check_model_features(self.vopts, Path(path), model_config)
         self.model_dir = str(path)
         self.checkpoint_dir = str(path)
         if self.vopts.served_model_name:

@@ -415,3 +415,49 @@ def test_a_concurrency_sweep_on_the_vllm_server(vllm_engine: Any, store: Store) 
     points = sweep_points(store, snap.sweep_id)  # type: ignore[arg-type]
     assert [p.point for p in points] == [{"concurrency": 1}, {"concurrency": 4}]
     assert all(p.summaries and p.summaries[0].completed == 8 and p.summaries[0].slo_met for p in points)
+
+
+def test_ngram_speculation_and_the_r1_reasoning_parser_on_the_cpu_server(tiny_model: Path, store: Store) -> None:
+    """vLLM's CPU server with n-gram speculative decoding and the deepseek_r1 reasoning parser (the
+    tiny model's greedy text repeats itself, so n-gram drafts are proposed and accepted). The run's
+    acceptance figures are the deltas of the server's own counters, read here before and after the
+    run. The tiny model never writes </think>: R1's parser streams all of it as reasoning, while
+    the server's usage counts 0 reasoning tokens (it counts only between generated <think> tags):
+    the mismatch flag fires on a real server."""
+    _skip_without_vllm()
+    from engines.prometheus import parse_prometheus
+
+    chat = {**OPTIONS, "endpoint": "chat", "speculative_method": "ngram", "reasoning_parser": "deepseek_r1"}
+    engine = create_engine(chat)
+    engine.start()
+    procs = _tree(engine.server.pid)
+    try:
+        assert "--speculative-config" in engine.server.argv and "--reasoning-parser" in engine.server.argv
+        names = ("drafts", "draft_tokens", "accepted_tokens")
+
+        def counters() -> dict[str, float]:
+            values = parse_prometheus(engine._scrape())
+            return {n: values[f"vllm:spec_decode_num_{n}_total"] for n in names}
+
+        config = _config(
+            engine=chat, requests=8, concurrency=4, warmup=0,
+            workload={"source": "random", "input_len": 16, "output_len": 24, "seed": 3},
+        )  # fmt: skip
+        before = counters()
+        snap = start_run(config, store, engine=engine).wait(300)
+        after = counters()
+    finally:
+        engine.stop()
+    assert not _wait_dead(procs), "vLLM processes left behind"
+    assert snap.status == "completed", snap.error
+    s = snap.summary
+    drafts, tokens, accepted = (after[n] - before[n] for n in names)
+    assert drafts > 0 and (s.spec_drafts, s.spec_draft_tokens, s.spec_accepted_tokens) == (drafts, tokens, accepted)
+    assert s.spec_acceptance_rate == pytest.approx(accepted / tokens)
+    assert s.spec_acceptance_length == pytest.approx(1 + accepted / drafts)
+    assert s.spec_accepted_per_pos is not None and len(s.spec_accepted_per_pos) == 3
+    records = store.records(snap.run_id)
+    assert s.reasoning_tokens is not None and s.reasoning_tokens > 0
+    assert s.reasoning_tokens + s.answer_tokens == s.output_tokens
+    assert all(r.usage_reasoning_tokens == 0 for r in records)
+    assert s.reasoning_mismatches == sum(1 for r in records if r.reasoning_tokens > 2) > 0

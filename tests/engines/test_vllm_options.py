@@ -125,7 +125,8 @@ process_open_fds 12
 def test_parse_prometheus_and_labels() -> None:
     values = parse_prometheus(METRICS)
     assert values["vllm:kv_cache_usage_perc"] == 0.25 and values["process_open_fds"] == 12
-    assert set(GAUGES) | set(COUNTERS) <= set(values)
+    # (the spec-decode counters exist only on a server with speculative decoding: test_vllm.py)
+    assert set(GAUGES) | {c for c in COUNTERS if "spec_decode" not in c} <= set(values)
     labels = prometheus_labels(METRICS, "vllm:cache_config_info")
     assert labels["num_gpu_blocks"] == "2427" and labels["x"] == "a,b"
 
@@ -319,3 +320,58 @@ def test_per_engine_series_of_a_data_parallel_server(monkeypatch: pytest.MonkeyP
     assert second["server_generation_tok_s"] == pytest.approx(
         second["server_e0_generation_tok_s"] + second["server_e1_generation_tok_s"]
     )
+
+
+def test_speculative_and_reasoning_options_become_server_flags() -> None:
+    def argv(**kw: object) -> list[str]:
+        return server_argv("py", "/m", "tiny", "127.0.0.1", 8000, VLLMOptions(model="tiny", **kw))  # type: ignore[arg-type]
+
+    a = argv(speculative_method="ngram", reasoning_parser="deepseek_r1")
+    spec = json.loads(a[a.index("--speculative-config") + 1])
+    assert spec == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    assert a[a.index("--reasoning-parser") + 1] == "deepseek_r1"
+    b = argv(speculative_method="deepseek_mtp", num_speculative_tokens=2)
+    assert json.loads(b[b.index("--speculative-config") + 1]) == {"method": "deepseek_mtp", "num_speculative_tokens": 2}
+    assert "--speculative-config" not in argv() and "--reasoning-parser" not in argv()
+
+
+@pytest.mark.parametrize(
+    "opts,reason",
+    [
+        ({"num_speculative_tokens": 2}, "need speculative_method"),
+        ({"speculative_method": "eagle"}, "needs speculative_model"),
+        ({"speculative_method": "ngram", "speculative_model": "/tmp"}, "drafts without a model"),
+        ({"speculative_method": "draft_model", "speculative_model": "/no/such/draft"}, "is not a folder"),
+        ({"base_url": "http://127.0.0.1:1/v1", "speculative_method": "ngram"}, "runs with its own"),
+        ({"base_url": "http://127.0.0.1:1/v1", "reasoning_parser": "deepseek_r1"}, "runs with its own"),
+    ],
+)
+def test_speculative_options_that_cannot_apply_are_refused_in_one_line(opts: dict, reason: str) -> None:
+    from engines.vllm import check_deployment
+
+    with pytest.raises(ConfigError, match=reason) as err:
+        check_deployment(VLLMOptions(model="tiny", **opts), None, None)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="speculative_method"):
+        parse_options({"kind": "vllm", "speculative_method": "guess"})
+
+
+def test_mtp_and_think_parsers_are_checked_against_the_checkpoint(tiny_model: Path, tmp_path: Path) -> None:
+    """The tiny checkpoint declares one MTP layer (transformers' default) but has no weights for it:
+    vLLM would fail after loading ("MTP speculative decoding layer 3 weights missing"); MoE Bench
+    refuses first. Its tokenizer has R1's <think> markers; a copy without them is refused."""
+    from engines.vllm import check_model_features, mtp_layers
+
+    config = json.loads((tiny_model / "config.json").read_text())
+    assert config["num_nextn_predict_layers"] == 1 and mtp_layers(tiny_model, config) == 0
+    with pytest.raises(ConfigError, match="holds weights for 0"):
+        check_model_features(VLLMOptions(model="tiny", speculative_method="mtp"), tiny_model, config)
+    check_model_features(VLLMOptions(model="tiny", reasoning_parser="deepseek_r1"), tiny_model, config)
+    # an index naming layer 3 (= num_hidden_layers): one MTP layer
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"model.layers.2.x": "a", "model.layers.3.eh_proj.weight": "b"}})
+    )
+    assert mtp_layers(tmp_path, config) == 1
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"added_tokens": [{"content": "<eos>"}]}))
+    with pytest.raises(ConfigError, match="needs <think> and </think>"):
+        check_model_features(VLLMOptions(model="tiny", reasoning_parser="deepseek_r1"), tmp_path, config)
