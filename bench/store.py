@@ -244,6 +244,7 @@ SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
     "reasoning_tokens",
     "answer_tokens",
     "answer_throughput_tok_s",
+    "reasoning_ms_mean",
     "reasoning_ms_p50",
     "reasoning_ms_p90",
     "reasoning_ms_p99",
