@@ -307,6 +307,7 @@ class TelemetryGroup:
 
 # Series-name suffix -> (chart key, title, axis unit, counts?), checked in this order.
 TELEMETRY_UNITS: tuple[tuple[str, str, str, str, bool], ...] = (
+    ("_acceptance_pct", "spec", "Speculative decoding: draft tokens accepted (per second)", "%", False),
     ("_pct", "pct", "Utilisation and load", "%", False),
     ("_balancedness", "eplb", "Expert-parallel balance (EPLB: mean / max tokens per rank, 1 = even)", "ratio", False),
     ("_cores", "cores", "CPU cores busy", "cores", False),
@@ -350,11 +351,17 @@ def _memory_reported(ts: pd.DataFrame) -> bool:
     return SERIES_IN_FLIGHT not in names or any(name in names for name, _ in MEMORY_SERIES)
 
 
+def _cumulative(name: str) -> bool:
+    """A running total kept for the run's figures, not for a chart: the speculative-decoding
+    counters (their per-second acceptance is charted) and the devices' energy counters."""
+    return (name.startswith("server_spec_") and not name.endswith("_pct")) or name.endswith("_energy_j")
+
+
 def telemetry_series(ts: pd.DataFrame) -> list[str]:
     """Series the engine reported besides the runner's own (e.g. a vLLM server's KV-cache use)."""
     if ts.empty:
         return []
-    return sorted(set(ts["name"].unique()) - set(LIVE_SERIES) - {SERIES_DONE})
+    return sorted(n for n in set(ts["name"].unique()) - set(LIVE_SERIES) - {SERIES_DONE} if not _cumulative(n))
 
 
 def last_value(ts: pd.DataFrame, name: str) -> float | None:
@@ -634,7 +641,13 @@ LATENCY_ROWS: tuple[tuple[str, str], ...] = (
 def latency_table(summary: RunSummary) -> pd.DataFrame:
     """Rows TTFT/TPOT/ITL/E2E (and send lag, where measured); columns count, mean, p50, p90, p95, p99 (ms)."""
     rows = []
-    keys = [*LATENCY_ROWS, ("send_lag_ms", "send lag")] if summary.send_lag_ms is not None else LATENCY_ROWS
+    keys = list(LATENCY_ROWS)
+    if summary.itl_token_ms is not None and (summary.tokens_per_chunk or 1.0) > 1.05:
+        keys.insert(3, ("itl_token_ms", "ITL per token"))  # several tokens per chunk
+    if summary.reasoning_ms is not None:
+        keys.append(("reasoning_ms", "reasoning time"))
+    if summary.send_lag_ms is not None:
+        keys.append(("send_lag_ms", "send lag"))
     for key, label in keys:
         st = getattr(summary, key)
         rows.append(
@@ -690,6 +703,7 @@ def throughput_table(summary: RunSummary) -> pd.DataFrame:
             if summary.prefix_cache_hit_rate is not None
             else []
         ),
+        *serving_rows(summary),
     ]
     return pd.DataFrame(
         [
@@ -702,6 +716,36 @@ def throughput_table(summary: RunSummary) -> pd.DataFrame:
             for name, value, unit, d in rows
         ]
     )
+
+
+def serving_rows(summary: RunSummary) -> list[tuple[str, Any, str, str]]:
+    """Throughput-table rows for speculative decoding, reasoning and energy, where the run has them."""
+    d = METRIC_DEFINITIONS
+    rows: list[tuple[str, Any, str, str]] = []
+    if summary.spec_acceptance_rate is not None:
+        per = " ".join(f"{v:.0%}" for v in summary.spec_accepted_per_pos or ())
+        rows += [
+            ("draft acceptance", summary.spec_acceptance_rate * 100, "% of draft tokens", d["spec_acceptance_rate"]),
+            ("acceptance length", summary.spec_acceptance_length, "tokens/step", d["spec_acceptance_length"]),
+            *([("acceptance by position", per, "", d["spec_accepted_per_pos"])] if per else []),
+        ]
+    if summary.reasoning_tokens is not None:
+        rows += [
+            ("reasoning tokens", summary.reasoning_tokens, "tokens", d["reasoning_tokens"]),
+            ("answer tokens", summary.answer_tokens, "tokens", d["answer_tokens"]),
+            ("answer throughput", summary.answer_throughput_tok_s, "tokens/s", d["answer_throughput_tok_s"]),
+        ]
+    if summary.energy_j is not None:
+        rows += [
+            ("energy", summary.energy_j, "J", d["energy_j"]),
+            ("energy per output token", summary.joules_per_output_token, "J/token", d["joules_per_output_token"]),
+            ("output tokens per joule", summary.output_tokens_per_j, "tokens/J", d["output_tokens_per_j"]),
+            ("mean power", summary.power_avg_w, "W", d["power_avg_w"]),
+            ("peak power", summary.power_peak_w, "W", d["power_peak_w"]),
+            *([("goodput per watt", summary.goodput_per_w, "req/J", d["goodput_per_w"])]
+              if summary.goodput_per_w is not None else []),
+        ]  # fmt: skip
+    return rows
 
 
 def fmt_num(value: float | int | None, digits: int = 3) -> str:

@@ -898,8 +898,9 @@ def headline(
     cols[1].metric(
         "TTFT p50", data.fmt_unit(summary.ttft_ms.p50 if ok else None, "ms"), help=METRIC_DEFINITIONS["ttft_ms"]
     )
-    if ok and summary is not None and summary.bursty:
-        # A burst-streamed output has a TPOT of about 0: say why instead of showing a "speed".
+    if ok and summary is not None and summary.bursty and summary.spec_acceptance_rate is None:
+        # A burst-streamed output has a TPOT of about 0: say why instead of showing a "speed"
+        # (speculative decoding's multi-token chunks keep a true TPOT: (E2E - TTFT) / (N - 1)).
         cols[2].metric("TPOT p50", "bursts", help=f"{summary.burst_warning}. {METRIC_DEFINITIONS['tpot_ms']}")
     else:
         cols[2].metric(
@@ -956,6 +957,8 @@ def show_summary(summary: RunSummary, key: str, limits: RunLimits | str | None =
         st.warning(summary.cache_warning, icon=":material/cached:")
     if summary.burst_warning:
         st.warning(summary.burst_warning, icon=":material/stacked_bar_chart:")
+    if summary.reasoning_warning:
+        st.warning(summary.reasoning_warning, icon=":material/psychology:")
     left, right = st.columns([3, 2])
     num = st.column_config.NumberColumn
     latency = data.latency_table(summary)

@@ -201,7 +201,7 @@ def _run_report(store: Store, run: RunRow) -> bytes:
     if s is None:
         page.add('<div class="card warn">This run has no summary (it measured nothing).</div>')
     else:
-        for warning in (s.load_warning, s.burst_warning):
+        for warning in (s.load_warning, s.burst_warning, s.reasoning_warning):
             if warning:
                 page.add(f'<div class="card warn">{escape_text(warning)}</div>')
         slos = as_slos(s.slos or [])
@@ -232,6 +232,7 @@ def _run_report(store: Store, run: RunRow) -> bytes:
             ("peak memory (GiB)", flat.get("peak_memory_gib")),
             ("usage mismatches (requests)", flat.get("usage_mismatches")),
         ]  # fmt: skip
+        summary_items += _serving_items(s, store.artifact(run.id, "energy"))
         page.add(f'<div class="card">{_kv_table(summary_items)}</div>')
         page.h2("Latency percentiles (ms)")
         stats = ["mean", *(f"p{q}" for q in PERCENTILES), "max"]
@@ -239,6 +240,9 @@ def _run_report(store: Store, run: RunRow) -> bytes:
         for metric, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E")):
             st = getattr(s, metric)
             lat_rows.append({"metric": label, "count": st.count, **{k: getattr(st, k) for k in stats}})
+        for st, label in ((s.itl_token_ms, "ITL per token"), (s.reasoning_ms, "reasoning time")):
+            if st is not None and st.count and (label != "ITL per token" or (s.tokens_per_chunk or 1) > 1.05):
+                lat_rows.append({"metric": label, "count": st.count, **{k: getattr(st, k) for k in stats}})
         if s.send_lag_ms is not None:
             st = s.send_lag_ms
             lat_rows.append({"metric": "send lag", "count": st.count, **{k: getattr(st, k) for k in stats}})
@@ -250,6 +254,37 @@ def _run_report(store: Store, run: RunRow) -> bytes:
     _moe_section(page, store, run)
     _definitions(page)
     return page.render()
+
+
+def _serving_items(s: Any, energy: Any) -> list[tuple[str, Any]]:
+    """Summary rows for speculative decoding, reasoning and energy (only those the run has), and the
+    reason a run has no energy figure."""
+    items: list[tuple[str, Any]] = []
+    if s.spec_acceptance_rate is not None:
+        per = " ".join(f"{v:.0%}" for v in s.spec_accepted_per_pos or ())
+        items += [
+            ("speculative acceptance rate", f"{s.spec_acceptance_rate:.1%}"),
+            ("speculative acceptance length (tokens/step)", s.spec_acceptance_length),
+            ("acceptance by draft position", per or "-"),
+        ]
+    if s.reasoning_tokens is not None:
+        items += [
+            ("reasoning tokens", s.reasoning_tokens),
+            ("answer tokens", s.answer_tokens),
+            ("answer throughput (tok/s)", s.answer_throughput_tok_s),
+            ("reasoning-count mismatches (requests)", s.reasoning_mismatches),
+        ]
+    if s.energy_j is not None:
+        items += [
+            ("energy over the measured window (J)", s.energy_j),
+            ("energy per output token (J)", s.joules_per_output_token),
+            ("output tokens per joule", s.output_tokens_per_j),
+            ("mean / peak power (W)", f"{s.power_avg_w or 0:.1f} / {s.power_peak_w or 0:.1f}"),
+            ("goodput per watt (req/J)", s.goodput_per_w),
+        ]
+    elif isinstance(energy, dict) and energy.get("reason"):
+        items.append(("energy", f"not measured: {energy['reason']}"))
+    return items
 
 
 def _moe_section(page: _Page, store: Store, run: RunRow) -> None:

@@ -517,6 +517,18 @@ def _memory_pct(mem: RunMemory, diff: list[str]) -> tuple[float | None, str]:
     return pct, f"{pct:.0f}% ({both[2]})" if pct is not None else "-"
 
 
+def _energy_cell(run: RunRow) -> str:
+    """J per output token over the measured window, with tokens/J and the mean power; the book has no
+    energy figure, so this column has no book %."""
+    s = run.summary
+    if s is None or s.joules_per_output_token is None:
+        return "not measured (no power read)"
+    return (
+        f"{s.joules_per_output_token:.3g} J/tok ({s.output_tokens_per_j or 0:.3g} tok/J, "
+        f"{s.power_avg_w or 0:.0f} W mean)"
+    )
+
+
 for row in ref.ACCELERATOR_TABLE:
     run = picked.get(row.accelerator)
     vals = ref.measured_accelerator_values(run.summary if run else None)
@@ -547,6 +559,7 @@ for row in ref.ACCELERATOR_TABLE:
         else:
             cells[f"{name} % (measured)"] = f"{rel[key]:.0f}%" if rel[key] is not None else no_pct
         cells[f"{name} % (book)"] = f"{book[key]:.0f}%"
+    cells["energy per output token"] = _energy_cell(run) if run else "-"
     measured_acc.append(cells)
     if _goodput(run) is not None:  # beside the throughput, only for runs with SLOs
         measured_acc[-1]["goodput"] = _goodput_cell(run)
@@ -579,7 +592,9 @@ st.caption(
     "Peak memory: the engine's own peak where it has one (torch peak: the device allocator's on CUDA, NPU or MLU; "
     "process RSS peak: the native engine on the CPU; server RSS peak: a server MoE Bench launched, host memory "
     "only), else the peak device memory in use from device telemetry (NVML, npu-smi, cnmon or exporters, summed "
-    "over the devices read; every process on them counts); 'not measured' when the run has neither. Memory % "
+    "over the devices read; every process on them counts); 'not measured' when the run has neither. Energy per "
+    "output token: the devices' energy over the measured window (their own energy counters where they have one, "
+    "else their power samples integrated; docs/metrics.md) / output tokens. Memory % "
     "compares two runs on a source both have (the same kind of engine peak, else device telemetry) and names it. "
     "Imported run bundles are listed in these pickers too: `python -m bench import FILE` imports one (exported "
     "with `python -m bench export RUN_ID --bundle --out FILE`, or examples/*.json), and the Results page offers "
