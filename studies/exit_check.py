@@ -42,6 +42,8 @@ def processes() -> dict[int, str]:
             state = (d / "stat").read_text().split(") ", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
+        if not cmd:
+            continue  # a kernel thread (no command line): the kernel's, not a process a run left
         out[int(d.name)] = f"{state} {cmd[:160]}"
     return out
 

@@ -173,3 +173,21 @@ def test_the_example_sweep_imports_with_its_runs_and_exports_back(store: Store) 
     again = store.export_sweep_bundle(sweep_id)
     assert again["format"] == "moebench-sweep/1" and len(again["runs"]) == 4
     assert [b["run"]["name"] for b in again["runs"]] == [r.name for r in runs]
+
+
+@pytest.mark.parametrize(
+    "name,tokens", [("h100-energy-latency-bs1.json", 48), ("h100-energy-concurrency-16.json", 256)]
+)
+def test_h100_energy_examples_are_the_nvml_counters_delta(store: Store, name: str, tokens: int) -> None:
+    """Native runs on an H100 (2026-12-07, studies/exit_check.py): the energy over the measured window
+    is the NVML energy counter's last value less its first, and J/token divides it by the output tokens."""
+    run_id = import_bundle_file(store, EXAMPLES / name)
+    run = store.get_run(run_id)
+    assert run is not None and run.engine_info["device"] == "NVIDIA H100 80GB HBM3"
+    s = run.summary
+    counter = [v for _, _, v in store.timeseries(run_id, ["dev0_energy_j"]) if v is not None]
+    assert s is not None and s.output_tokens == tokens and len(counter) >= 3
+    assert s.energy_j == pytest.approx(counter[-1] - counter[0])
+    assert s.joules_per_output_token == pytest.approx(s.energy_j / tokens)
+    assert 60 < s.power_avg_w < 700  # an H100 SXM's board power: idle ~70 W, limit 700 W
+    assert store.artifact(run_id, "energy")["devices"][0]["method"] == "energy counter"
