@@ -14,6 +14,7 @@ import contextlib
 import json
 import random
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args, overload
@@ -260,7 +261,9 @@ def _special_ids(tokenizer: Any) -> set[int]:
     return set(getattr(tokenizer, "all_special_ids", []) or [])
 
 
-_WORD_TOKENS: dict[int, list[int]] = {}
+# Per tokenizer object, dropped with it: a cache keyed by id() handed a freed tokenizer's word
+# list to a new one that got the same id (ids past its vocabulary: a flaky IndexError in CI).
+_WORD_TOKENS: weakref.WeakKeyDictionary[Any, list[int]] = weakref.WeakKeyDictionary()
 
 
 def _word_tokens(tokenizer: Any) -> list[int]:
@@ -269,19 +272,22 @@ def _word_tokens(tokenizer: Any) -> list[int]:
     A sequence of such tokens decodes to space-separated words that a byte-level or
     whitespace pre-tokenizer splits at the same places, so it re-encodes exactly.
     """
-    key = id(tokenizer)
-    if key not in _WORD_TOKENS:
-        special = _special_ids(tokenizer)
-        out = []
-        for i in range(len(tokenizer)):
-            if i in special:
-                continue
-            text = tokenizer.decode([i])
-            if len(text) > 1 and text[0] == " " and text[1:].isalnum():
-                if tokenizer.encode(text, add_special_tokens=False) == [i]:
-                    out.append(i)
-        _WORD_TOKENS[key] = out
-    return _WORD_TOKENS[key]
+    try:
+        return _WORD_TOKENS[tokenizer]
+    except (KeyError, TypeError):  # not seen yet, or an object that cannot be weakly referenced
+        pass
+    special = _special_ids(tokenizer)
+    out = []
+    for i in range(len(tokenizer)):
+        if i in special:
+            continue
+        text = tokenizer.decode([i])
+        if len(text) > 1 and text[0] == " " and text[1:].isalnum():
+            if tokenizer.encode(text, add_special_tokens=False) == [i]:
+                out.append(i)
+    with contextlib.suppress(TypeError):
+        _WORD_TOKENS[tokenizer] = out
+    return out
 
 
 def random_prompt(tokenizer: Any, length: int, rng: random.Random) -> tuple[str, list[int]]:
