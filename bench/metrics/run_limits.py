@@ -193,6 +193,11 @@ def for_run(
     batch = 1
     if summary is not None and str(config.get("mode")) != "latency":
         batch = max(1, int(summary.max_concurrency or 1))
+        open_loop = config.get("request_rate") or (config.get("workload") or {}).get("source") == "trace"
+        if open_loop and summary.completed and summary.e2e_ms.mean:
+            # arrivals, not slots, set the batch: the mean in flight (Little's law), at most the cap
+            in_flight = summary.request_throughput_rps * summary.e2e_ms.mean / 1000.0
+            batch = max(1, min(batch, round(in_flight)))
     if summary is not None and summary.completed:
         context = round(summary.prompt_tokens / summary.completed + summary.output_tokens / summary.completed / 2)
     else:  # nothing finished yet: the workload's lengths

@@ -223,6 +223,7 @@ def _measure(
         cfg.workload.seed,
         cfg.duration_s,
         cfg.ramp_up_s,
+        getattr(requests, "arrivals", None),
     )
     if strategy.max_requests is not None and strategy.max_requests < len(requests):
         requests = requests[: strategy.max_requests]  # arrivals past a duration's end

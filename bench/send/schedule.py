@@ -186,6 +186,23 @@ class OpenLoop(Strategy):
         return True
 
 
+@dataclass(frozen=True)
+class TraceSchedule(OpenLoop):
+    """A trace's own arrivals (bench.trace): request ``i`` due at ``offsets[i]``, at most
+    ``concurrency`` in flight; a request finding every slot busy waits, and that is its send lag."""
+
+    name = "trace"
+
+    @classmethod
+    def of(cls, offsets: Sequence[float], concurrency: int, duration_s: float | None = None) -> TraceSchedule:
+        due = list(offsets)
+        if duration_s is not None:  # the arrivals after the deadline are never sent
+            due = [t for t in due if t <= duration_s] or due[:1]
+        n = len(due)
+        rate = (n - 1) / due[-1] if n > 1 and due[-1] > 0 else float(n)
+        return cls(tuple(due), rate, 1.0, concurrency, duration_s, 0.0)
+
+
 def ramped(t: float, ramp_s: float) -> float:
     """An arrival at ``t`` of a constant-rate process, moved onto a rate that climbs linearly
     from 0 to that rate over ``ramp_s`` and then holds: the time where the ramp's cumulative
@@ -204,8 +221,11 @@ def strategy_for(
     seed: int,
     duration_s: float | None = None,
     ramp_s: float = 0.0,
+    arrivals: Sequence[float] | None = None,
 ) -> Strategy:
-    """The strategy a run config asks for."""
+    """The strategy a run config asks for (``arrivals``: a trace's own due times)."""
+    if arrivals is not None:
+        return TraceSchedule.of(arrivals[:n], concurrency, duration_s)
     if mode == "latency":
         return Sequential(duration_s=duration_s)
     if request_rate is not None:
