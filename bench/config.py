@@ -86,6 +86,12 @@ class RunConfig(BaseModel):
         description="Linear ramp-up: the concurrency (closed loop) or the arrival rate (open loop) climbs to its "
         "target over this many seconds",
     )
+    until_ci: str | None = Field(
+        None,
+        max_length=100,
+        description="Statistical stopping, METRIC:STAT:PCT (ttft_ms:p50:5%): send until the 95 % confidence "
+        "half-width of that figure (batch means) is at most PCT % of it, or requests/duration run out",
+    )
     slos: list[str] = Field(
         default_factory=list,
         description="Service-level objectives, METRIC:STAT<=LIMIT_MS (ttft_ms:p99<=2000) or a preset "
@@ -166,6 +172,17 @@ class RunConfig(BaseModel):
                 self.requests = min(DURATION_MAX_REQUESTS, int(self.request_rate * self.duration_s * 1.5) + 16)
             else:
                 self.requests = DURATION_MAX_REQUESTS
+        return self
+
+    @model_validator(mode="after")
+    def _stop_rule(self) -> RunConfig:
+        if self.until_ci is None:
+            return self
+        from bench.metrics.confidence import parse_stop_rule
+
+        self.until_ci = parse_stop_rule(self.until_ci).text  # ValueError: one line
+        if self.ray_address:
+            raise ValueError("until_ci needs the senders on this machine (not Ray): drop ray_address or until_ci")
         return self
 
     @model_validator(mode="after")

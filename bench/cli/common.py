@@ -141,6 +141,12 @@ def run_arguments(sweep: bool = False) -> argparse.ArgumentParser:
         "(TTFT p99 2000 ms, TPOT p99 80 ms) or interactive (1500 ms, 15 ms); the run reports goodput",
     )
     r.add_argument(
+        "--until-ci",
+        default=None,
+        metavar="METRIC:STAT:PCT",
+        help=_help("until_ci", extra="; e.g. ttft_ms:p50:5%%, tpot_ms:p99:10%%"),
+    )
+    r.add_argument(
         "--no-server-metrics",
         action="store_true",
         help="do not scrape the server's /metrics during the run (each scrape costs the server CPU)",
@@ -225,6 +231,7 @@ def run_config_data(args: argparse.Namespace) -> dict[str, Any]:
         "ramp_up_s": args.ramp_up,
         "concurrency": args.concurrency if not isinstance(args.concurrency, list) else None,
         "request_rate": args.request_rate if not isinstance(args.request_rate, list) else None,
+        "until_ci": getattr(args, "until_ci", None),
     }
     data.update({k: v for k, v in optional.items() if v is not None})
     return data
@@ -299,6 +306,14 @@ def format_summary(summary: RunSummary) -> str:
     if summary.tokens_per_chunk is not None:
         share = f"{summary.single_chunk_share:.0%}" if summary.single_chunk_share is not None else "-"
         lines.append(f"chunks        {summary.tokens_per_chunk:.2f} tokens per chunk, {share} of outputs in one chunk")
+    if summary.until_ci:
+        half = "-" if summary.ci_half_width_pct is None else f"+-{summary.ci_half_width_pct:.1f}%"
+        met = (
+            f"met after {summary.until_ci_met_at} completed requests"
+            if summary.until_ci_met_at is not None
+            else "NOT met: the requests or the duration ran out first"
+        )
+        lines.append(f"until CI      {summary.until_ci}: {met}; final {summary.ci_value or 0:.4g} {half} (95 %)")
     if summary.reasoning_tokens is not None:
         lines.append(
             f"reasoning     {summary.reasoning_tokens} reasoning + {summary.answer_tokens} answer tokens, "

@@ -124,9 +124,9 @@ METRIC_DEFINITIONS: dict[str, str] = {
     "sample of the run: every process on the devices counts (a served engine's weights and KV cache included).",
     "tpot_limit_ms": "The hardware's limit on TPOT: the shortest decode step for the run's batch (max_concurrency "
     "sequences, 1 for latency runs; open-loop and trace runs: the mean in flight by Little's law, request "
-    "throughput x mean E2E, at most max_concurrency) at its mean context, max(bytes moved per step / memory bandwidth, FLOPs / peak "
-    "FLOP/s) from the model's config and the accelerator's spec (docs/accelerators.md: Physical limits). "
-    "Empty when the model or the device has no figures.",
+    "throughput x mean E2E, at most max_concurrency) at its mean context, max(bytes moved per step / memory "
+    "bandwidth, FLOPs / peak FLOP/s) from the model's config and the accelerator's spec (docs/accelerators.md: "
+    "Physical limits). Empty when the model or the device has no figures.",
     "output_tok_s_limit": "The hardware's limit on output throughput at the run's batch: batch / tpot_limit_ms.",
     "tpot_pct_of_limit": "tpot_limit_ms / TPOT p50 x 100: how close the engine's decode step came to the hardware's "
     "limit (100 % = at the limit).",

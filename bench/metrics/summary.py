@@ -87,6 +87,11 @@ class RunSummary:
     power_avg_w: float | None = None
     power_peak_w: float | None = None
     goodput_per_w: float | None = None  # goodput_rps / power_avg_w
+    # statistical stopping (bench.metrics.confidence): the rule, when it was met, the final interval
+    until_ci: str | None = None
+    until_ci_met_at: int | None = None  # completed requests when the interval was narrow enough (None: never)
+    ci_value: float | None = None  # the rule's figure over every completed request
+    ci_half_width_pct: float | None = None  # its 95 % half-width, % of it (batch means)
 
     @property
     def bursty(self) -> bool:

@@ -36,6 +36,7 @@ from typing import Any
 
 from bench.config import RunConfig
 from bench.metrics import moe
+from bench.metrics.confidence import stop_fields
 from bench.metrics.cpu_limits import measure_cpu
 from bench.metrics.energy import energy_of_run, is_energy_series
 from bench.metrics.spec_decode import spec_fields, spec_series_names
@@ -241,7 +242,14 @@ def _measure(
         if live is not None:  # stored too: a run killed mid-way keeps what it had measured
             store.set_summary(run_id, live)
 
-    recorder = Recorder(store, run_id, tokenizer=engine.tokenizer(), slos=cfg.slos)
+    recorder = Recorder(
+        store,
+        run_id,
+        tokenizer=engine.tokenizer(),
+        slos=cfg.slos,
+        until_ci=cfg.until_ci,
+        on_enough=getattr(sender, "stop_sending", None),
+    )
     sampler = Sampler(
         engine,
         store,
@@ -297,6 +305,7 @@ def _measure(
                 run_id, ARTIFACT_LOAD_GENERATORS, {"ray_address": cfg.ray_address, "actors": sender.placement}
             )
         job.write_error = recorder.write_error
+        job.stop_met_at = recorder.stop_watch.met_at if recorder.stop_watch is not None else None
         job.served_routing = (recorder.routing_phases, recorder.routing_windows, recorder.routing_requests,
                               recorder.routing_error)  # fmt: skip
         job.host = (sampler.host_means(), sampler.busiest)
@@ -434,6 +443,8 @@ def _finish(job: Job, engine: Engine) -> None:
     summary = dataclasses.replace(summary, **moe.run_figures(store.artifact(run_id, ARTIFACT_ROUTING)))
     summary = dataclasses.replace(summary, **spec_fields(store.timeseries(run_id, spec_series_names())))
     summary = _with_energy(store, run_id, summary)
+    if cfg.until_ci:
+        summary = dataclasses.replace(summary, **stop_fields(cfg.until_ci, records, job.stop_met_at))
     job.set_summary(summary)
     engine_error = job.error
     if job.write_error is not None:

@@ -64,6 +64,7 @@ class Job(BackgroundTask):
         # Set by the runner: () -> the records so far (for a failed run's partial summary)
         self._records: Callable[[], list[Any]] | None = None
         self.write_error: str | None = None  # requests the store could not take (kept for the summary)
+        self.stop_met_at: int | None = None  # completed requests when until_ci was met (None: not met)
         # (summed counts [2, layers, experts], windows, requests, first bad payload) a server reported
         self.served_routing: tuple[Any, dict[int, Any], int, str | None] | None = None
         self.host: tuple[dict[str, float | None], list[tuple[str, int, float]]] | None = None  # host load, busiest

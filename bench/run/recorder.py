@@ -157,7 +157,14 @@ class Recorder:
         tokenizer: Any | None = None,
         on_failure: Callable[[], None] | None = None,
         slos: Sequence[str] | None = None,
+        until_ci: str | None = None,
+        on_enough: Callable[[], None] | None = None,
     ) -> None:
+        from bench.metrics.confidence import StopWatch, parse_stop_rule
+
+        # statistical stopping: on_enough() once the rule's interval is narrow enough
+        self.stop_watch = StopWatch(parse_stop_rule(until_ci)) if until_ci else None
+        self.on_enough = on_enough
         self.store = store
         self.run_id = run_id
         self.tokenizer = tokenizer
@@ -355,6 +362,8 @@ class Recorder:
             self.single_chunk += len(rec.chunk_times_s) == 1
         if self.slos and is_good(rec, self.slos):
             self.good += 1
+        if self.stop_watch is not None and self.stop_watch.add(rec) and self.on_enough is not None:
+            self.on_enough()
         for name, value in (("ttft_ms", rec.ttft_ms), ("tpot_ms", rec.tpot_ms), ("ttft_any_ms", rec.ttft_any_ms)):
             if value is not None:
                 d[name].add(value)

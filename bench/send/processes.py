@@ -64,6 +64,12 @@ class InProcessSender:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.counters = Counters()
+        self._tickets: LocalTickets | None = None
+
+    def stop_sending(self) -> None:
+        """Send no more requests; those taken already go on (until_ci met)."""
+        if self._tickets is not None:
+            self._tickets.stop()
 
     def live(self) -> tuple[int, int]:
         """(tokens streamed, requests in flight) so far."""
@@ -92,13 +98,14 @@ class InProcessSender:
                     return
                 executor = stream_executor(engine, strategy.slots, prestart=True)  # its threads up before the clock
                 before_start()
+                self._tickets = LocalTickets(len(requests))
                 t0 = time.perf_counter()
                 on_start(t0)
                 await send(
                     engine,
                     strategy,
                     requests,
-                    LocalTickets(len(requests)),
+                    self._tickets,
                     t0,
                     cancel,
                     emit,
@@ -116,14 +123,15 @@ class InProcessSender:
 class SharedTickets:
     """Tickets shared by every sender process of a run (a counter in shared memory)."""
 
-    def __init__(self, n: int, value: Any) -> None:
+    def __init__(self, n: int, value: Any, stop: Any = None) -> None:
         self.n = n
         self._value = value
+        self._stop = stop  # a shared flag: set, no more tickets (the parent's stop_sending)
 
     def take(self) -> int | None:
         with self._value.get_lock():
             seq = self._value.value
-            if seq >= self.n:
+            if seq >= self.n or (self._stop is not None and self._stop.value):
                 return None
             self._value.value = seq + 1
             return seq
@@ -139,6 +147,7 @@ class _Shared:
     cancel: Any
     tokens: Any
     in_flight: Any
+    stop: Any = None  # set by the parent: hand out no more tickets (until_ci met)
 
 
 def _child_main(
@@ -216,7 +225,7 @@ def _child_main(
                     if shared.cancel.is_set() or os.getppid() != parent:
                         return
                 t0 = shared.t0.value
-                tickets = SharedTickets(len(requests), shared.tickets)
+                tickets = SharedTickets(len(requests), shared.tickets, shared.stop)
                 flushing = asyncio.create_task(flusher())
                 try:
                     await send(engine, strategy, requests, tickets, t0, shared.cancel, emit, counters, slots, True)
@@ -270,9 +279,15 @@ class ProcessSender:
         self._ctx = mp.get_context("spawn")
         self._tokens = self._ctx.RawArray("q", workers)
         self._in_flight = self._ctx.RawArray("q", workers)
+        self._shared: _Shared | None = None
 
     def live(self) -> tuple[int, int]:
         return sum(self._tokens), sum(self._in_flight)
+
+    def stop_sending(self) -> None:
+        """Send no more requests; those taken already go on (until_ci met)."""
+        if self._shared is not None:
+            self._shared.stop.value = 1
 
     def run(
         self,
@@ -293,7 +308,9 @@ class ProcessSender:
             cancel=ctx.Event(),
             tokens=self._tokens,
             in_flight=self._in_flight,
+            stop=ctx.RawValue("b", 0),
         )
+        self._shared = shared
         # The children send text, never token ids: HTTP engines do not need them. They get
         # the first blocks of prompts now and the rest from a feeder, ahead of the tickets.
         size, block = blocks_of(requests)

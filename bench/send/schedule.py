@@ -255,6 +255,11 @@ class LocalTickets:
             self._next += 1
             return seq
 
+    def stop(self) -> None:
+        """Hand out no more tickets (the requests already taken go on)."""
+        with self._lock:
+            self.n = min(self.n, self._next)
+
 
 @dataclass(frozen=True)
 class Planned:
