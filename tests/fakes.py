@@ -29,6 +29,7 @@ class FakeOptions(EngineOptions):
     tokens_per_chunk: int = 1  # each chunk carries up to this many tokens (speculative decoding)
     reasoning_tokens: int = 0  # the first tokens of each answer stream as reasoning
     usage_reasoning_tokens: int | None = None  # what the final usage reports as reasoning tokens
+    ttft_spread_s: float = 0.0  # planted variance: request rN waits ttft_s + a seeded draw in [0, spread)
 
 
 @register_engine
@@ -46,6 +47,13 @@ class FakeEngine(Engine):
     def start(self, progress: Any = None) -> None:
         self.started = True
 
+    def _ttft(self, request: GenerationRequest) -> float:
+        if not self.fo.ttft_spread_s:
+            return self.fo.ttft_s
+        import random
+
+        return self.fo.ttft_s + random.Random(request.request_id).random() * self.fo.ttft_spread_s
+
     def _fails(self, request: GenerationRequest) -> bool:
         digits = "".join(ch for ch in request.request_id if ch.isdigit())
         n = int(digits) if digits else 0
@@ -56,7 +64,7 @@ class FakeEngine(Engine):
     def stream(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[StreamChunk]:
         self.sent.append(request.request_id)
         yield StreamChunk(text="", tokens=0, prompt_tokens=request.prompt_tokens or 4)
-        time.sleep(self.fo.ttft_s)
+        time.sleep(self._ttft(request))
         for i, chunk in enumerate(self._chunks(request)):
             if cancel is not None and cancel.is_set():
                 return
@@ -75,7 +83,7 @@ class FakeEngine(Engine):
     ) -> AsyncIterator[StreamChunk]:
         self.sent.append(request.request_id)
         yield StreamChunk(text="", tokens=0, prompt_tokens=request.prompt_tokens or 4)
-        await asyncio.sleep(self.fo.ttft_s)
+        await asyncio.sleep(self._ttft(request))
         for i, chunk in enumerate(self._chunks(request)):
             if cancel is not None and cancel.is_set():
                 return

@@ -359,11 +359,12 @@ def format_summary(summary: RunSummary) -> str:
 
 def format_spread(rows: Sequence[Spread]) -> str:
     """The spread table of repeated runs, one line per headline figure."""
-    lines = [f"{'figure':<16}{'runs':>5}{'min':>11}{'median':>11}{'max':>11}{'CV':>8}"]
+    lines = [f"{'figure':<16}{'runs':>5}{'min':>11}{'median':>11}{'max':>11}{'CV':>8}{'mean +- 95% CI':>24}"]
     for r in rows:
         vals = "".join(f"{'-' if v is None else f'{v:.2f}':>11}" for v in (r.min, r.median, r.max))
         cv = "-" if r.cv is None else f"{r.cv:.1%}"
-        lines.append(f"{r.label:<16}{r.n:>5}{vals}{cv:>8}")
+        ci = "-" if r.mean is None or r.ci95 is None else f"{r.mean:.2f} +- {r.ci95:.2f}"
+        lines.append(f"{r.label:<16}{r.n:>5}{vals}{cv:>8}{ci:>24}")
     return "\n".join(lines)
 
 

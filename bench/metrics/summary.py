@@ -305,11 +305,16 @@ class Spread:
     median: float | None
     max: float | None
     cv: float | None
+    mean: float | None = None
+    ci95: float | None = None  # 95 % half-width of the mean over the runs (t, N - 1; bench.metrics.confidence)
 
 
 def spread(summaries: Sequence[RunSummary]) -> list[Spread]:
-    """The spread of each :data:`HEADLINE_FIGURES` over ``summaries`` (runs of one config)."""
+    """The spread of each :data:`HEADLINE_FIGURES` over ``summaries`` (runs of one config): min,
+    median, max, CV, and the mean with its 95 % confidence interval (the runs independent)."""
     import statistics
+
+    from bench.metrics.confidence import repeat_interval
 
     rows = [s.flat() for s in summaries]
     out = []
@@ -318,6 +323,7 @@ def spread(summaries: Sequence[RunSummary]) -> list[Spread]:
         cv = None
         if len(xs) >= 2 and statistics.fmean(xs) != 0:
             cv = statistics.stdev(xs) / abs(statistics.fmean(xs))
+        interval = repeat_interval(xs)
         out.append(
             Spread(
                 key,
@@ -327,6 +333,8 @@ def spread(summaries: Sequence[RunSummary]) -> list[Spread]:
                 statistics.median(xs) if xs else None,
                 max(xs) if xs else None,
                 cv,
+                statistics.fmean(xs) if xs else None,
+                interval[1] if interval else None,
             )
         )
     return out
