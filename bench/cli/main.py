@@ -85,13 +85,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("runs", help="list stored runs")
 
-    e = sub.add_parser("export", help="export a run as CSV, or a run or a sweep as a bundle")
+    e = sub.add_parser(
+        "export", help="export a run as CSV, vLLM JSON, Parquet or JSON Lines, or a run or a sweep as a bundle"
+    )
     e.add_argument("run_id", type=int, help="the run's id (the sweep's with --sweep)")
     e.add_argument("--csv", "--out", dest="csv", required=True, help="output file")
     e.add_argument("--summary", action="store_true", help="the one-row summary instead of per-request rows")
     e.add_argument("--operators", action="store_true", help="a profile run's operator table")
     e.add_argument("--bundle", action="store_true", help="the whole run as JSON (for `import`)")
     e.add_argument("--sweep", action="store_true", help="with --bundle: the sweep with this id and all its runs")
+    from bench.report.formats import EXPORT_FORMATS
+
+    e.add_argument(
+        "--format",
+        choices=("csv", *EXPORT_FORMATS),
+        help="how the run's requests are written (default csv): "
+        + "; ".join(f"{f.name}: {f.help}" for f in EXPORT_FORMATS.values()),
+    )
 
     i = sub.add_parser("import", help="import a run or sweep bundle (e.g. examples/*.json)")
     i.add_argument("path")

@@ -186,6 +186,13 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     store = open_store(args)
+    fmt = args.format
+    if fmt is not None:  # --format chooses how a run's requests are written
+        if bundle := next((f"--{n}" for n in ("sweep", "bundle") if getattr(args, n)), None):
+            raise ConfigError(f"--format {fmt} does not fit {bundle}: a bundle is JSON of its own; leave --format out")
+        table = next((f"--{n}" for n in ("summary", "operators") if getattr(args, n)), None)
+        if table and fmt != "csv":
+            raise ConfigError(f"--format {fmt} does not fit {table}: that table is CSV only; leave --format out")
     if args.sweep:
         if not args.bundle:
             raise ConfigError("--sweep exports a sweep's bundle: add --bundle (its CSV is `sweep --csv`)")
@@ -199,6 +206,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         data = json.dumps(store.export_bundle(args.run_id)).encode()
         Path(args.csv).write_bytes(data)
         print(f"wrote {args.csv} (run {args.run_id} bundle)")
+        return EXIT_OK
+    if fmt not in (None, "csv"):
+        from bench.report.formats import export_run
+
+        Path(args.csv).write_bytes(export_run(store, args.run_id, fmt))
+        print(f"wrote {args.csv} ({fmt}, run {args.run_id}, {store.sample_count(args.run_id)} requests)")
         return EXIT_OK
     if args.operators:
         data = operators_csv(store, args.run_id)
