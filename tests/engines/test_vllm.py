@@ -369,7 +369,7 @@ def test_server_killed_mid_run(tiny_model: Path, store: Store) -> None:
 
 
 def test_prefix_cache_hit_rate_warns_when_the_prompts_were_seen_before(
-    tiny_model: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+    tiny_model: Path, store: Store, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """vLLM caches full KV blocks of prompts: the same seed again is served from the cache.
 
@@ -400,6 +400,19 @@ def test_prefix_cache_hit_rate_warns_when_the_prompts_were_seen_before(
         assert s is not None and s.prefix_cache_hit_rate is not None and s.prefix_cache_hit_rate > 0.3
         assert s.cache_warning is not None and "prefix cache served" in s.cache_warning
         assert s.slo_met is True and s.good_requests == 6 and s.goodput_rps == pytest.approx(6 / s.duration_s)
+        # A synthesized Mooncake trace (3 prefix groups: each prompt one shared 512-token block, then 188
+        # tokens of its own) replayed on the same server: the hit rate the server reports is the trace's
+        # shared-block share (a hit needs the block the group's first request sent).
+        from bench.trace import prefix_share, read_trace, synth, write_jsonl
+
+        trace = write_jsonl(synth(30, 6.0, seed=11, prefix_groups=3, input_len=700, output_len=4), tmp_path / "t.jsonl")
+        expected = prefix_share(read_trace(trace))
+        replay = _config(engine=opts, workload={"source": "trace", "path": str(trace), "seed": 11}, warmup=0)
+        c = start_run(replay, store, engine=engine).wait(300)
+        assert c.status == "completed", c.error
+        t = c.summary
+        assert t is not None and t.completed == 30 and 0.5 < expected < 0.75 and t.prefix_cache_hit_rate is not None
+        assert abs(t.prefix_cache_hit_rate - expected) < 0.03, (t.prefix_cache_hit_rate, expected)
     finally:
         engine.stop()
 
