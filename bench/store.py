@@ -255,6 +255,10 @@ SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
     "power_avg_w",
     "power_peak_w",
     "goodput_per_w",
+    "until_ci",
+    "until_ci_met_at",
+    "ci_value",
+    "ci_half_width_pct",
     "error",
 )
 

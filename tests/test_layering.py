@@ -29,6 +29,8 @@ FLOORS = ("engines", "bench", "dashboard", "studies")  # bottom to top
 # The wings of bench/, bottom to top: a module imports only modules of its own wing or below.
 BENCH_WINGS = (
     "bench.metrics",
+    "bench.trace",
+    "bench.peers",
     "bench.workloads",
     "bench.config",
     "bench.store",

@@ -86,6 +86,14 @@ METRIC_DEFINITIONS: dict[str, str] = {
     "power_peak_w": "The highest power sample of the measured window, summed over the devices read at that "
     "second, in W.",
     "goodput_per_w": "goodput_rps / power_avg_w: good requests per joule (requests/s per W); empty without an SLO.",
+    "until_ci": "The run's statistical stopping rule, METRIC:STAT:PCT: it sent requests until the 95 % confidence "
+    "half-width of that figure (batch means over 10 batches in completion order, docs/metrics.md) was at most PCT % "
+    "of it, checked as requests completed; empty for a run without one.",
+    "until_ci_met_at": "Completed requests when the rule was met (requests already sent then complete too); empty "
+    "when the requests or the duration ran out first.",
+    "ci_value": "The rule's figure over every completed request of the run.",
+    "ci_half_width_pct": "Its final 95 % half-width (batch means), % of ci_value: can sit above PCT when the requests "
+    "completed after the rule was met widen it.",
     "usage_output_tokens": "Output tokens as the server's usage report counts them (HTTP engines); output_tokens is "
     "the client's own count, and a run counts the requests where the two differ in usage_mismatches. TPOT, token "
     "totals and throughputs use the server's count where there is one (as vllm bench serve does), else the client's.",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -266,12 +267,17 @@ def test_repeat_runs_the_same_run_n_times_and_prints_the_spread(tmp_path: Path, 
     assert p.returncode == 0, p.stderr
     assert "spread over 3 completed run(s)" in p.stdout
     table = p.stdout.split("spread over", 1)[1].splitlines()[1:]
-    assert table[0].split() == ["figure", "runs", "min", "median", "max", "CV"]
+    assert table[0].split() == ["figure", "runs", "min", "median", "max", "CV", "mean", "+-", "95%", "CI"]
     assert len(table) >= 10 and table[1].startswith("output tok/s") and table[1].split()[2] == "3"
     store = Store(db)
     (sweep,) = store.list_sweeps()
     runs = store.sweep_runs(sweep.id)
     assert len(runs) == 3 and all(r.status == "completed" for r in runs)
+    # the mean and its 95 % interval over the three runs (t with 2 degrees of freedom), by hand
+    tok_s = [r.summary.output_throughput_tok_s for r in runs]
+    mean, _, half = table[1].split()[-3:]
+    assert float(mean) == pytest.approx(statistics.fmean(tok_s), abs=0.006)
+    assert float(half) == pytest.approx(4.303 * statistics.stdev(tok_s) / 3**0.5, abs=0.006)
     assert len({r.config["workload"]["seed"] for r in runs}) == 3  # fresh prompts each time
     assert len(list(csv.DictReader(sum_csv.open()))) == 3
 
