@@ -283,7 +283,8 @@ class NvmlSource(TelemetrySource):
                 clock = self._field(errors, index, nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM)
                 temp = self._field(errors, index, nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU)
                 procs = self._field(errors, index, nvml.nvmlDeviceGetComputeRunningProcesses, handle)
-                energy_mj = self._field(errors, index, nvml.nvmlDeviceGetTotalEnergyConsumption, handle)
+                energy_fn = getattr(nvml, "nvmlDeviceGetTotalEnergyConsumption", None)  # nvidia-ml-py 7.352+
+                energy_mj = self._field(errors, index, energy_fn, handle) if energy_fn is not None else None
                 out.append(
                     DeviceReading(
                         vendor="nvidia",

@@ -460,6 +460,8 @@ def fake_pynvml() -> SimpleNamespace:
         nvmlDeviceGetClockInfo=by_gpu("nvmlDeviceGetClockInfo", 1980, lost),
         nvmlDeviceGetTemperature=by_gpu("nvmlDeviceGetTemperature", 47, unsupported),
         nvmlDeviceGetComputeRunningProcesses=by_gpu("nvmlDeviceGetComputeRunningProcesses", procs0, procs1),
+        # mJ since the driver loaded (Volta and later); GPU 1 does not support it
+        nvmlDeviceGetTotalEnergyConsumption=by_gpu("nvmlDeviceGetTotalEnergyConsumption", 5_123_456, unsupported),
     )
 
 
@@ -478,6 +480,7 @@ def test_nvml_fields_units_and_unsupported_fields(monkeypatch: pytest.MonkeyPatc
     assert g1.name == "NVIDIA H200" and g1.util_pct == 0 and g1.mem_used_bytes == GIB
     assert (g1.power_w, g1.temp_c, g1.sm_clock_mhz) == (None, None, None)  # not supported / lost
     assert g1.process_mem_bytes is None  # processes without their memory: cannot say
+    assert g0.energy_j == pytest.approx(5123.456) and g1.energy_j is None  # mJ -> J; unsupported: none
     assert source.last_error == "GPU 1: nvmlDeviceGetClockInfo: GPU is lost"  # the unexpected error, and only it
     assert process_tree_device_bytes([g0, g1], {100}) == 2 * GIB
 
