@@ -1,7 +1,9 @@
 """Bundle files: one run as JSON (``moebench-run/1``: its config, summary, records, series and
 artifacts), written by ``python -m bench export RUN --bundle`` and read back here, with a profile
 trace kept beside it (``NAME.trace.json[.gz]``); or a sweep with its runs (``moebench-sweep/1``,
-``python -m bench export SWEEP --sweep --bundle``)."""
+``python -m bench export SWEEP --sweep --bundle``). Other tools' result files (``vllm bench serve``,
+AIPerf, guidellm: :mod:`bench.peers`) are read as run bundles too, so ``bench import`` and the
+dashboard take them as they take ours."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from bench.peers import PEER_TOOLS, peer_bundle
 from bench.store import Store
 from engines.errors import MoEBenchError
 
@@ -19,7 +22,8 @@ SWEEP_FORMAT = "moebench-sweep/1"
 
 
 def read_bundle(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A bundle file's JSON document (a run's or a sweep's), or one line saying why not."""
+    """A bundle file's JSON document (a run's or a sweep's; another tool's result file comes back
+    as the run bundle :func:`bench.peers.peer_bundle` makes of it), or one line saying why not."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -31,9 +35,15 @@ def read_bundle(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise MoEBenchError(f"cannot read bundle {path}: {exc}") from exc
     except RecursionError as exc:
         raise MoEBenchError(f"cannot read bundle {path}: JSON nested too deeply") from exc
-    if not isinstance(bundle, dict) or bundle.get("format") not in (RUN_FORMAT, SWEEP_FORMAT):
-        raise MoEBenchError(f"{path.name} is not a MoE Bench bundle (format {RUN_FORMAT} or {SWEEP_FORMAT})")
-    return bundle
+    if isinstance(bundle, dict) and bundle.get("format") in (RUN_FORMAT, SWEEP_FORMAT):
+        return bundle
+    peer = peer_bundle(bundle, path, BUNDLE_MAX_BYTES)
+    if peer is None:
+        raise MoEBenchError(
+            f"{path.name} is not a MoE Bench bundle (format {RUN_FORMAT} or {SWEEP_FORMAT}) nor a result file of "
+            f"{PEER_TOOLS}"
+        )
+    return peer
 
 
 def bundle_name(bundle: dict[str, Any]) -> str:
