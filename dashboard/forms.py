@@ -155,7 +155,7 @@ OPTION_META: dict[str, tuple[str, str]] = {
     "speculative_method": ("Speculative decoding (MTP, n-gram, EAGLE)", GROUP_SERVER),
     "num_speculative_tokens": ("Draft tokens per step", GROUP_SERVER),
     "speculative_model": ("Draft model folder (EAGLE, draft model)", GROUP_SERVER),
-    "reasoning_parser": ("Reasoning parser (deepseek_r1: thinking streamed apart)", GROUP_SERVER),
+    "reasoning_parser": ("Reasoning parser (DeepSeek-R1: thinking streamed apart from the answer)", GROUP_SERVER),
     "served_model_name": ("Served model name", GROUP_SERVER),
     "sglang_expert_distribution_dir": ("SGLang: expert distribution dump folder", GROUP_CONNECT),
     "routed_experts": ("Ask for each request's routed experts (SGLang)", GROUP_CONNECT),

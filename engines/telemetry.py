@@ -630,11 +630,14 @@ class _Family:
     process: tuple[str, str, float] | None = None  # (metric, pid label, scale to bytes)
     process_seen: tuple[str, ...] = ()  # metrics whose presence means processes are visible
     blank_at: float | None = None  # values at or above this are "no data" sentinels
+    wide: tuple[str, ...] = ()  # int64 fields: their sentinel is DCGM_FT_INT64_BLANK, not blank_at
+
     skip_label: str | None = None  # samples with this label non-empty are not the whole device
     health: dict[float, str] = field(default_factory=dict)
 
 
 _HEALTH = {1.0: "OK", 0.0: "Unhealthy"}
+INT64_BLANK = float(0x7FFFFFFFFFFFFFF0)  # DCGM_FT_INT64_BLANK
 
 EXPORTER_FAMILIES: tuple[_Family, ...] = (
     # NVIDIA dcgm-exporter (default counters): FB_USED and FB_FREE in MiB, power W, clock MHz, temp C.
@@ -652,6 +655,7 @@ EXPORTER_FAMILIES: tuple[_Family, ...] = (
             "temp_c": (("DCGM_FI_DEV_GPU_TEMP", 1.0),),
         },
         blank_at=2147483632.0,  # DCGM_FT_INT32_BLANK; the int64 and fp64 blanks are larger still
+        wide=("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",),  # mJ since boot: past 2**31 after ~2 h at 300 W
     ),
     # Ascend MindCluster npu-exporter: memory in MB, power W, temperature C, health 1/0/-1.
     _Family(
@@ -715,7 +719,8 @@ def parse_exporter_text(text: str, host: str | None = None) -> list[DeviceReadin
             index = next((_int(s.labels[k]) for k in fam.index_labels if k in s.labels), None)
             if index is None or (fam.skip_label and s.labels.get(fam.skip_label)):
                 continue
-            if not math.isfinite(s.value) or (fam.blank_at is not None and abs(s.value) >= fam.blank_at):
+            blank = INT64_BLANK if s.name in fam.wide else fam.blank_at
+            if not math.isfinite(s.value) or (blank is not None and abs(s.value) >= blank):
                 values.setdefault(index, {})
                 continue
             if is_proc and fam.process is not None:

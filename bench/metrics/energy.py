@@ -5,7 +5,9 @@ window (before the first request), about once a second, and once more after the 
 so every device's series covers the window. A device's energy over it is, best source first:
 
 1. its own cumulative energy counter (``dev{i}_energy_j``: NVML's total energy, DCGM's, Linux
-   RAPL's), last value less first: exact whatever the sampling rate;
+   RAPL's), last value less first: exact whatever the sampling rate; unless it gained less than
+   half what the power samples add up to (an exporter that refreshes it every 30 s, as
+   dcgm-exporter does by default, shows a short run no energy at all) or went back;
 2. else its power samples (``dev{i}_power_w``) integrated by the trapezoid rule from the first
    sample to the last (a power reading is the board's average over a short interval, so a
    1 s sampling misses spikes shorter than that: the method is named beside the figure).
@@ -26,6 +28,7 @@ from typing import Any
 
 _DEVICE_SERIES = re.compile(r"^(?P<device>(?:h[a-z0-9_]+_)?dev\d+)_(?P<field>power_w|energy_j)$")
 MIN_WINDOW_S = 0.05  # a window shorter than this has no energy figure (one sample is not a span)
+STALE_COUNTER = 0.5  # a counter that gained under half the sampled power's energy did not keep up
 
 
 def is_energy_series(name: str) -> bool:
@@ -63,14 +66,21 @@ def device_energy(points: Iterable[tuple[float, str, float | None]]) -> list[Dev
         p = sorted(power.get(device, []))
         c = sorted(counter.get(device, []))
         peak = max((w for _, w in p), default=None)
-        if len(c) >= 2 and c[-1][0] - c[0][0] >= MIN_WINDOW_S and c[-1][1] >= c[0][1]:
+        sampled = _trapezoid(p) if len(p) >= 2 and p[-1][0] - p[0][0] >= MIN_WINDOW_S else None
+        counted = c[-1][1] - c[0][1] if len(c) >= 2 and c[-1][0] - c[0][0] >= MIN_WINDOW_S else None
+        method = "energy counter"
+        if counted is not None and (counted < 0 or (sampled is not None and counted < STALE_COUNTER * sampled)):
+            # a counter that went back (a reset) or barely moved while the board drew power: an exporter
+            # that refreshes it less often than the run lasts (dcgm-exporter: every 30 s by default)
+            counted, method = None, "power samples (trapezoid; the energy counter did not advance)"
+        if counted is not None:
             window = c[-1][0] - c[0][0]
-            joules = c[-1][1] - c[0][1]
-            out.append(DeviceEnergy(device, joules, window, joules / window, peak, len(p), "energy counter"))
-        elif len(p) >= 2 and p[-1][0] - p[0][0] >= MIN_WINDOW_S:
+            out.append(DeviceEnergy(device, counted, window, counted / window, peak, len(p), method))
+        elif sampled is not None:
             window = p[-1][0] - p[0][0]
-            joules = _trapezoid(p)
-            out.append(DeviceEnergy(device, joules, window, joules / window, peak, len(p), "power samples (trapezoid)"))
+            if method == "energy counter":
+                method = "power samples (trapezoid)"
+            out.append(DeviceEnergy(device, sampled, window, sampled / window, peak, len(p), method))
     return out
 
 

@@ -221,7 +221,8 @@ def test_energy_by_the_trapezoid_and_by_a_counter() -> None:
 
 
 class _PlantedPower(TelemetrySource):
-    """A device whose power rises 10 W at each read and whose energy counter gains 25 J per read."""
+    """A device whose power rises 10 W at each read and whose energy counter gains 150 J per read (reads
+    are about a second apart: a counter that keeps up with the power, which the runs trusts)."""
 
     name = "planted"
 
@@ -232,7 +233,7 @@ class _PlantedPower(TelemetrySource):
     def read(self) -> list[DeviceReading]:
         self.reads += 1
         return [
-            DeviceReading("nvidia", 0, "Planted GPU", power_w=100.0 + 10 * self.reads, energy_j=25.0 * self.reads),
+            DeviceReading("nvidia", 0, "Planted GPU", power_w=100.0 + 10 * self.reads, energy_j=150.0 * self.reads),
             DeviceReading("nvidia", 1, "Planted GPU", power_w=100.0 + 10 * self.reads),
         ]
 
@@ -246,7 +247,7 @@ def test_a_run_integrates_its_planted_power_over_the_measured_window(
     series = store.timeseries(snap.run_id, ["dev0_energy_j", "dev1_power_w"])
     counter = [v for _, n, v in series if n == "dev0_energy_j"]
     dev1 = [(t, v) for t, n, v in series if n == "dev1_power_w"]
-    assert counter[0] == 25.0 and len(counter) == source.reads  # first point before the first request
+    assert counter[0] == 150.0 and len(counter) == source.reads  # first point before the first request
     dev0_j = counter[-1] - counter[0]  # its counter: exact
     dev1_j = float(np.trapezoid([v for _, v in dev1], [t for t, _ in dev1]))
     assert s.energy_j == pytest.approx(dev0_j + dev1_j)

@@ -35,6 +35,7 @@ from tests.dashboard.test_pages import _frame, _no_exception, _poll, _texts
 PAGE = "app_pages/profiling.py"
 EXAMPLE_PROFILE = "h200-profile"
 EXAMPLES = [
+    "h100-energy-concurrency-16", "h100-energy-latency-bs1",
     "h100-fast-concurrency-128", "h100-fast-latency-bs1", "h100-fast-profile", "h100-fast-sweep",
     "h100-plain-latency", "h200-concurrency-16", "h200-latency-bs1", EXAMPLE_PROFILE,
 ]  # fmt: skip
@@ -74,7 +75,8 @@ def test_profile_and_routing_pickers_list_the_right_runs(profile_store: Store) -
     routing = {r.name for r in profile_data.routing_runs(profile_store)}
     # Latency and concurrency runs of the native engine recorded routing too.
     # The fast H100 runs replay a CUDA graph, where the gate hooks that count routing cannot run.
-    assert routing == {EXAMPLE_PROFILE, "tiny profile", "h200-latency-bs1", "h200-concurrency-16", "h100-plain-latency"}
+    assert routing == {EXAMPLE_PROFILE, "tiny profile", "h200-latency-bs1", "h200-concurrency-16", "h100-plain-latency",
+                       "h100-energy-latency-bs1", "h100-energy-concurrency-16"}  # fmt: skip
     label = profile_data.profile_run_label(_run(profile_store, EXAMPLE_PROFILE), profile_data.example_names())
     assert label.endswith("native·random-v2-lite-shape·cuda · NVIDIA H200 · eager baseline · imported example")
     fast = profile_data.profile_run_label(_run(profile_store, "h100-fast-profile"), profile_data.example_names())
