@@ -422,6 +422,8 @@ def workload_text(mode: str, concurrency: int | None, config: Mapping[str, Any])
     elif mode in ("concurrency", "sweep") and concurrency:
         load = f"{mode} c={concurrency}"
     workload = config.get("workload") if isinstance(config.get("workload"), Mapping) else {}
+    if config.get("source_tool") and not workload.get("input_len"):  # another tool's result file (bench.peers)
+        return f"{load} · {workload.get('source') or 'prompts'} (as {str(config['source_tool']).split()[0]} sent them)"
     source = str(workload.get("source") or "random")
     in_len, out_len = workload.get("input_len"), workload.get("output_len")
     varied = workload.get("input_dist", "fixed") != "fixed" or workload.get("output_dist", "fixed") != "fixed"
@@ -451,7 +453,9 @@ def run_label(run: RunRow) -> str:
     """A short, unique label with the engine, the load and the lengths:
     ``#12 vllm · concurrency c=16 · 128→64 tok`` (the device too when it is not the CPU)."""
     where = "" if run.accelerator == "cpu" else f" · {run.engine_info.get('device') or run.accelerator}"
-    return f"#{run.id} {run.engine} · {workload_text(run.mode, run.concurrency, run.config)}{where}"
+    tool = run.config.get("source_tool")
+    engine = f"{str(tool).split()[0]}→{run.engine}" if tool else run.engine  # another tool's result (bench.peers)
+    return f"#{run.id} {engine} · {workload_text(run.mode, run.concurrency, run.config)}{where}"
 
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>:~$])")
@@ -557,7 +561,8 @@ def runs_frame(runs: Sequence[RunRow], sweeps: Mapping[int, str] | None = None) 
                 "setup": " · ".join(
                     x
                     for x in (
-                        run.engine,
+                        # another tool's result: its name first (bench.peers), then the engine it drove
+                        f"{run.config['source_tool']}: {run.engine}" if run.config.get("source_tool") else run.engine,
                         run.model,
                         str(run.engine_info.get("device") or run.accelerator),
                         tuning_tag(run),

@@ -423,6 +423,25 @@ def _trace_input(k: str) -> str | None:
     return str(saved)
 
 
+def safe_name(name: str) -> str:
+    """An uploaded file's name, made safe to write (no folders, no odd characters)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name)[:80] or "upload"
+
+
+def upload_folder(files: dict[str, bytes]) -> Path:
+    """Uploaded files saved together, under their own (safe) names, in a folder named by their
+    content: files that belong together (AIPerf's JSON and its .jsonl) stay side by side."""
+    services.require_operator()
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        digest.update(name.encode() + b"\0" + files[name])
+    folder = get_settings().data_dir / "uploads" / digest.hexdigest()[:12]
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, payload in files.items():
+        (folder / safe_name(name)).write_bytes(payload)
+    return folder
+
+
 def save_upload(name: str, payload: bytes) -> Path:
     services.require_operator()  # a viewer saves no file on the server
     folder = get_settings().data_dir / "uploads"

@@ -31,6 +31,42 @@ def _import_examples() -> None:
     st.session_state["r.flash"] = ("success", f"Imported {len(imported)} example run(s): {', '.join(imported)}.")
 
 
+def _import_uploads() -> None:
+    """Import the uploaded files (each a MoE Bench bundle, or a vllm bench serve / AIPerf / guidellm
+    result: bench.peers), saved together in one folder so an AIPerf JSON finds its .jsonl beside it."""
+    from bench.bundle import import_file
+
+    files = st.session_state.get("r.import.upload") or []
+    if not any(not f.name.endswith(".jsonl") for f in files):
+        st.session_state["r.flash"] = ("error", "Choose a result file to import first (a .jsonl goes with its .json).")
+        return
+    try:
+        services.require_operator()
+        folder = ui.upload_folder({f.name: f.getvalue() for f in files})
+        done = []
+        for f in files:
+            if f.name.endswith(".jsonl"):
+                continue  # AIPerf's per-request records: read with their JSON
+            kind, new_id = import_file(store, folder / ui.safe_name(f.name))
+            done.append(f"{f.name} as {kind} #{new_id}")
+    except MoEBenchError as exc:
+        st.session_state["r.flash"] = ("error", str(exc))
+        return
+    st.session_state["r.flash"] = ("success", "Imported " + ("; ".join(done) or "nothing") + ".")
+
+
+with st.expander("Import results: a MoE Bench bundle, or another tool's result file", icon=":material/upload_file:"):
+    st.file_uploader(
+        "vllm bench serve --save-result JSON, AIPerf's profile export JSON (with its .jsonl), guidellm's "
+        "benchmarks JSON, or a MoE Bench run or sweep bundle",
+        type=["json", "jsonl"],
+        accept_multiple_files=True,
+        key="r.import.upload",
+        disabled=services.viewer(),
+    )
+    st.button("Import", key="r.btn.import-files", on_click=_import_uploads, disabled=services.viewer())
+    st.caption("Each file becomes a run labelled with the tool that made it; what a tool's file lacks stays empty.")
+
 if df.empty:
     st.info(
         "No runs yet. Start one on the Latency or Concurrency page, or import the runs measured on an "
