@@ -834,7 +834,7 @@ def probes_frame(result: Mapping[str, Any], runs: Sequence[RunRow]) -> pd.DataFr
     """A capacity search's probes in the order made: the value, the verdict and what its run measured."""
     by_id = {r.id: r for r in runs}
     axis = result.get("axis") or "rate"
-    value_header = "request rate (req/s)" if axis == "rate" else "concurrency"
+    value_header = {"rate": "request rate (req/s)", "speedup": "trace speed-up (x)"}.get(axis, "concurrency")
     rows = []
     for i, probe in enumerate(result.get("probes") or [], start=1):
         run = by_id.get(int(probe.get("run_id") or 0))

@@ -65,7 +65,11 @@ def add_sweep_commands(sub: Any) -> None:
         "capacity", help="the highest request rate or concurrency within the SLOs", parents=[run_arguments()]
     )
     cap.add_argument(
-        "--axis", choices=("rate", "concurrency"), default="rate", help="what to search (rate: Poisson arrivals)"
+        "--axis",
+        choices=("rate", "concurrency", "speedup"),
+        default=None,
+        help="what to search: rate (Poisson arrivals; the default), concurrency, or speedup (a trace replayed "
+        "N times faster; the default for --prompts trace)",
     )
     for flag, field in (("--start", "start"), ("--max", "maximum"), ("--step", "step")):
         cap.add_argument(
@@ -283,7 +287,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         return _resume(args, store, "capacity", CapacitySpec, "capacity search")
     spec = CapacitySpec.build(
         base=run_config_data(args),
-        axis=args.axis,
+        axis=args.axis or ("speedup" if args.prompts == "trace" else "rate"),
         start=args.start,
         maximum=args.max,
         step=args.step,

@@ -192,8 +192,8 @@ class CapacitySpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     base: dict[str, Any] = Field(default_factory=dict, description="The RunConfig every probe starts from")
-    axis: Literal["rate", "concurrency"] = "rate"
-    start: float = Field(1.0, gt=0.0, description="The first probe's rate (req/s) or concurrency")
+    axis: Literal["rate", "concurrency", "speedup"] = "rate"
+    start: float = Field(1.0, gt=0.0, description="The first probe's rate (req/s), concurrency or trace speed-up")
     maximum: float = Field(1024.0, gt=0.0, description="Never probe above this")
     step: float = Field(1.0, gt=0.0, description="Resolution: the search ends when the bracket is this wide")
     budget: int = Field(12, ge=2, le=100, description="Most runs the search may make")
@@ -208,6 +208,11 @@ class CapacitySpec(BaseModel):
             raise ValueError("maximum is below start")
         if self.axis == "concurrency":
             self.start, self.maximum, self.step = float(int(self.start)), float(int(self.maximum)), max(1.0, self.step)
+        trace = (self.base.get("workload") or {}).get("source") == "trace"
+        if trace and self.axis == "rate":
+            raise ValueError("a trace sets its own arrival times: search its replay speed (axis speedup)")
+        if self.axis == "speedup" and not trace:
+            raise ValueError("axis speedup replays a trace faster: give a trace workload (--prompts trace)")
         self.probe_config(self.start)
         return self
 
@@ -226,12 +231,24 @@ class CapacitySpec(BaseModel):
             data["request_rate"] = value
             data.setdefault("concurrency", DEFAULT_RATE_CONCURRENCY)
             data["burstiness"] = 1.0  # Poisson arrivals
+        elif self.axis == "speedup":  # the trace replayed `value` times faster: its gaps / value
+            data["workload"]["time_scale"] = 1.0 / value
+            data["request_rate"] = None
         else:
             data["concurrency"] = int(value)
             data["request_rate"] = None
-        shown = f"{value:g} req/s" if self.axis == "rate" else f"concurrency {int(value)}"
+        shown = axis_label(self.axis, value)
         data["name"] = f"{self.name or 'capacity'} [{shown}]"
         return RunConfig.build(**data)
+
+
+def axis_label(axis: str, value: float) -> str:
+    """A capacity probe's value as it is shown: ``4 req/s``, ``concurrency 8``, ``x2.5 speed``."""
+    if axis in ("rate", "request_rate"):
+        return f"{value:g} req/s"
+    if axis == "speedup":
+        return f"x{value:g} speed"
+    return f"concurrency {int(value)}"
 
 
 # --- results ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from bench.metrics.slo import judge_summary, parse_slos
 from bench.run.job import Job
 from bench.run.task import BackgroundTask, error_reason
 from bench.store import RunRow, Store
-from bench.sweep.spec import CapacitySpec, PointResult, SweepSpec, point_key
+from bench.sweep.spec import CapacitySpec, PointResult, SweepSpec, axis_label, point_key
 from engines.base import Engine
 from engines.errors import ConfigError, MoEBenchError
 
@@ -333,7 +333,7 @@ def probe_verdict(run: RunRow, spec: CapacitySpec) -> tuple[bool, str]:
 
 def capacity_text(spec: CapacitySpec, lo: float | None, hi: float | None, runs: int) -> str:
     """The search's result in one line."""
-    what = "request rate" if spec.axis == "rate" else "concurrency"
+    what = {"rate": "request rate", "speedup": "trace replay speed"}.get(spec.axis, "concurrency")
     if lo is None and hi is not None:
         return f"fails at the lowest probe ({_axis_label(spec.axis, hi)}); {runs} run(s)"
     if lo is None:
@@ -347,7 +347,7 @@ def capacity_text(spec: CapacitySpec, lo: float | None, hi: float | None, runs: 
 
 
 def _axis_label(axis: str, value: float) -> str:
-    return f"{value:g} req/s" if axis in ("rate", "request_rate") else f"concurrency {int(value)}"
+    return axis_label(axis, value)
 
 
 def _label(point: dict[str, Any]) -> str:

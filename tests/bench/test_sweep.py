@@ -206,3 +206,27 @@ def test_sweep_lists_and_the_grid_order() -> None:
     with pytest.raises(ConfigError, match="max_num_seqs"):  # the native engine has no such option
         SweepSpec.build(base={}, concurrency=[1], engine_axis={"max_num_seqs": [8]})
     assert rate.run_config(rate.points()[0]).concurrency == 256  # an open loop needs room in flight
+
+
+def test_a_capacity_search_over_a_traces_replay_speed(store: Store, stub_url: str, tmp_path: Path) -> None:
+    """A trace replayed faster and faster (axis speedup: time_scale = 1 / speed-up) until TTFT breaks
+    its SLO on the stub that slows with load; each probe is the same trace at its own speed."""
+    from bench.trace import synth, write_jsonl
+
+    trace = write_jsonl(synth(40, 10.0, seed=2, prefix_groups=0, input_len=16, output_len=4), tmp_path / "t.jsonl")
+    base = _base(stub_url, workload={"source": "trace", "path": str(trace)}, requests=40)
+    with pytest.raises(ConfigError, match="axis speedup"):
+        CapacitySpec.build(base=base, axis="rate")
+    with pytest.raises(ConfigError, match="give a trace workload"):
+        CapacitySpec.build(base=_base(stub_url), axis="speedup")
+    res = SweepTask(CapacitySpec.build(base=base, axis="speedup", start=1, maximum=256, step=1), store).begin()
+    snap = res.wait(300)
+    assert snap.status == "completed", snap.error
+    r = snap.result
+    assert r["converged"] and r["fails_at"] - r["passes_at"] <= 1 and "trace replay speed" in r["verdict"]
+    by_value = {p["value"]: p for p in r["probes"]}
+    assert by_value[r["passes_at"]]["passed"] and not by_value[r["fails_at"]]["passed"]
+    for run in store.sweep_runs(snap.sweep_id):  # type: ignore[arg-type]
+        value = next(p["value"] for p in r["probes"] if p["run_id"] == run.id)
+        assert run.config["workload"]["time_scale"] == pytest.approx(1 / value)
+        assert run.summary is not None and run.summary.completed == 40
