@@ -181,11 +181,16 @@ def profile_run_label(run: RunRow, examples: set[str] | frozenset[str] = frozens
 
 def showcase_run(runs: Sequence[RunRow], examples: set[str] | frozenset[str]) -> int | None:
     """The run a demo opens on: an imported example, tuned before eager, concurrency before
-    latency, newest first; None when no example is stored. Profiles are not replayed."""
+    latency, the fastest (output tokens/s) first; None when no example is stored. Profiles are
+    not replayed."""
     shown = [r for r in runs if r.name in examples and r.mode != "profile"]
     if not shown:
         return None
-    best = max(shown, key=lambda r: (data.tuning_tag(r) == "tuned", r.mode == "concurrency", r.created_at))
+
+    def speed(r: RunRow) -> float:
+        return r.summary.output_throughput_tok_s if r.summary is not None else 0.0
+
+    best = max(shown, key=lambda r: (data.tuning_tag(r) == "tuned", r.mode == "concurrency", speed(r), r.created_at))
     return best.id
 
 
