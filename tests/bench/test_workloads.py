@@ -110,7 +110,7 @@ def _assert_exact(tokenizer: Any, reqs: list[GenerationRequest]) -> None:
 def test_workload_sources_tuple_matches_the_field_in_the_cli_order() -> None:
     assert WORKLOAD_SOURCES == get_args(WorkloadSource)
     assert WORKLOAD_SOURCES[:3] == ("random", "builtin", "jsonl")  # cli.py's existing choices first
-    assert set(WORKLOAD_SOURCES[3:]) == {"sharegpt", "shared_prefix", "multi_turn"}
+    assert set(WORKLOAD_SOURCES[3:]) == {"sharegpt", "shared_prefix", "multi_turn", "trace"}
 
 
 def test_a_stored_config_without_the_new_fields_still_loads() -> None:
@@ -129,7 +129,7 @@ def test_a_stored_config_without_the_new_fields_still_loads() -> None:
         ({"output_dist": "normal", "output_min": 4}, "a normal output length needs output_std"),
         ({"input_dist": "uniform", "input_min": 9, "input_max": 3}, r"input_min \(9\) is above input_max \(3\)"),
         ({"output_min": 9, "output_max": 3}, r"output_min \(9\) is above output_max \(3\)"),
-        ({"source": "sharegpt"}, "a sharegpt workload needs a path"),
+        ({"source": "trace"}, "a trace workload needs a path"),  # (sharegpt without one: the package's file)
         ({"source": "jsonl"}, "a jsonl workload needs a path"),
     ],
 )
