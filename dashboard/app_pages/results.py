@@ -299,6 +299,31 @@ with export_tab:
         )
     else:
         e2.caption("Select runs to export their per-request rows.")
+    if len(selected) == 1:
+        # one run in the formats other tools read (bench.report.formats; the CLI's export --format)
+        from bench.report.formats import EXPORT_FORMATS, export_run
+
+        (one,) = selected
+        suffix = {"vllm-json": "vllm.json", "parquet": "parquet", "jsonl": "jsonl"}
+        cols = st.columns(len(EXPORT_FORMATS))
+        for col, fmt in zip(cols, EXPORT_FORMATS.values(), strict=True):
+
+            def _write(name: str = fmt.name) -> bytes:
+                return export_run(store, one, name)
+
+            col.download_button(
+                f"{fmt.name} (run #{one})",
+                data=_write,
+                file_name=f"moebench-run-{one}.{suffix.get(fmt.name, fmt.name)}",
+                mime="application/octet-stream",
+                icon=":material/download:",
+                key=f"r.btn.export-{fmt.name}",
+                on_click="ignore",
+                help=fmt.help,
+                width="stretch",
+            )
+    else:
+        st.caption("Select one run to download it as vllm bench serve's JSON, Parquet or JSONL too.")
 
 with delete_tab:
     if not selected:

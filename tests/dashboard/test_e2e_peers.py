@@ -8,6 +8,7 @@ tool, and two are compared on the Results page's bars. Saves ``tests/artifacts/p
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -94,7 +95,17 @@ def test_peer_result_files_import_in_the_browser(tmp_path: Path, tiny_model: Pat
         wait_idle(page)
         assert "Manage app" not in main.inner_text()
         _shot(page, "peer-results")
+        # our own run alone: downloaded as vllm bench serve's JSON from the Export tab
+        picker.locator('[aria-label*="Remove"]').first.click()  # drop #2, keep #1
+        wait_idle(page)
+        main.get_by_role("tab", name="Export").click()
+        with page.expect_download() as info:
+            main.get_by_role("button", name="vllm-json (run #1)").click()
+        exported = tmp_path / "run-1.vllm.json"
+        info.value.save_as(str(exported))
         browser.close()
+    result = json.loads(exported.read_text())
+    assert result["completed"] == 20 and len(result["ttfts"]) == 20  # vLLM's keys, per request in seconds
 
     store = Store(data / "moebench.sqlite")
     runs = store.list_runs()

@@ -139,6 +139,9 @@ def test_pages_render_with_runs_present(app_test: Callable[..., Any], fresh_data
     at.multiselect(key="r.engine").set_value(["vllm"]).run()
     assert set(_frame(at, "run_id")["run_id"]) == {vllm}
     assert at.multiselect(key="r.selected").value == [vllm]  # filtered-out runs leave the selection
+    # one run selected: it downloads in the formats other tools read too (export --format)
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert {f"vllm-json (run #{vllm})", f"parquet (run #{vllm})", f"jsonl (run #{vllm})"} <= set(labels), labels
 
     at.switch_page("app_pages/compare.py").run()
     _no_exception(at)
