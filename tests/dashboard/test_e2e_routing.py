@@ -82,7 +82,10 @@ def test_a_triton_runs_routing_in_the_browser(tmp_path: Path, tiny_model: Path) 
         main.get_by_text("counted at the gates of the Triton server's model", exact=False).first.wait_for()
         heat = main.locator(".js-plotly-plot").first
         heat.wait_for()
-        assert "Tokens routed to each expert" in heat.inner_text()
+        # the figure's text is drawn a moment after its node exists: wait for it, do not read it once
+        from playwright.sync_api import expect
+
+        expect(heat).to_contain_text("Tokens routed to each expert", timeout=60_000)
         compare = main.locator('[data-testid="stSelectbox"]').filter(has_text="Compare with another run").first
         combo = compare.get_by_role("combobox")
         combo.click()
