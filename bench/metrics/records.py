@@ -238,15 +238,20 @@ class RequestRecord:
         gaps = self.itls_ms
         return sum(gaps) / len(gaps) if gaps else None
 
+    def _chunk_tokens(self) -> list[int] | None:
+        """Tokens per chunk when known for every chunk (None: one each, or a bundle's mismatched list)."""
+        tokens = self.chunk_tokens
+        return tokens if tokens is not None and len(tokens) == len(self.chunk_times_s) else None
+
     @property
     def itl_token_ms(self) -> list[float]:
         """ITL per token: a chunk of k tokens after a gap g counts k gaps of g / k (speculative
         decoding, MTP and servers that batch their stream send several tokens per chunk)."""
-        gaps = self.itls_ms
-        if self.chunk_tokens is None or len(self.chunk_tokens) != len(self.chunk_times_s):
+        gaps, tokens = self.itls_ms, self._chunk_tokens()
+        if tokens is None:
             return gaps
         out: list[float] = []
-        for g, k in zip(gaps, self.chunk_tokens[1:], strict=True):
+        for g, k in zip(gaps, tokens[1:], strict=True):
             if k > 0:
                 out.extend([g / k] * k)
         return out
@@ -254,12 +259,12 @@ class RequestRecord:
     @property
     def itl_token_mean_ms(self) -> float | None:
         """Mean ITL per token: (last chunk - first chunk) / the tokens of the chunks after the first."""
-        gaps = self.itls_ms
+        gaps, tokens = self.itls_ms, self._chunk_tokens()
         if not gaps:
             return None
-        if self.chunk_tokens is None or len(self.chunk_tokens) != len(self.chunk_times_s):
+        if tokens is None:
             return sum(gaps) / len(gaps)
-        n = sum(self.chunk_tokens[1:])
+        n = sum(tokens[1:])
         return sum(gaps) / n if n > 0 else None
 
     @property
