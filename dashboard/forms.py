@@ -130,6 +130,8 @@ OPTION_META: dict[str, tuple[str, str]] = {
     "cuda_graphs": ("CUDA graphs (decode step)", GROUP_TUNING),
     "mla": ("Latent attention (MLA) decode", GROUP_TUNING),
     "router": ("MoE gate (router)", GROUP_TUNING),
+    # expert parallelism of the native engine (processes started by MoE Bench)
+    "expert_parallel": ("Expert-parallel ranks (processes; all-to-all)", GROUP_PARALLEL),
     # parallel deployments (vLLM)
     "pipeline_parallel_size": ("Pipeline parallel size (stages)", GROUP_PARALLEL),
     "data_parallel_size": ("Data parallel size (replicas, all nodes)", GROUP_PARALLEL),

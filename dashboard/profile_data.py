@@ -367,3 +367,21 @@ def routing_summary(routing: dict[str, Any] | None) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
+
+
+def communication_frame(comm: dict[str, Any] | None) -> pd.DataFrame:
+    """One row per rank of an expert-parallel run's all-to-alls (the ``communication`` artifact)."""
+    rows = [
+        {
+            "rank": int(r["rank"]),
+            "sent (MB)": r["sent_bytes"] / 1e6,
+            "received (MB)": r["recv_bytes"] / 1e6,
+            "all-to-all (ms)": r["seconds"] * 1e3,
+            "experts (ms)": r["expert_seconds"] * 1e3,
+            "MoE layer exchanges": int(r["layers"]),
+            "GB/s": r.get("a2a_gbps"),
+        }
+        for r in (comm or {}).get("ranks", [])
+    ]
+    return pd.DataFrame(rows, columns=["rank", "sent (MB)", "received (MB)", "all-to-all (ms)", "experts (ms)",
+                                       "MoE layer exchanges", "GB/s"])  # fmt: skip

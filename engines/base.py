@@ -389,6 +389,15 @@ class Engine:
     def reset_expert_routing(self) -> None:
         return None
 
+    def communication(self) -> dict[str, Any] | None:
+        """What the engine's ranks moved between devices since :meth:`reset_communication` (the
+        native engine with ``expert_parallel``: bytes and time of its all-to-alls, per rank), or
+        None where the engine does not run ranks of its own."""
+        return None
+
+    def reset_communication(self) -> None:
+        return None
+
     def routing_layout(self) -> dict[str, Any] | None:
         """For an engine whose server reports each request's routing (:attr:`StreamChunk.routing`):
         ``layers`` (labels), ``num_experts``, ``top_k``, ``n_group`` and ``source`` (where the

@@ -169,6 +169,15 @@ class NativeOptions(EngineOptions):
         "expanded into every head's keys and values each step) or absorbed (kv_b_proj folded into the query and "
         "the output, attention over the cached latents themselves, as vLLM and SGLang do). DeepSeek-V3 models.",
     )
+    expert_parallel: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Ranks the routed experts spread over (expert parallelism): this process is rank 0 and serves "
+        "every request; N-1 follower processes each hold 1/N of every MoE layer's routed experts, and each MoE layer "
+        "sends its (token, expert) pairs to the experts' ranks and back by all-to-all (gloo on CPU, NCCL on GPUs, "
+        "one GPU per rank). 1: one process.",
+    )
     router: Literal["transformers", "lean"] = Field(
         "transformers",
         description="The MoE gate: transformers (always runs DeepSeek-V3's group-limited stage: two more top-k per "
@@ -245,6 +254,7 @@ class NativeEngine(Engine):
         self._loaded_impls: tuple[str | None, str | None] | None = None
         self.weights_bytes = 0
         self._routing: RoutingRecorder | None = None
+        self._ep: Any = None  # engines.expert_parallel.ServingGroup with expert_parallel > 1
 
     @classmethod
     def availability(cls) -> Availability:
@@ -270,6 +280,7 @@ class NativeEngine(Engine):
         )
         try:
             self._apply_tuning()
+            self._start_expert_parallel(report, dtype)
         except BaseException:
             self.model = None
             raise
@@ -284,6 +295,22 @@ class NativeEngine(Engine):
         self.started = True
         report("ready", 1.0)
 
+    def _start_expert_parallel(self, report: ProgressFn, dtype: Any) -> None:
+        o: NativeOptions = self.options  # type: ignore[assignment]
+        if o.expert_parallel <= 1:
+            return
+        from engines.expert_parallel import ServingGroup
+
+        report(f"starting {o.expert_parallel - 1} expert-parallel rank(s)", 0.5)
+        resolved = str(dtype).removeprefix("torch.")
+        self._ep = ServingGroup(o.model, o.expert_parallel, self.accelerator.name, resolved,
+                                experts_impl=o.experts_impl, trust_remote_code=o.trust_remote_code)  # fmt: skip
+        try:
+            self._ep.start(self.model, report)
+        except BaseException:
+            self._ep = None
+            raise
+
     def _check_tuning(self) -> None:
         """The tuning options that cannot apply here, refused in one line before anything loads."""
         o: NativeOptions = self.options  # type: ignore[assignment]
@@ -295,6 +322,15 @@ class NativeEngine(Engine):
                 f"compile={o.compile} needs cache=static: transformers compiles the decode step only with a "
                 "static cache (fixed shapes)"
             )
+        if o.expert_parallel > 1:
+            if o.cuda_graphs or o.compile != "off":
+                raise ConfigError(
+                    f"expert_parallel={o.expert_parallel} with {'cuda_graphs' if o.cuda_graphs else 'compile'}: the "
+                    "expert exchange sizes its all-to-alls on the host each layer, which a captured or compiled step "
+                    "cannot redo; leave cuda_graphs and compile off"
+                )
+            if self._ep is not None and self._ep.world != o.expert_parallel:
+                raise ConfigError("expert_parallel cannot change on a loaded model; stop the engine and start it again")
         if o.attn_impl == "flash_attention_2":
             import importlib.util
 
@@ -469,6 +505,7 @@ class NativeEngine(Engine):
             "cuda_graphs": o.cuda_graphs,
             "mla": o.mla,
             "router": o.router,
+            "expert_parallel": o.expert_parallel,
         }
         if self._graphed is not None:
             tuning["cuda_graphs_captured"] = self._graphed.captures
@@ -486,6 +523,9 @@ class NativeEngine(Engine):
         if self._routing is not None:
             self._routing.close()
             self._routing = None
+        if self._ep is not None:
+            self._ep.stop()
+            self._ep = None
         self.model = None
         self._tokenizer = None
         self.started = False
@@ -512,6 +552,16 @@ class NativeEngine(Engine):
     def reset_expert_routing(self) -> None:
         if self._routing is not None:
             self._routing.reset()
+
+    def health(self) -> str | None:
+        return self._ep.health() if self._ep is not None else None
+
+    def communication(self) -> dict[str, Any] | None:
+        return self._ep.communication() if self._ep is not None else None
+
+    def reset_communication(self) -> None:
+        if self._ep is not None:
+            self._ep.reset()
 
     def profiler(self, trace_path: Any, with_stack: bool = True) -> ProfileSession:
         if not self.started or self.model is None:

@@ -23,6 +23,7 @@ from bench.config import RunConfig
 from bench.metrics.run_limits import RunLimits
 from bench.report.csv_export import operators_csv, requests_csv, summary_csv
 from bench.run.artifacts import (
+    ARTIFACT_COMMUNICATION,
     ARTIFACT_DEVICE_TELEMETRY,
     ARTIFACT_GC,
     ARTIFACT_LIMITS,
@@ -75,6 +76,42 @@ def format_profile(store: Store, run_id: int, top: int = 12) -> str:
     trace = store.trace_path(run_id)
     if trace is not None:
         lines.append(f"\ntrace         {trace}  (open in Perfetto or chrome://tracing)")
+    return "\n".join(lines)
+
+
+def link_limit(store: Store, run_id: int) -> float | None:
+    """The datasheet link bandwidth of the run's accelerator (GB/s, both ways), where the catalogue has one."""
+    from bench.metrics.run_limits import spec_for
+
+    run = store.get_run(run_id)
+    info = run.engine_info if run is not None else {}
+    if str(info.get("accelerator") or "cpu") == "cpu":
+        return None
+    try:
+        spec = spec_for(str(info.get("accelerator")), info, measure=False)
+    except Exception:  # noqa: BLE001 - no spec (an unknown part): no limit printed
+        return None
+    link = getattr(spec, "link_gb_s", None)
+    return float(link.value) if link is not None else None
+
+
+def format_communication(comm: dict[str, Any], link_gb_s: float | None = None) -> str:
+    """The expert all-to-alls of an expert-parallel run (the ``communication`` artifact), as text."""
+    n = comm.get("moe_layer_exchanges") or 0
+    per = comm.get("bytes_per_exchange")
+    head = (
+        f"communication expert parallel over {comm['world']} ranks ({comm['backend']}): {n:,} MoE layer exchanges, "
+        f"{comm['bytes'] / 1e6:,.3f} MB sent in all" + (f", {per / 1e3:,.1f} kB per exchange" if per else "")
+    )
+    limit = f" (link {link_gb_s:g} GB/s both ways)" if link_gb_s else ""
+    lines = [head, f"  {'rank':<6}{'sent MB':>10}{'recv MB':>10}{'a2a ms':>10}{'experts ms':>12}{'GB/s' + limit:>10}"]
+    for r in comm.get("ranks", []):
+        rate = "-" if r.get("a2a_gbps") is None else f"{r['a2a_gbps']:.4g}"
+        lines.append(
+            f"  {r['rank']:<6}{r['sent_bytes'] / 1e6:>10.3f}{r['recv_bytes'] / 1e6:>10.3f}{r['seconds'] * 1e3:>10.2f}"
+            f"{r['expert_seconds'] * 1e3:>12.2f}{rate:>10}"
+        )
+    lines.append("  GB/s: bytes sent and received / time inside the all-to-alls (waiting for the peers included)")
     return "\n".join(lines)
 
 
@@ -141,6 +178,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"note          no hardware limit: {limits['reason']}")
         else:
             print(f"limit         {RunLimits.from_dict(limits).line()}")
+    comm = store.artifact(run_id, ARTIFACT_COMMUNICATION)
+    if isinstance(comm, dict) and comm.get("ranks"):
+        print(format_communication(comm, link_limit(store, run_id)))
     if args.mode == "profile" and snap.status == "completed":
         print(format_profile(store, run_id))
     if args.csv:

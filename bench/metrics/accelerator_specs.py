@@ -73,6 +73,9 @@ class AcceleratorSpec:
     bandwidth_gb_s: Figure  # decimal GB/s (1e9 bytes/s)
     peak_tflops_16: Figure  # dense (not 2:4 sparse) BF16/FP16 matrix FLOP/s, in 1e12
     peak_tflops_8: Figure | None = None  # dense FP8, where the chip has it
+    # The chip's link to its peers, both directions summed as the datasheets give it (NVLink, or
+    # PCIe where the GPUs have no NVLink between them): what an expert all-to-all can reach at most.
+    link_gb_s: Figure | None = None
     memory_type: str = ""
     note: str = ""
 
@@ -83,6 +86,8 @@ class AcceleratorSpec:
             out["memory_gb"] = self.memory_gb
         if self.peak_tflops_8 is not None:
             out["peak_tflops_8"] = self.peak_tflops_8
+        if self.link_gb_s is not None:
+            out["link_gb_s"] = self.link_gb_s
         return out
 
     @property
@@ -167,6 +172,9 @@ SPECS: dict[str, AcceleratorSpec] = {
                 f"{_H100_DATASHEET}: FP8 Tensor Core 3,958 TFLOPS with sparsity; dense is half",
                 "high",
             ),
+            link_gb_s=Figure(
+                900, "GB/s", f"{_H100_DATASHEET}: Interconnect NVLink 900 GB/s, PCIe Gen5 128 GB/s", "high"
+            ),
             memory_type="HBM3",
         ),
         AcceleratorSpec(
@@ -185,6 +193,13 @@ SPECS: dict[str, AcceleratorSpec] = {
                 1513,
                 "TFLOP/s",
                 f"{_H100_PCIE_DATASHEET}: FP8 Tensor Core 3,026 TFLOPS with sparsity; dense is half",
+                "high",
+            ),
+            link_gb_s=Figure(
+                128,
+                "GB/s",
+                f"{_H100_PCIE_DATASHEET}: Interconnect PCIe Gen5 128 GB/s (NVLink 600 GB/s only with the 2- or "
+                "4-way bridge)",
                 "high",
             ),
             memory_type="HBM2e",
@@ -207,6 +222,9 @@ SPECS: dict[str, AcceleratorSpec] = {
                 f"{_H100_DATASHEET}: H100 NVL FP8 Tensor Core 3,341 TFLOPS with sparsity; dense is half",
                 "high",
             ),
+            link_gb_s=Figure(
+                600, "GB/s", f"{_H100_DATASHEET}: H100 NVL interconnect NVLink 600 GB/s, PCIe Gen5 128 GB/s", "high"
+            ),
             memory_type="HBM3",
         ),
         AcceleratorSpec(
@@ -225,6 +243,13 @@ SPECS: dict[str, AcceleratorSpec] = {
                 1670.5,
                 "TFLOP/s",
                 f"{_H200_DATASHEET}: H200 NVL FP8 Tensor Core 3,341 TFLOPS with sparsity; dense is half",
+                "high",
+            ),
+            link_gb_s=Figure(
+                900,
+                "GB/s",
+                f"{_H200_DATASHEET}: H200 NVL interconnect 2- or 4-way NVIDIA NVLink bridge 900 GB/s per GPU, "
+                "PCIe Gen5 128 GB/s",
                 "high",
             ),
             memory_type="HBM3e",
@@ -246,6 +271,9 @@ SPECS: dict[str, AcceleratorSpec] = {
                 "TFLOP/s",
                 f"{_H200_DATASHEET}: FP8 Tensor Core 3,958 TFLOPS with sparsity; dense is half",
                 "high",
+            ),
+            link_gb_s=Figure(
+                900, "GB/s", f"{_H200_DATASHEET}: Interconnect NVIDIA NVLink 900 GB/s, PCIe Gen5 128 GB/s", "high"
             ),
             memory_type="HBM3e",
             note="the H200 this project measures on (FACTS.md)",

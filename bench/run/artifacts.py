@@ -16,3 +16,4 @@ ARTIFACT_LIMITS = "limits"  # bench.metrics.run_limits.RunLimits.as_dict(), or {
 ARTIFACT_GC = "gc_pauses"  # bench.run.gc_watch.GcWatch.as_dict(): this process's GC pauses during the run
 ARTIFACT_ENERGY = "energy"  # bench.metrics.energy.energy_of_run: per device, or {"reason": why there is none}
 ARTIFACT_PREPARE = "engine_prepare"  # {"text", "seconds"}: what the engine did before the clock (graphs captured)
+ARTIFACT_COMMUNICATION = "communication"  # engines.expert_parallel.ServingGroup.communication(): per rank, over the run

@@ -43,6 +43,7 @@ from bench.metrics.spec_decode import spec_fields, spec_series_names
 from bench.metrics.summary import RunSummary, summarize
 from bench.run.artifacts import (
     ARTIFACT_BREAKDOWN,
+    ARTIFACT_COMMUNICATION,
     ARTIFACT_DEVICE_TELEMETRY,
     ARTIFACT_ENERGY,
     ARTIFACT_GC,
@@ -105,6 +106,8 @@ def execute(job: Job, engine: Engine | None, owns_engine: bool) -> None:
         else:
             _measure(job, engine, requests, warmup)
         _store_routing(store, run_id, engine, job)
+        if (comm := engine.communication()) is not None:
+            store.put_artifact(run_id, ARTIFACT_COMMUNICATION, comm)
         _finish(job, engine)
     except _Cancelled:
         store.finish_run(run_id, "cancelled", error="cancelled before any request was sent")
@@ -271,6 +274,7 @@ def _measure(
         # The warm-up's memory peak and expert routing are not the run's.
         engine.reset_peak_memory()
         engine.reset_expert_routing()
+        engine.reset_communication()
         sampler.first_points()  # t = 0: after the warm-up, so server counters start from here
         _name_devices(store, run_id, sampler.device_names)  # the sidebar names them during the run
         if before_start is not None:

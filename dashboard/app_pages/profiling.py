@@ -570,6 +570,24 @@ with breakdown_tab:
             "Each bar is one run's profiled time (the requests' generate scopes) split by category; the shares add "
             "up to 100%. Time that no rule claims is *other*."
         )
+    comm = store.artifact(run_id, "communication")
+    if isinstance(comm, dict) and comm.get("ranks"):
+        st.markdown(
+            f"**Expert parallelism: {comm['world']} ranks ({comm['backend']})**: "
+            f"{comm['moe_layer_exchanges']:,} MoE layer exchanges, {comm['bytes'] / 1e6:,.3f} MB between ranks"
+        )
+        st.dataframe(
+            profile_data.communication_frame(comm),
+            hide_index=True,
+            key="p.comm-table",
+            column_config={"GB/s": st.column_config.NumberColumn(format="%.4g")},
+        )
+        st.caption(
+            "Rank 0 (this process) serves every request; the other ranks hold only their share of the routed experts. "
+            "Bytes count what crossed to another rank; GB/s is bytes sent and received over the time inside the "
+            "all-to-alls, waiting for the peers included. The *communication* bar is rank 0's collectives as its "
+            "profiler saw them."
+        )
     with st.expander("How time is classified", icon=":material/rule:"):
         st.markdown(
             "Forward hooks wrap each classified module in a `moe_bench::<category>` scope; the first matching "

@@ -32,10 +32,193 @@ def test_two_ranks_give_one_processs_tokens_and_logits(tiny_model: Path) -> None
     assert out["world"] == 2 and out["experts_per_rank"] == [experts // 2] * moe_layers
     assert out["same_greedy_tokens"] is True
     assert out["max_abs_diff"] <= 1e-5 * max(1.0, out["max_abs_logit"])  # float32: within rounding
-    # bytes, by hand: per forward and MoE layer, each rank sends its counts ([2 ranks, E/2] int64) and
-    # every (token, expert) pair twice in all (out to the expert's rank, back from it), float32 rows
-    pairs = sum(batch * (seq + s) * k for s in range(steps))  # no KV cache: step s reads seq + s tokens
+    # bytes to the other rank, by hand: per forward and MoE layer, each rank sends the other its row of counts
+    # ([E/2 + 1] int64: the last column names the layer), and every pair whose expert lives on the other rank
+    # travels twice (there and back, a float32 row); those pairs are counted on the reference model's routing
     sent = sum(r["sent_bytes"] for r in out["comm"])
-    assert sent == moe_layers * (steps * 2 * experts * 8 + 2 * pairs * hidden * 4)
+    assert sent == moe_layers * steps * 2 * (experts // 2 + 1) * 8 + 2 * out["cross_rank_pairs"] * hidden * 4
+    pairs = sum(batch * (seq + s) * k for s in range(steps)) * moe_layers  # no KV cache: step s reads seq + s
+    assert 0 < out["cross_rank_pairs"] < pairs  # some pairs stay home, some travel
     assert sum(r["recv_bytes"] for r in out["comm"]) == sent
     assert all(r["calls"] == 3 * moe_layers * steps for r in out["comm"])
+
+
+# --- the engine option: rank 0 serves, the followers hold experts --------------------------------
+
+
+def followers_of(pid: int) -> list[int]:
+    """Processes started for an expert-parallel engine of process ``pid`` (they carry its pid in
+    ``MOEBENCH_EP_OWNER``: the follower, and its launcher's watchdog while it lives)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("MOEBENCH_EP_OWNER") == str(pid):
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _gone(pid: int, timeout: float = 15.0) -> list[int]:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while (left := followers_of(pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def test_the_engine_serves_from_rank_0_with_one_processs_logits_and_tokens(native_engine: object) -> None:
+    import os
+
+    import torch
+
+    from engines.base import GenerationRequest, SamplingParams, create_engine
+
+    ep = create_engine({"kind": "native", "model": "tiny-deepseek-v3", "accelerator": "cpu", "expert_parallel": 2})
+    ep.start()
+    try:
+        assert followers_of(os.getpid())
+        one = native_engine.model  # type: ignore[attr-defined]
+        vocab = int(one.config.vocab_size)
+        ids = torch.randint(0, vocab, (3, 12), generator=torch.Generator().manual_seed(7))
+        with torch.inference_mode():
+            a, b = one(input_ids=ids).logits, ep.model(input_ids=ids).logits  # type: ignore[attr-defined]
+        assert float((a - b).abs().max()) <= 1e-5 * max(1.0, float(a.abs().max()))  # float32: within rounding
+        assert ep.tuning()["expert_parallel"] == 2  # type: ignore[attr-defined]
+
+        def tokens(engine: object, i: int) -> list[int]:
+            sp = SamplingParams(max_tokens=6, temperature=1.0, seed=100 + i, ignore_eos=True)
+            req = GenerationRequest(request_id=f"r{i}", prompt=f"the expert number {i} says " * 3, sampling=sp)
+            return [t for c in engine.stream(req) for t in (c.token_ids or ())]  # type: ignore[attr-defined]
+
+        ep.reset_communication()
+        for i in range(3):  # sampled with a seed: the same tokens need the same logits at every step
+            assert tokens(ep, i) == tokens(native_engine, i)
+        comm = ep.communication()
+        assert comm is not None and comm["world"] == 2 and comm["backend"] == "gloo"
+        r0, r1 = comm["ranks"]
+        # what one rank sent the other received, and both took part in every MoE layer of every forward:
+        # 3 requests x 6 forwards (the prompt, then 5 decode steps) x the tiny model's 2 MoE layers
+        assert r0["sent_bytes"] == r1["recv_bytes"] > 0 and r1["sent_bytes"] == r0["recv_bytes"] > 0
+        assert r0["layers"] == r1["layers"] == comm["moe_layer_exchanges"] == 3 * 6 * 2
+        assert r0["seconds"] > 0 and r1["expert_seconds"] > 0
+        assert ep.health() is None
+    finally:
+        ep.stop()
+    assert _gone(os.getpid()) == []
+
+
+@pytest.mark.parametrize(
+    ("opts", "reason"),
+    [
+        ({"expert_parallel": 3}, "the model's 8 routed experts do not split evenly over 3 ranks"),
+        (
+            {"expert_parallel": 2, "cache": "static", "compile": "default"},
+            "expert_parallel=2 with compile: the expert exchange sizes its all-to-alls on the host",
+        ),
+    ],
+)
+def test_what_cannot_spread_is_refused_in_one_line(opts: dict[str, object], reason: str) -> None:
+    import os
+
+    from engines.base import create_engine
+    from engines.errors import ConfigError
+
+    engine = create_engine({"kind": "native", "model": "tiny-deepseek-v3", "accelerator": "cpu", **opts})
+    with pytest.raises(ConfigError, match=reason) as got:
+        engine.start()
+    assert "\n" not in str(got.value)
+    assert _gone(os.getpid()) == []
+
+
+def _cli(db: Path, *extra: str, requests: int = 4, mode: str = "profile") -> list[str]:
+    return [sys.executable, "-m", "bench", "run", "--engine", "native", "--model", "tiny-deepseek-v3",
+            "--accelerator", "cpu", "--engine-opt", "expert_parallel=2", "--mode", mode, "--requests",
+            str(requests), "--concurrency", "2", "--input-len", "16", "--output-len", "8",
+            "--db", str(db), *extra]  # fmt: skip
+
+
+def test_a_profile_run_from_the_cli_has_a_communication_share_and_leaves_no_process(tmp_path: Path) -> None:
+    from bench.run.artifacts import ARTIFACT_BREAKDOWN, ARTIFACT_COMMUNICATION
+    from bench.store import Store
+
+    db = tmp_path / "ep.sqlite"
+    proc = subprocess.Popen(_cli(db), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    assert "communication expert parallel over 2 ranks (gloo)" in out
+    assert _gone(proc.pid) == []
+    store = Store(db)
+    rows = {r["category"]: r for r in store.artifact(1, ARTIFACT_BREAKDOWN)["rows"]}
+    assert rows["communication"]["cpu_ms"] > 0 and rows["routed_experts"]["cpu_ms"] > 0
+    comm = store.artifact(1, ARTIFACT_COMMUNICATION)
+    r0, r1 = comm["ranks"]
+    assert r0["sent_bytes"] == r1["recv_bytes"] > 0 and r0["layers"] == r1["layers"] > 0
+    assert store.get_run(1).engine_info["tuning"]["expert_parallel"] == 2
+
+
+def _wait(what: str, check: object, timeout: float = 120.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _measured(db: Path) -> int:
+    import sqlite3
+
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(db, timeout=1) as con:
+            return int(con.execute("SELECT COUNT(*) FROM samples").fetchone()[0])
+    except sqlite3.Error:
+        return 0
+
+
+def test_sigkill_of_rank_0_leaves_no_follower(tmp_path: Path) -> None:
+    import signal
+
+    db = tmp_path / "ep.sqlite"
+    proc = subprocess.Popen(_cli(db, requests=100_000, mode="concurrency"), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        _wait("the run to measure", lambda: _measured(db) > 0)
+        assert followers_of(proc.pid)
+        proc.send_signal(signal.SIGKILL)  # rank 0: the CLI itself
+        proc.wait(30)
+        assert _gone(proc.pid) == []
+    finally:
+        proc.kill()
+
+
+def test_a_failed_rank_fails_the_run_in_one_line_and_keeps_what_was_measured(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    import psutil
+
+    from bench.store import Store
+
+    db = tmp_path / "ep.sqlite"
+    proc = subprocess.Popen(_cli(db, requests=100_000, mode="concurrency"), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        _wait("the run to measure", lambda: _measured(db) >= 8)
+        follower = next(p for p in followers_of(proc.pid) if "--follow" in psutil.Process(p).cmdline())
+        os.kill(follower, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    line = next(x for x in err.splitlines() if x.startswith("error: run 1 failed"))
+    assert "expert-parallel rank 1: was killed by SIGKILL" in line, err[-2000:]
+    run = Store(db).get_run(1)
+    assert run.status == "failed" and "expert-parallel rank 1" in run.error
+    assert run.summary is not None and run.summary.completed >= 8  # what was measured before stays
+    assert _gone(proc.pid) == []
