@@ -519,11 +519,62 @@ def check(model_dir: str, batch: int, seq: int, steps: int, seed: int) -> dict[s
         dist.destroy_process_group()
 
 
+def sweep(accelerator: str, max_bytes: int, iters: int) -> list[dict[str, Any]] | None:
+    """Under torchrun: ``all_to_all_single`` of growing sizes between the ranks (each rank sends
+    ``size`` bytes to every other rank), timed between barriers. Rank 0 returns one row per size;
+    algbw = bytes one rank sends to the others / time, busbw = algbw x n/(n-1)... as nccl-tests
+    define it for all-to-all (busbw = algbw x (n-1)/n of what each rank moves, itself included)."""
+    from datetime import timedelta
+
+    backend = "nccl" if accelerator == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=timedelta(minutes=10))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))) if accelerator == "cuda" else None
+    if device is not None:
+        torch.cuda.set_device(device)
+    rows = []
+    try:
+        size = 4096
+        while size <= max_bytes:
+            per = size // 4  # float32 values per destination
+            inp = torch.ones(world * per, dtype=torch.float32, device=device)
+            out = torch.empty_like(inp)
+            for _ in range(2):  # warm-up: connections, buffers
+                dist.all_to_all_single(out, inp)
+            _sync(out)
+            dist.barrier()
+            times = []
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                dist.all_to_all_single(out, inp)
+                _sync(out)
+                times.append(time.perf_counter() - t0)
+            t = torch.tensor([sorted(times)[len(times) // 2]], dtype=torch.float64, device=device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's median
+            seconds = float(t.item())
+            peer = size * (world - 1)  # bytes one rank sends to the others (and receives from them)
+            rows.append({
+                "bytes_per_peer": size,
+                "median_us": seconds * 1e6,
+                "algbw_gb_s": size * world / seconds / 1e9,  # nccl-tests: the rank's whole buffer / time
+                "busbw_gb_s": size * world / seconds / 1e9 * (world - 1) / world,
+                "peer_gb_s_both_ways": 2 * peer / seconds / 1e9,  # sent + received, as a link's datasheet counts
+            })  # fmt: skip
+            size *= 4
+        device_name = torch.cuda.get_device_name(device) if device is not None else "cpu"
+        return [{"world": world, "backend": backend, "device": device_name, **r} for r in rows] if rank == 0 else None
+    finally:
+        dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--check", metavar="MODEL_DIR", help="compare EP with one process on this checkpoint")
     mode.add_argument("--follow", metavar="MODEL", help="(started by the engine) a follower rank of this model")
+    mode.add_argument("--sweep", action="store_true", help="all-to-all bandwidth between the ranks, by size")
+    ap.add_argument("--max-mib", type=float, default=16.0, help="--sweep: the largest message to each peer (MiB)")
+    ap.add_argument("--iters", type=int, default=10, help="--sweep: timed repetitions per size")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=16)
     ap.add_argument("--steps", type=int, default=4)
@@ -536,6 +587,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.follow:
         return _follower_main(args)
+    if args.sweep:
+        rows = sweep(args.accelerator, int(args.max_mib * 2**20), args.iters)
+        for row in rows or []:
+            print("EP-SWEEP " + json.dumps(row), flush=True)
+        return 0
     torch.set_num_threads(1)
     out = check(args.check, args.batch, args.seq, args.steps, args.seed)
     if out is not None:

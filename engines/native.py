@@ -322,15 +322,17 @@ class NativeEngine(Engine):
                 f"compile={o.compile} needs cache=static: transformers compiles the decode step only with a "
                 "static cache (fixed shapes)"
             )
-        if o.expert_parallel > 1:
-            if o.cuda_graphs or o.compile != "off":
-                raise ConfigError(
-                    f"expert_parallel={o.expert_parallel} with {'cuda_graphs' if o.cuda_graphs else 'compile'}: the "
-                    "expert exchange sizes its all-to-alls on the host each layer, which a captured or compiled step "
-                    "cannot redo; leave cuda_graphs and compile off"
-                )
-            if self._ep is not None and self._ep.world != o.expert_parallel:
-                raise ConfigError("expert_parallel cannot change on a loaded model; stop the engine and start it again")
+        if o.expert_parallel > 1 and (o.cuda_graphs or o.compile != "off"):
+            raise ConfigError(
+                f"expert_parallel={o.expert_parallel} with {'cuda_graphs' if o.cuda_graphs else 'compile'}: the "
+                "expert exchange sizes its all-to-alls on the host each layer, which a captured or compiled step "
+                "cannot redo; leave cuda_graphs and compile off"
+            )
+        if self._ep is not None and (self._ep.world, self._ep.experts_impl) != (o.expert_parallel, o.experts_impl):
+            raise ConfigError(
+                "expert_parallel and experts_impl cannot change on a loaded expert-parallel model (the other ranks "
+                "hold their experts as loaded); stop the engine and start it again"
+            )
         if o.attn_impl == "flash_attention_2":
             import importlib.util
 

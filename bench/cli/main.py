@@ -120,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser("routing", help="a run's expert routing on an expert-parallel deployment, with the EPLB what-if")
     )
 
+    from bench.cli.parallel import add_a2a_arguments
+
+    add_a2a_arguments(
+        sub.add_parser("a2a", help="all-to-all bandwidth between N ranks: the link expert parallelism sends over")
+    )
+
     for name, text in PASSTHROUGH.items():
         tool = sub.add_parser(name, help=text, add_help=False)
         tool.add_argument("args", nargs=argparse.REMAINDER, help=f"see python -m bench {name} --help")

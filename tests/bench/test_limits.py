@@ -332,6 +332,9 @@ def test_nvidia_figures() -> None:
     assert (h100.memory_gb.value, h100.bandwidth_gb_s.value, h100.peak_tflops_16.value) == (80, 3350, 989.4)
     assert (h200.memory_gb.value, h200.bandwidth_gb_s.value, h200.peak_tflops_16.value) == (141, 4800, 989.4)
     assert h200.confidence == "high" and "nvidia.com" in h200.bandwidth_gb_s.source
+    links = {k: SPECS[k].link_gb_s.value for k in ("h100-sxm", "h100-pcie", "h100-nvl", "h200", "h200-nvl")}
+    assert links == {"h100-sxm": 900, "h100-pcie": 128, "h100-nvl": 600, "h200": 900, "h200-nvl": 900}
+    assert all("NVLink" in SPECS[k].link_gb_s.source for k in links)
 
 
 # --- the CPU, measured --------------------------------------------------------------------

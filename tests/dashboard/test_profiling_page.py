@@ -378,6 +378,56 @@ def test_profile_run_started_from_the_page_shows_its_artifacts(
     assert "process's resident set size (RSS)" in _texts(at)
 
 
+@pytest.mark.slow
+def test_an_expert_parallel_profile_run_from_the_dashboard_shows_its_communication(
+    app_test: Callable[..., Any], tiny_model: Path, session_store: Store
+) -> None:
+    """Issue 37: the Engine page loads the native engine with 2 expert-parallel ranks, the Profiling
+    page runs it and shows the communication share and the per-rank table; Unload leaves no rank."""
+    import os
+
+    from dashboard import services
+    from tests.engines.test_expert_parallel import alive, followers_below
+
+    at = app_test()
+    if services.get_engine_slot().state().status in ("ready", "failed"):
+        at.button(key="e.btn.unload").click().run()
+    _poll(at, lambda a: not a.button(key="e.btn.load").disabled, what="the Load button (no engine, no run)")
+    at.selectbox(key="e.kind").set_value("native").run()
+    at.number_input(key="e.opt.native.expert_parallel").set_value(2).run()
+    at.button(key="e.btn.load").click().run()
+    _poll(at, lambda a: ":green-badge[:material/check: ready]" in _texts(a), what="the engine to load")
+    ranks = followers_below(os.getpid())
+    assert ranks
+    try:
+        at.switch_page(PAGE).run()
+        at.number_input(key="p.output_len").set_value(8).run()
+        at.number_input(key="p.input_len").set_value(16).run()
+        at.number_input(key="p.warmup").set_value(0).run()
+        at.text_input(key="p.name").set_value("expert parallel 2").run()
+        at.checkbox(key="p.with_stack").uncheck().run()
+        at.button(key="p.btn.start").click().run()
+        _no_exception(at)
+        job = services.get_job_manager().latest("profile")
+        assert job is not None
+        _poll(at, lambda a: _has_picker(a) and a.selectbox(key="p.run").value == job.run_id, what="the EP run")
+        run = session_store.get_run(job.run_id)
+        assert run.status == "completed" and run.engine_info["tuning"]["expert_parallel"] == 2
+        rows = {r["category"]: r for r in session_store.artifact(run.id, ARTIFACT_BREAKDOWN)["rows"]}
+        assert rows["communication"]["cpu_ms"] > 0
+        table = _frame(at, "MoE layer exchanges")
+        comm = session_store.artifact(run.id, "communication")
+        assert list(table["rank"]) == [0, 1] and list(table["MoE layer exchanges"]) == [comm["ranks"][0]["layers"]] * 2
+        assert table["sent (MB)"][0] == pytest.approx(table["received (MB)"][1]) and table["sent (MB)"][0] > 0
+        assert "Expert parallelism: 2 ranks (gloo)" in _texts(at)
+    finally:  # the next tests load the default engine again
+        at = app_test()
+        at.button(key="e.btn.unload").click().run()
+        _poll(at, lambda a: services.get_engine_slot().state().status not in ("ready", "failed", "stopping"),
+              what="the engine to unload")  # fmt: skip
+    assert alive(ranks) == []
+
+
 def _has_picker(at: Any) -> bool:
     return any(s.key == "p.run" for s in at.selectbox)
 

@@ -61,6 +61,33 @@ def followers_of(pid: int) -> list[int]:
     return found
 
 
+def followers_below(pid: int) -> list[int]:
+    """The expert-parallel processes of ``pid`` or of any process below it (the dashboard loads a
+    native engine in a host process of its own: rank 0 is that host)."""
+    import psutil
+
+    owners = {pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))}
+    return sorted({f for o in owners for f in followers_of(o)})
+
+
+def alive(pids: list[int], timeout: float = 15.0) -> list[int]:
+    """Of ``pids``, those still running after up to ``timeout`` s."""
+    import time
+
+    import psutil
+
+    def running(p: int) -> bool:
+        try:
+            return psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    deadline = time.monotonic() + timeout
+    while (left := [p for p in pids if running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
 def _gone(pid: int, timeout: float = 15.0) -> list[int]:
     import time
 
@@ -106,6 +133,11 @@ def test_the_engine_serves_from_rank_0_with_one_processs_logits_and_tokens(nativ
         assert r0["layers"] == r1["layers"] == comm["moe_layer_exchanges"] == 3 * 6 * 2
         assert r0["seconds"] > 0 and r1["expert_seconds"] > 0
         assert ep.health() is None
+        from engines.errors import ConfigError
+
+        with pytest.raises(ConfigError, match="cannot change on a loaded expert-parallel model"):
+            ep.retune(expert_parallel=1)  # type: ignore[attr-defined]
+        assert tokens(ep, 0) == tokens(native_engine, 0)  # the refused retune kept the engine as it was
     finally:
         ep.stop()
     assert _gone(os.getpid()) == []
@@ -222,3 +254,22 @@ def test_a_failed_rank_fails_the_run_in_one_line_and_keeps_what_was_measured(tmp
     assert run.status == "failed" and "expert-parallel rank 1" in run.error
     assert run.summary is not None and run.summary.completed >= 8  # what was measured before stays
     assert _gone(proc.pid) == []
+
+
+def test_the_all_to_all_sweep_prints_sizes_and_rates_that_agree(tmp_path: Path) -> None:
+    out_json = tmp_path / "a2a.json"
+    p = subprocess.run([sys.executable, "-m", "bench", "a2a", "--ranks", "2", "--max-mib", "1", "--iters", "3",
+                        "--json", str(out_json)], cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.startswith("all-to-all over 2 ranks (gloo, cpu)")
+    rows = json.loads(out_json.read_text())
+    assert [r["bytes_per_peer"] for r in rows] == [4096, 16384, 65536, 262144, 1048576]
+    for r in rows:  # each rate is the same time read three ways
+        seconds = r["median_us"] / 1e6
+        assert r["algbw_gb_s"] == pytest.approx(r["bytes_per_peer"] * 2 / seconds / 1e9)
+        assert r["busbw_gb_s"] == pytest.approx(r["algbw_gb_s"] / 2)
+        assert r["peer_gb_s_both_ways"] == pytest.approx(2 * r["bytes_per_peer"] / seconds / 1e9)
+    bad = subprocess.run([sys.executable, "-m", "bench", "a2a", "--ranks", "4", "--accelerator", "cuda"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad.returncode != 0 and bad.stderr.count("\n") == 1
+    assert "--ranks 4 on cuda needs 4 GPUs" in bad.stderr
