@@ -213,7 +213,11 @@ def _measured(db: Path) -> int:
         return 0
 
 
-def test_sigkill_of_rank_0_leaves_no_follower(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGKILL"])
+def test_ctrl_c_or_a_sigkill_of_rank_0_leaves_no_follower(tmp_path: Path, sig: str) -> None:
+    """Rank 0 is the CLI: Ctrl-C cancels the run (exit 130, what was measured kept) and stops the
+    followers; a SIGKILL gives it no chance, and its followers still go (their sockets close, the
+    launcher's watchdog ends their process group)."""
     import signal
 
     db = tmp_path / "ep.sqlite"
@@ -221,10 +225,12 @@ def test_sigkill_of_rank_0_leaves_no_follower(tmp_path: Path) -> None:
                             stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         _wait("the run to measure", lambda: _measured(db) > 0)
-        assert followers_of(proc.pid)
-        proc.send_signal(signal.SIGKILL)  # rank 0: the CLI itself
-        proc.wait(30)
-        assert _gone(proc.pid) == []
+        ranks = followers_of(proc.pid)
+        assert ranks
+        proc.send_signal(getattr(signal, sig))
+        code = proc.wait(60)
+        assert code == (130 if sig == "SIGINT" else -9)
+        assert alive(ranks) == [] and _gone(proc.pid) == []
     finally:
         proc.kill()
 
