@@ -35,6 +35,9 @@ class ModelPreset:
     builtin: bool = False
     trust_remote_code: bool = False
     random_config: dict[str, Any] | None = None  # built in memory with random weights, no checkpoint
+    # built straight in the run's dtype (not float32 first, then cast): a model whose float32 copy
+    # would not fit the device (the DeepSeek-V3 layer stack: 25 B parameters)
+    build_in_dtype: bool = False
 
 
 # DeepSeek-V2-Lite's shape in the DeepSeek-V3 architecture (FACTS.md: the H200 measurements).
@@ -63,6 +66,33 @@ V2_LITE_SHAPE: dict[str, Any] = {
     "tie_word_embeddings": False,
 }
 
+# DeepSeek-V3's own layer shape (its config.json), cut to 3 layers: 1 dense, 2 MoE layers of 256
+# experts (11.3 B parameters each): the expert-parallel study's V3 stack, about 51 GB in bf16.
+V3_LAYERS_SHAPE: dict[str, Any] = {
+    "vocab_size": 129280,
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 3,
+    "first_k_dense_replace": 1,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "n_group": 8,
+    "topk_group": 4,
+    "n_shared_experts": 1,
+    "routed_scaling_factor": 2.5,
+    "norm_topk_prob": True,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
+
 PRESETS: dict[str, ModelPreset] = {
     p.name: p
     for p in [
@@ -79,6 +109,13 @@ PRESETS: dict[str, ModelPreset] = {
             "DeepSeek-V3 architecture shaped like DeepSeek-V2-Lite (15.7 B), random weights built in memory on "
             "the device: GPU measurements without a checkpoint (about 32 GiB in bf16)",
             random_config=V2_LITE_SHAPE,
+        ),
+        ModelPreset(
+            "random-v3-layers",
+            "DeepSeek-V3's layer shape (hidden 7168, 256 experts, top-8), 3 layers (2 MoE), random weights built on "
+            "the device in its dtype: the expert-parallel study's stack (about 51 GB in bf16)",
+            random_config=V3_LAYERS_SHAPE,
+            build_in_dtype=True,
         ),
     ]
 }
@@ -284,12 +321,15 @@ def load_spec(spec: str, device: Any, dtype: Any, trust_remote_code: bool = Fals
     name, path = resolve_model(spec)
     preset = PRESETS.get(spec.strip().lower())
     if preset is not None and preset.random_config is not None:
-        return name, path, *build_random(preset.random_config, path, device, dtype)
+        return name, path, *build_random(preset.random_config, path, device, dtype, in_dtype=preset.build_in_dtype)
     return name, path, *load_model(path, device, dtype, trust_remote_code=trust_remote_code)
 
 
-def build_random(config: dict[str, Any], tokenizer_dir: Path, device: Any, dtype: Any) -> tuple[Any, Any]:
-    """A DeepSeek-V3 model from ``config`` with random weights, built directly on ``device``."""
+def build_random(
+    config: dict[str, Any], tokenizer_dir: Path, device: Any, dtype: Any, in_dtype: bool = False
+) -> tuple[Any, Any]:
+    """A DeepSeek-V3 model from ``config`` with random weights, built directly on ``device``
+    (``in_dtype``: its parameters made in ``dtype`` itself, not in float32 and then cast)."""
     try:
         import torch
         from transformers import AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM
@@ -302,8 +342,14 @@ def build_random(config: dict[str, Any], tokenizer_dir: Path, device: Any, dtype
             pad_token_id=tokenizer.pad_token_id,
         )
         torch.manual_seed(0)
-        with torch.device(device):
-            model = DeepseekV3ForCausalLM(cfg).to(dtype).eval()
+        old = torch.get_default_dtype()
+        try:
+            if in_dtype:
+                torch.set_default_dtype(dtype)
+            with torch.device(device):
+                model = DeepseekV3ForCausalLM(cfg).to(dtype).eval()
+        finally:
+            torch.set_default_dtype(old)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ModelLoadError(f"could not build the random model: {type(exc).__name__}: {first}") from exc
