@@ -499,10 +499,25 @@ def native_tuning(run: RunRow) -> list[str] | None:
     return words
 
 
+def expert_parallel(run: RunRow) -> int:
+    """The processes a native run's routed experts were spread over (1: one process)."""
+    e = run.config.get("engine") if isinstance(run.config.get("engine"), Mapping) else {}
+    try:
+        return max(1, int(e.get("expert_parallel") or 1)) if run.engine == "native" else 1
+    except (TypeError, ValueError):
+        return 1
+
+
 def tuning_tag(run: RunRow) -> str:
-    """``tuned`` / ``eager baseline`` for a native run, '' for another engine (labels and tables)."""
+    """``tuned`` / ``eager baseline`` for a native run (with ``EP N`` where its experts were spread
+    over N processes), '' for another engine (labels and tables)."""
     words = native_tuning(run)
-    return "" if words is None else "tuned" if words else "eager baseline"
+    if words is None:
+        return ""
+    ep = expert_parallel(run)
+    if ep > 1:
+        return f"tuned · EP {ep}" if words else f"EP {ep}"
+    return "tuned" if words else "eager baseline"
 
 
 def run_conditions(run: RunRow) -> str:
@@ -514,12 +529,19 @@ def run_conditions(run: RunRow) -> str:
     weights = "random weights: speed, not answers" if random_weights(run.model) else "trained weights"
     device = run.engine_info.get("device") or run.accelerator
     words = native_tuning(run)
+    ep = expert_parallel(run)
     if words is None:
         how = f"{run.engine} engine"
     elif words:
-        how = "native engine, tuned: " + ", ".join(words) + " (shapes compiled and captured before the clock)"
+        captured = any(w in ("CUDA graphs", "torch.compile") for w in words)
+        how = "native engine, tuned: " + ", ".join(words) + (" (shapes compiled and captured before the clock)"
+                                                              if captured else "")  # fmt: skip
+    elif ep > 1:
+        how = "native engine, no tuning options"
     else:
         how = "native engine, no tuning options: the eager baseline (transformers' generate per request, no batching)"
+    if words is not None and ep > 1:
+        how += f"; routed experts over {ep} processes (expert parallel, all-to-all)"
     return f"{run.model} ({weights}), {dtype}, {device}; {how}."
 
 

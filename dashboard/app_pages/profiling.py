@@ -580,7 +580,13 @@ with breakdown_tab:
             profile_data.communication_frame(comm),
             hide_index=True,
             key="p.comm-table",
-            column_config={"GB/s": st.column_config.NumberColumn(format="%.4g")},
+            column_config={
+                "sent (MB)": st.column_config.NumberColumn(format="%.3f"),
+                "received (MB)": st.column_config.NumberColumn(format="%.3f"),
+                "all-to-all (ms)": st.column_config.NumberColumn(format="%.1f", help="time inside the all-to-alls"),
+                "experts (ms)": st.column_config.NumberColumn(format="%.1f", help="this rank's routed experts"),
+                "GB/s": st.column_config.NumberColumn(format="%.4g", help="bytes sent and received / all-to-all time"),
+            },
         )
         st.caption(
             "Rank 0 (this process) serves every request; the other ranks hold only their share of the routed experts. "

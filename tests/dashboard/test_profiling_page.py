@@ -420,6 +420,7 @@ def test_an_expert_parallel_profile_run_from_the_dashboard_shows_its_communicati
         assert list(table["rank"]) == [0, 1] and list(table["MoE layer exchanges"]) == [comm["ranks"][0]["layers"]] * 2
         assert table["sent (MB)"][0] == pytest.approx(table["received (MB)"][1]) and table["sent (MB)"][0] > 0
         assert "Expert parallelism: 2 ranks (gloo)" in _texts(at)
+        assert "EP 2" in next(o for o in at.selectbox(key="p.run").options if "expert parallel 2" in o)
     finally:  # the next tests load the default engine again
         at = app_test()
         at.button(key="e.btn.unload").click().run()
