@@ -282,3 +282,35 @@ def test_the_all_to_all_sweep_prints_sizes_and_rates_that_agree(tmp_path: Path) 
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert bad.returncode != 0 and bad.stderr.count("\n") == 1
     assert "--ranks 4 on cuda needs 4 GPUs" in bad.stderr
+
+
+_HOSTED = """
+import sys, time
+from bench.run import engine_host
+from engines.base import parse_options
+engine_host.enable()
+engine = engine_host.make_engine(parse_options({"kind": "native", "model": "tiny-deepseek-v3", "accelerator": "cpu",
+                                                "expert_parallel": 2}))
+engine.start()
+print(engine.describe()["engine_host_pid"], flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkill_of_the_dashboards_process_ends_its_engine_host_and_the_followers() -> None:
+    """The dashboard loads a native engine in a host process of its own (bench.run.engine_host):
+    rank 0 is that host and the dashboard its parent. SIGKILL the parent: the host reads the end of
+    its pipe and stops its engine, which stops the followers."""
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-c", _HOSTED], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        host = int(proc.stdout.readline())
+        ranks = followers_of(host)
+        assert ranks and followers_below(proc.pid) == sorted(ranks)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        assert alive([host, *ranks], timeout=30) == []
+    finally:
+        proc.kill()
