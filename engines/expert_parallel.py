@@ -67,7 +67,11 @@ STATS_FIELDS = ("calls", "sent_bytes", "recv_bytes", "seconds", "expert_seconds"
 STATS = CommStats()
 # One MoE layer's exchange at a time: rank 0 serves requests from several threads (one generate
 # per request, or the batcher's), and the peers take the exchanges in the order they come.
-_LOCK = threading.Lock()
+EXCHANGE_LOCK = threading.Lock()
+# Set once an exchange failed half-way (a peer gone, an error inside gloo): the ranks no longer
+# agree on what the next message is, so rank 0 begins no further collective (one would wait forever).
+BROKEN: list[str] = []
+LOCK_WAIT_S = 10.0  # how long stats or stop wait for an exchange in progress before giving up on it
 # The last column of the counts each exchange begins with says what the exchange is: a layer
 # index (>= 0), or one of these commands from rank 0 to the ranks that only follow.
 CMD_STOP, CMD_STATS, CMD_NONE = -1, -2, -3
@@ -178,16 +182,23 @@ def ep_moe_forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
     counts = torch.empty(world, per + 1, dtype=torch.int64, device=x.device)
     counts[:, :per] = torch.bincount(flat, minlength=experts.num_global).view(world, per)
     counts[:, per] = self._ep_layer
-    with _LOCK:
-        recv_counts = torch.empty_like(counts)
-        _a2a(recv_counts, counts)
-        send_sizes = counts[:, :per].sum(1).tolist()
-        recv_sizes = recv_counts[:, :per].sum(1).tolist()
-        recv = x.new_empty(sum(recv_sizes), hidden)
-        _a2a(recv, send, recv_sizes, send_sizes)
-        done = _run_local(experts, recv, recv_counts[:, :per])
-        back = x.new_empty(tokens * k, hidden)
-        _a2a(back, done, send_sizes, recv_sizes)
+    with EXCHANGE_LOCK:
+        if BROKEN:
+            raise RuntimeError(f"the expert-parallel exchange broke earlier: {BROKEN[0]}")
+        try:
+            recv_counts = torch.empty_like(counts)
+            _a2a(recv_counts, counts)
+            send_sizes = counts[:, :per].sum(1).tolist()
+            recv_sizes = recv_counts[:, :per].sum(1).tolist()
+            recv = x.new_empty(sum(recv_sizes), hidden)
+            _a2a(recv, send, recv_sizes, send_sizes)
+            done = _run_local(experts, recv, recv_counts[:, :per])
+            back = x.new_empty(tokens * k, hidden)
+            _a2a(back, done, send_sizes, recv_sizes)
+        except BaseException as exc:
+            text = str(exc).strip()
+            BROKEN.append(f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300])
+            raise
         STATS.layers += 1
     pairs = torch.empty_like(back)
     pairs[order] = back
@@ -333,14 +344,22 @@ class ServingGroup:
         return None
 
     def stats(self) -> list[list[float]]:
-        """Every rank's counters (rows in :data:`STATS_FIELDS` order; rank 0 first)."""
-        if not self._open:
+        """Every rank's counters (rows in :data:`STATS_FIELDS` order; rank 0 first); [] where they
+        cannot be asked for (the group closed or broken, an exchange still running after LOCK_WAIT_S)."""
+        if not self._open or BROKEN or not EXCHANGE_LOCK.acquire(timeout=LOCK_WAIT_S):
             return []
-        with _LOCK:
+        try:
+            if BROKEN:
+                return []
             _command(CMD_STATS, self.per, self.device)
             rows = torch.zeros(self.world, len(STATS_FIELDS), dtype=torch.float64, device=self.device)
             got = torch.empty_like(rows)
             dist.all_to_all_single(got, rows)
+        except Exception as exc:  # noqa: BLE001 - a peer gone mid-command: no more collectives
+            BROKEN.append(f"{type(exc).__name__} while reading the ranks' counters")
+            return []
+        finally:
+            EXCHANGE_LOCK.release()
         got[0] = torch.tensor(STATS.as_row(), dtype=torch.float64)
         return got.cpu().tolist()
 
@@ -353,6 +372,8 @@ class ServingGroup:
         if not self._open or self.health() is not None:
             return None
         now = self.stats()
+        if not now:
+            return None
         base = self._base or [[0.0] * len(STATS_FIELDS) for _ in now]
         ranks = []
         for r, (a, b) in enumerate(zip(now, base, strict=True)):
@@ -374,15 +395,24 @@ class ServingGroup:
         }
 
     def stop(self, timeout: float = 10.0) -> None:
-        from engines.launch import kill_tree
-
+        """Stop the followers (each ManagedProcess stop ends its whole process group) and leave the group."""
         if self._open:
-            try:
-                if self.health() is None:
-                    with _LOCK:
+            # An exchange still running (a request's generate past its cancel) gets LOCK_WAIT_S to end;
+            # past that, or with the protocol broken or a rank gone, the followers are killed without a
+            # word first, which ends any collective still waiting on them.
+            told = False
+            if self.health() is None and not BROKEN and EXCHANGE_LOCK.acquire(timeout=LOCK_WAIT_S):
+                try:
+                    if not BROKEN:
                         _command(CMD_STOP, self.per, self.device)
-            except Exception:  # noqa: BLE001 - a peer already gone: the processes are killed below
-                pass
+                        told = True
+                except Exception:  # noqa: BLE001 - a peer already gone: the processes are killed below
+                    pass
+                finally:
+                    EXCHANGE_LOCK.release()
+            if not told:
+                for p in self.procs:
+                    p.stop()
             try:
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001
@@ -394,8 +424,8 @@ class ServingGroup:
                 time.sleep(0.05)
             p.stop()
         self.procs = []
-        _ = kill_tree  # the ManagedProcess stop kills each follower's whole process group
         STATS.__init__()  # type: ignore[misc]
+        BROKEN.clear()
 
 
 def _said(proc: Any) -> str:

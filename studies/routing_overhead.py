@@ -71,8 +71,11 @@ def v3_layout_folder(work: Path) -> Path:
     return folder
 
 
-def run_cli(url: str, db: Path, requests: int, concurrency: int, routing: bool, tokenizer: Path | None) -> dict:
-    argv = [sys.executable, "-m", "bench", "run", "--engine", "openai", "--base-url", url, "--model", MODEL,
+def run_cli(
+    url: str, db: Path, requests: int, concurrency: int, routing: bool, tokenizer: Path | None, pin: bool = False
+) -> dict:
+    argv = [*(["taskset", "-c", "0"] if pin else []),
+            sys.executable, "-m", "bench", "run", "--engine", "openai", "--base-url", url, "--model", MODEL,
             "--mode", "concurrency", "--requests", str(requests), "--concurrency", str(concurrency),
             "--input-len", "64", "--output-len", "32", "--no-server-metrics", "--quiet", "--db", str(db)]  # fmt: skip
     if routing:
@@ -104,11 +107,12 @@ def run_cli(url: str, db: Path, requests: int, concurrency: int, routing: bool, 
     }
 
 
-def start_stub(shape: tuple[int, ...], itl_ms: float = 0.0) -> tuple[str, Any]:
-    if shape == SHAPES["tiny"] and not itl_ms:
+def start_stub(shape: tuple[int, ...], itl_ms: float = 0.0, pin: bool = False) -> tuple[str, Any]:
+    if shape == SHAPES["tiny"] and not itl_ms and not pin:
         return start_stub_server(model=MODEL, routed_experts="sglang")
     port = free_port()
-    argv = [sys.executable, "-m", "bench.stub_server", "--port", str(port), "--model", MODEL, "--itl-ms", str(itl_ms),
+    argv = [*(["taskset", "-c", "1"] if pin else []),
+            sys.executable, "-m", "bench.stub_server", "--port", str(port), "--model", MODEL, "--itl-ms", str(itl_ms),
             "--routed-experts", "sglang", "--routing-shape", ",".join(map(str, shape))]  # fmt: skip
     proc = ManagedProcess(argv, name="stub-server", cwd=PROJECT_ROOT).start()
     proc.wait_http(f"http://127.0.0.1:{port}/health", 30, interval=0.1)
@@ -118,7 +122,7 @@ def start_stub(shape: tuple[int, ...], itl_ms: float = 0.0) -> tuple[str, Any]:
 def study(name: str, args: argparse.Namespace, work: Path) -> None:
     shape = SHAPES[name]
     tokenizer = v3_layout_folder(work) if name == "v3" else None
-    url, stub = start_stub(shape, args.itl_ms)
+    url, stub = start_stub(shape, args.itl_ms, args.pin)
     try:
         ratios, on_rps, off_rps, cpu = [], [], [], []
         for r in range(args.rounds):
@@ -126,7 +130,7 @@ def study(name: str, args: argparse.Namespace, work: Path) -> None:
             got = {}
             for routing in order:
                 db = work / f"{name}-rate-{r}-{int(routing)}.sqlite"
-                got[routing] = run_cli(url, db, args.num_prompts, args.concurrency, routing, tokenizer)
+                got[routing] = run_cli(url, db, args.num_prompts, args.concurrency, routing, tokenizer, args.pin)
                 if got[routing]["rc"] or got[routing]["failed"]:
                     print(f"  round {r} routing={routing}: rc {got[routing]['rc']} {got[routing]['stderr']}")
             on_rps.append(got[True]["rps"])
@@ -166,6 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size-requests", type=int, default=10000)
     p.add_argument(
         "--itl-ms", type=float, default=0.0, help="the stub's gap between tokens: > 0 paces it like a decoding server"
+    )
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="the stub on CPU 1, the client on CPU 0 (taskset): the client's rate is then its own, not shared "
+        "with the stub's extra work",
     )
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="routing-overhead-") as tmp:

@@ -168,6 +168,11 @@ class _PlainText:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import faulthandler
+    import signal
+
+    if hasattr(signal, "SIGUSR1"):  # kill -USR1 PID: every thread's stack to stderr (a run that will not end)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     out, err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = _PlainText(out), _PlainText(err)  # type: ignore[assignment]
     try:

@@ -158,7 +158,10 @@ def test_load_run_watch_download(browser_page: Any, server: str, moebench_data: 
             goto_page(page, "Concurrency")
             form = {"Requests": REQUESTS, "Concurrency": CONCURRENCY, "Output length (tokens)": OUTPUT_LEN}
             for label, value in form.items():
-                box = main.get_by_role("spinbutton", name=label, exact=True)
+                # the page just came back: the previous draw's elements may still be on it, marked
+                # stale, beside the new ones (CI, 2026-12-07: two "Requests" fields at once)
+                fresh = main.locator('[data-testid="stElementContainer"]:not([data-stale="true"])')
+                box = fresh.get_by_role("spinbutton", name=label, exact=True)
                 shown = [box.input_value()]
                 # The first read showed the page's default (Requests 32) in 2 of 11 local runs on
                 # 2026-12-05; not yet known whether the kept value came a moment later. Read again

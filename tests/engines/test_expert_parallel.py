@@ -222,17 +222,24 @@ def test_ctrl_c_or_a_sigkill_of_rank_0_leaves_no_follower(tmp_path: Path, sig: s
     followers; a SIGKILL gives it no chance, and its followers still go (their sockets close, the
     launcher's watchdog ends their process group)."""
     import signal
+    import time
 
-    db = tmp_path / "ep.sqlite"
-    proc = subprocess.Popen(_cli(db, requests=100_000, mode="concurrency"), cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    db, log = tmp_path / "ep.sqlite", tmp_path / "stderr.txt"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(_cli(db, requests=100_000, mode="concurrency"), cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=err)  # fmt: skip
     try:
         _wait("the run to measure", lambda: _measured(db) > 0)
         ranks = followers_of(proc.pid)
         assert ranks
         proc.send_signal(getattr(signal, sig))
-        code = proc.wait(60)
-        assert code == (130 if sig == "SIGINT" else -9)
+        try:
+            code = proc.wait(120)
+        except subprocess.TimeoutExpired:  # say where it is stuck: the CLI dumps its threads on SIGUSR1
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            raise AssertionError(f"rank 0 did not exit after {sig}:\n{log.read_text()[-6000:]}") from None
+        assert code == (130 if sig == "SIGINT" else -9), log.read_text()[-2000:]
         assert alive(ranks) == [] and _gone(proc.pid) == []
     finally:
         proc.kill()
@@ -314,3 +321,29 @@ def test_a_sigkill_of_the_dashboards_process_ends_its_engine_host_and_the_follow
         assert alive([host, *ranks], timeout=30) == []
     finally:
         proc.kill()
+
+
+def test_stop_gives_up_on_an_exchange_that_never_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exchange stuck half-way (a peer that stopped answering) holds the exchange lock: the
+    run's counters are then not asked for, and stop waits LOCK_WAIT_S for it, then kills the
+    followers (which ends any collective still waiting on them) and leaves no process."""
+    import os
+    import time
+
+    from engines import expert_parallel
+    from engines.base import create_engine
+
+    ep = create_engine({"kind": "native", "model": "tiny-deepseek-v3", "accelerator": "cpu", "expert_parallel": 2})
+    ep.start()
+    ranks = followers_of(os.getpid())
+    assert ranks
+    monkeypatch.setattr(expert_parallel, "LOCK_WAIT_S", 0.5)
+    expert_parallel.EXCHANGE_LOCK.acquire()  # stands for an exchange that never ends
+    try:
+        t0 = time.monotonic()
+        assert ep.communication() is None
+        ep.stop()
+        assert time.monotonic() - t0 < 15
+    finally:
+        expert_parallel.EXCHANGE_LOCK.release()
+    assert alive(ranks) == []
