@@ -20,10 +20,17 @@ logits (12 collectives per forward on the tiny model, against 6 all-to-alls here
 tiny model's forward 3-4x slower than this dispatch. Pure expert parallelism with data parallel
 ranks (``tp_size=1, ep_size=2``) it refuses ("All-reduce expert parallelism requires ep_size=tp_size").
 
-Each all-to-all is counted (:data:`STATS`: calls, bytes sent and received, seconds inside), so a
-run can say how many bytes a step moved and at what rate.
+Serving (the engine option ``expert_parallel=N``, :class:`ServingGroup`): the process that loads
+the engine is rank 0 and serves every request; N-1 followers started by it hold only their share
+of the routed experts and take part in each MoE layer's exchange with no tokens of their own
+(:func:`follow`). The counts each exchange begins with carry, in a last column, the layer index
+or a command of rank 0's (stop, report counters), so the followers need no other channel.
+
+Each all-to-all is counted (:data:`STATS`: calls, bytes to and from the other ranks, seconds
+inside, seconds in the experts), so a run can say how many bytes a step moved and at what rate.
 
     python -m torch.distributed.run --nproc-per-node 2 -m engines.expert_parallel --check MODEL_DIR
+    python -m torch.distributed.run --nproc-per-node 2 -m engines.expert_parallel --sweep
 """
 
 from __future__ import annotations
