@@ -172,7 +172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     import signal
 
     if hasattr(signal, "SIGUSR1"):  # kill -USR1 PID: every thread's stack to stderr (a run that will not end)
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        try:
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
+        except (AttributeError, OSError, ValueError):  # a stderr without a file descriptor (main() called in-process)
+            pass
     out, err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = _PlainText(out), _PlainText(err)  # type: ignore[assignment]
     try:

@@ -226,8 +226,11 @@ def test_ctrl_c_or_a_sigkill_of_rank_0_leaves_no_follower(tmp_path: Path, sig: s
 
     db, log = tmp_path / "ep.sqlite", tmp_path / "stderr.txt"
     with log.open("wb") as err:
+        # SIGINT's default disposition for the CLI, as in a terminal: a suite started in the background by a
+        # non-interactive shell has SIGINT ignored, which the CLI would inherit (CI, 2026-12-07: the run went on)
         proc = subprocess.Popen(_cli(db, requests=100_000, mode="concurrency"), cwd=ROOT, stdout=subprocess.DEVNULL,
-                                stderr=err)  # fmt: skip
+                                stderr=err,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     try:
         _wait("the run to measure", lambda: _measured(db) > 0)
         ranks = followers_of(proc.pid)
