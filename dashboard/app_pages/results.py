@@ -55,13 +55,7 @@ def _import_uploads() -> None:
     st.session_state["r.flash"] = ("success", "Imported " + ("; ".join(done) or "nothing") + ".")
 
 
-# Open while files wait in it: a rerun that redraws the expander must not fold the Import button away
-# under files a user just chose (CI, 2026-12-07: the button stayed hidden after the upload's rerun).
-with st.expander(
-    "Import results: a MoE Bench bundle, or another tool's result file",
-    icon=":material/upload_file:",
-    expanded=bool(st.session_state.get("r.import.upload")),
-):
+with st.expander("Import results: a MoE Bench bundle, or another tool's result file", icon=":material/upload_file:"):
     st.file_uploader(
         "vllm bench serve --save-result JSON, AIPerf's profile export JSON (with its .jsonl), guidellm's "
         "benchmarks JSON, or a MoE Bench run or sweep bundle",
