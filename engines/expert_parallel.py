@@ -326,9 +326,8 @@ class ServingGroup:
                         if value != "ok":
                             raise EngineUnavailable(f"expert-parallel rank {r} failed: {value}")
                         waiting.discard(r)
-                    elif (why := self.procs[r - 1].exit_reason()) is not None:
-                        why = why.removeprefix(self.procs[r - 1].name + " ")
-                        raise EngineUnavailable(f"expert-parallel rank {r}: {why}{_said(self.procs[r - 1])}")
+                    elif (gone := _gone(r, self.procs[r - 1])) is not None:
+                        raise EngineUnavailable(gone)
                 if waiting and time.monotonic() > deadline:
                     raise EngineUnavailable(f"expert-parallel ranks {sorted(waiting)} not ready after {timeout:.0f} s")
                 if waiting:
@@ -345,10 +344,7 @@ class ServingGroup:
             raise
 
     def health(self) -> str | None:
-        for r, p in enumerate(self.procs, start=1):
-            if (why := p.exit_reason()) is not None:
-                return f"expert-parallel rank {r}: {why.removeprefix(p.name + ' ')}{_said(p)}"
-        return None
+        return next((gone for r, p in enumerate(self.procs, start=1) if (gone := _gone(r, p)) is not None), None)
 
     def stats(self) -> list[list[float]]:
         """Every rank's counters (rows in :data:`STATS_FIELDS` order; rank 0 first); [] where they
@@ -435,10 +431,14 @@ class ServingGroup:
         BROKEN.clear()
 
 
-def _said(proc: Any) -> str:
-    """The last lines a follower wrote (not the command line its log begins with), or nothing."""
+def _gone(rank: int, proc: Any) -> str | None:
+    """None while follower ``rank`` runs; else one line: how it ended and the last lines it wrote
+    (not the command line its log begins with)."""
+    if (why := proc.exit_reason()) is None:
+        return None
     lines = [x for x in proc.tail(4) if x.strip() and not x.startswith("$ ")]
-    return ": " + " | ".join(lines)[-400:] if lines else ""
+    said = ": " + " | ".join(lines)[-400:] if lines else ""
+    return f"expert-parallel rank {rank}: {why.removeprefix(proc.name + ' ')}{said}"
 
 
 def _follower_main(args: argparse.Namespace) -> int:

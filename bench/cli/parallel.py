@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.metrics.run_limits import link_figure
 from engines.errors import ConfigError
 
 SWEEP_TIMEOUT_S = 600
@@ -50,21 +51,9 @@ def run_sweep(ranks: int, accelerator: str, max_mib: float, iters: int) -> list[
     return rows
 
 
-def link_of(device: str) -> tuple[str, float] | None:
-    """(the catalogue's name, its link GB/s both ways) for an NVML device name, where known."""
-    from bench.metrics.run_limits import spec_for
-
-    try:
-        spec = spec_for("cuda", {"device": device}, measure=False)
-    except Exception:  # noqa: BLE001 - an unknown part: no limit
-        return None
-    link = getattr(spec, "link_gb_s", None)
-    return (spec.name, float(link.value)) if link is not None else None
-
-
 def format_sweep(rows: list[dict[str, Any]]) -> str:
     first = rows[0]
-    link = link_of(first["device"]) if first["device"] != "cpu" else None
+    link = link_figure("cuda", {"device": first["device"]}) if first["device"] != "cpu" else None
     head = f"all-to-all over {first['world']} ranks ({first['backend']}, {first['device']})"
     if link:
         head += f"; {link[0]} link {link[1]:g} GB/s both ways (datasheet)"

@@ -81,18 +81,12 @@ def format_profile(store: Store, run_id: int, top: int = 12) -> str:
 
 def link_limit(store: Store, run_id: int) -> float | None:
     """The datasheet link bandwidth of the run's accelerator (GB/s, both ways), where the catalogue has one."""
-    from bench.metrics.run_limits import spec_for
+    from bench.metrics.run_limits import link_figure
 
     run = store.get_run(run_id)
     info = run.engine_info if run is not None else {}
-    if str(info.get("accelerator") or "cpu") == "cpu":
-        return None
-    try:
-        spec = spec_for(str(info.get("accelerator")), info, measure=False)
-    except Exception:  # noqa: BLE001 - no spec (an unknown part): no limit printed
-        return None
-    link = getattr(spec, "link_gb_s", None)
-    return float(link.value) if link is not None else None
+    link = link_figure(str(info.get("accelerator") or "cpu"), info)
+    return link[1] if link is not None else None
 
 
 def format_communication(comm: dict[str, Any], link_gb_s: float | None = None) -> str:

@@ -164,6 +164,20 @@ def spec_for(accelerator: str, engine_info: Mapping[str, Any], measure: bool = T
     raise NoLimit(f"no spec for the device '{device or kind}' (known: H100 SXM, H200, Ascend 910B, MLU590)")
 
 
+def link_figure(accelerator: str, engine_info: Mapping[str, Any]) -> tuple[str, float] | None:
+    """(the catalogue's name, its link GB/s both ways) of the accelerator a run or a device name
+    stands for, where the catalogue gives a link figure; None on a CPU or an unknown part. Never
+    measures."""
+    if (accelerator or "cpu").lower() == "cpu":
+        return None
+    try:
+        spec = spec_for(accelerator, engine_info, measure=False)
+    except Exception:  # noqa: BLE001 - no spec (an unknown part): no limit
+        return None
+    link = getattr(spec, "link_gb_s", None)
+    return (spec.name, float(link.value)) if link is not None else None
+
+
 def _dtype(config: Mapping[str, Any], engine_info: Mapping[str, Any]) -> str:
     for d in (engine_info.get("dtype"), (config.get("engine") or {}).get("dtype")):
         if d and str(d).lower() not in ("auto", "none"):

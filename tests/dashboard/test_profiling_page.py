@@ -344,16 +344,7 @@ def test_profile_run_started_from_the_page_shows_its_artifacts(
     if not services.get_engine_slot().state().ready:
         at.button(key="e.btn.load").click().run()
         _poll(at, lambda a: ":green-badge[:material/check: ready]" in _texts(a), what="the engine to load")
-    at.switch_page(PAGE).run()
-    _no_exception(at)
-    at.number_input(key="p.output_len").set_value(8).run()
-    at.number_input(key="p.input_len").set_value(16).run()
-    at.number_input(key="p.warmup").set_value(0).run()
-    at.text_input(key="p.name").set_value("from the page").run()
-    at.checkbox(key="p.with_stack").uncheck().run()  # Python stacks make the analysis slow on 2 cores
-    assert not at.button(key="p.btn.start").disabled
-    at.button(key="p.btn.start").click().run()
-    _no_exception(at)
+    _start_profile_run(at, "from the page")
     job = services.get_job_manager().latest("profile")
     assert job is not None
     _poll(at, lambda a: _has_picker(a) and a.selectbox(key="p.run").value == job.run_id, what="the profile run")
@@ -400,14 +391,7 @@ def test_an_expert_parallel_profile_run_from_the_dashboard_shows_its_communicati
     ranks = followers_below(os.getpid())
     assert ranks
     try:
-        at.switch_page(PAGE).run()
-        at.number_input(key="p.output_len").set_value(8).run()
-        at.number_input(key="p.input_len").set_value(16).run()
-        at.number_input(key="p.warmup").set_value(0).run()
-        at.text_input(key="p.name").set_value("expert parallel 2").run()
-        at.checkbox(key="p.with_stack").uncheck().run()
-        at.button(key="p.btn.start").click().run()
-        _no_exception(at)
+        _start_profile_run(at, "expert parallel 2")
         job = services.get_job_manager().latest("profile")
         assert job is not None
         _poll(at, lambda a: _has_picker(a) and a.selectbox(key="p.run").value == job.run_id, what="the EP run")
@@ -427,6 +411,20 @@ def test_an_expert_parallel_profile_run_from_the_dashboard_shows_its_communicati
         _poll(at, lambda a: services.get_engine_slot().state().status not in ("ready", "failed", "stopping"),
               what="the engine to unload")  # fmt: skip
     assert alive(ranks) == []
+
+
+def _start_profile_run(at: Any, name: str) -> None:
+    """Open the Profiling page and start a short profile run of the loaded engine from its form."""
+    at.switch_page(PAGE).run()
+    _no_exception(at)
+    at.number_input(key="p.output_len").set_value(8).run()
+    at.number_input(key="p.input_len").set_value(16).run()
+    at.number_input(key="p.warmup").set_value(0).run()
+    at.text_input(key="p.name").set_value(name).run()
+    at.checkbox(key="p.with_stack").uncheck().run()  # Python stacks make the analysis slow on 2 cores
+    assert not at.button(key="p.btn.start").disabled
+    at.button(key="p.btn.start").click().run()
+    _no_exception(at)
 
 
 def _has_picker(at: Any) -> bool:
