@@ -172,6 +172,17 @@ def set_choice(key: str, value: Any) -> None:
     st.session_state[_KEEP + key] = value
 
 
+def show_flash(key: str) -> None:
+    """Draw the message a button's callback left under ``key`` (a ("success" | "error", text) pair), in
+    a slot that is there on every script run: an element that appears or goes above an expander or an
+    uploader moves it in the page, and the browser then mounts it afresh: the expander folds and the
+    uploader drops its files (the Results page's import, seen in CI)."""
+    slot = st.container()
+    flash = st.session_state.pop(key, None)
+    if flash is not None:
+        (slot.success if flash[0] == "success" else slot.error)(flash[1])
+
+
 def show_error(exc: BaseException) -> None:
     """A project error as one readable line (never a traceback)."""
     st.error(str(exc) if isinstance(exc, MoEBenchError) else f"{type(exc).__name__}: {exc}", icon=":material/error:")

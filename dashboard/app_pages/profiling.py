@@ -49,9 +49,7 @@ for key, value in {
 }.items():
     ss.setdefault(key, value)
 
-flash = ss.pop("p.flash", None)
-if flash is not None:
-    (st.success if flash[0] == "success" else st.error)(flash[1])
+ui.show_flash("p.flash")
 
 
 # --- start a profile run ---------------------------------------------------------------------

@@ -16,9 +16,7 @@ sweep_labels = {sw.id: data.sweep_label(sw) for sw in store.list_sweeps()}
 df = data.runs_frame(runs, sweep_labels)
 by_id = {r.id: r for r in runs}
 
-flash = st.session_state.pop("r.flash", None)
-if flash is not None:
-    (st.success if flash[0] == "success" else st.error)(flash[1])
+ui.show_flash("r.flash")
 
 
 def _import_examples() -> None:
@@ -40,17 +38,18 @@ def _import_uploads() -> None:
     if not any(not f.name.endswith(".jsonl") for f in files):
         st.session_state["r.flash"] = ("error", "Choose a result file to import first (a .jsonl goes with its .json).")
         return
+    done: list[str] = []
     try:
         services.require_operator()
         folder = ui.upload_folder({f.name: f.getvalue() for f in files})
-        done = []
         for f in files:
             if f.name.endswith(".jsonl"):
                 continue  # AIPerf's per-request records: read with their JSON
             kind, new_id = import_file(store, folder / ui.safe_name(f.name))
             done.append(f"{f.name} as {kind} #{new_id}")
     except MoEBenchError as exc:
-        st.session_state["r.flash"] = ("error", str(exc))
+        kept = f" (imported before it: {'; '.join(done)})" if done else ""
+        st.session_state["r.flash"] = ("error", f"{exc}{kept}")
         return
     st.session_state["r.flash"] = ("success", "Imported " + ("; ".join(done) or "nothing") + ".")
 

@@ -63,6 +63,12 @@ def test_peer_result_files_import_in_the_browser(tmp_path: Path, tiny_model: Pat
         goto_page(page, "Results")
         main = page.locator('[data-testid="stMain"]')
         main.get_by_text("Import results: a MoE Bench bundle").click()
+        # Import with nothing chosen: the one-line reason shows above the expander, which stays open
+        # with its uploader (a message appearing above used to re-mount it folded, files dropped)
+        main.get_by_role("button", name="Import", exact=True).click()
+        wait_idle(page)
+        assert "Choose a result file to import first" in main.inner_text()
+        assert main.get_by_role("button", name="Import", exact=True).is_visible()
         main.locator('input[type="file"]').set_input_files([str(PEERS / name) for name in FILES])
         chips = main.locator('[data-testid="stFileChip"]')  # one per file that reached the server
         for _ in range(60):
