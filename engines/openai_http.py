@@ -51,7 +51,7 @@ from engines.http_errors import (
     read_capped,
     status_failure,
 )
-from engines.routing import routed_counts
+from engines.routing import read_routed, routed_counts
 from engines.sse import OVERSIZE_EVENT, SSEError, asse_payloads, sse_object, sse_payloads
 from engines.tokens import SERVER_TOKENIZER, ServerTokenizer, TextCounter
 
@@ -530,8 +530,9 @@ class CompletionStream:
         return True, ROUTED_EXPERTS_MAX_B64 + 2**16
 
     def _routing(self) -> Any | None:
-        """This request's routing for its last chunk: counts [2, layers, experts], a one-line
-        reason why it is left out (a str: the recorder notes it), or None when not asked for."""
+        """This request's routing for its last chunk: its ids (:class:`engines.routing.RoutedIds`,
+        counted in batches by the recorder) or counts [2, layers, experts], a one-line reason why
+        it is left out (a str: the recorder notes it), or None when not asked for."""
         if self.routing_layout is None or self._routing_given:
             return None
         self._routing_given = True
@@ -539,9 +540,9 @@ class CompletionStream:
             return self._routing_reason
         if self._routed is None:
             return "the server sent no routed_experts (is it started with --enable-return-routed-experts?)"
-        counts, why = routed_counts(self._routed, self.routing_layout, self.prompt_tokens)
+        value, why = read_routed(self._routed, self.routing_layout, self.prompt_tokens)
         self._routed = None
-        return why if counts is None else counts
+        return why if value is None else value
 
     def feed(self, payload: str) -> list[StreamChunk]:
         """The chunks one ``data`` payload stands for; raises on an error or a malformed event."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import re
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 _LAYER_RE = re.compile(r"layers\.(\d+)\.")
 
@@ -332,7 +332,8 @@ def routed_counts(
 ) -> tuple[Any, str | None]:
     """One request's routed experts (either encoding, see :func:`decode_routed_experts`) straight
     to counts [2, MoE layers, experts] (uint16, or uint32 past 65,535 rows: small to pass from a
-    sender process): one bincount over the raw array, the dense layers' and placeholder cells
+    sender process): one bincount over the raw array (the decode rows' cells shifted past the
+    prompt's), the dense layers' and placeholder cells
     dropped after, no per-layer copies. What the client does per request; equal to a per-layer
     count of :func:`decode_routed_experts`' ids (tests/engines/test_routed_experts.py)."""
     import numpy as np
@@ -345,12 +346,92 @@ def routed_counts(
     shift, keep_idx = _layer_plan(layers, keep, experts)
     cells = layers * (experts + 1)
     prompt_rows = rows if prompt_tokens is None else max(0, min(rows, prompt_tokens - prompt_start))
-    cell = ids + shift  # int32, one temporary; then one bincount per phase over contiguous rows
-    counts = np.empty((2, cells), dtype=np.int64)
-    counts[0] = np.bincount(cell[:prompt_rows].reshape(-1), minlength=cells)
-    counts[1] = np.bincount(cell[prompt_rows:].reshape(-1), minlength=cells)
+    cell = ids + shift  # int32, one temporary; the decode rows' cells moved past the prompt's
+    cell[prompt_rows:] += cells
+    counts = np.bincount(cell.reshape(-1), minlength=2 * cells)  # one bincount for both phases
     kept = counts.reshape(2, layers, experts + 1)[:, keep_idx, 1:]
     return kept.astype(np.uint16 if rows < 65536 else np.uint32), None
+
+
+class RoutedIds(NamedTuple):
+    """One request's routed expert ids as the server sent them (SGLang's raw int32 encoding),
+    checked for shape but not yet counted: :func:`count_routed` counts many at once.
+
+    Why not count each request as it ends (:func:`routed_counts`): a client running flat out
+    pays numpy's per-call cost a dozen times a request, cold between requests: ~50 µs of a ~600 µs
+    request measured in a sender process (the tiny model's 95 x 3 x 2 ids; 10 µs in a hot
+    loop), 6-7 % of the client's rate; raw bytes pass to the recorder, which counts a batch with
+    the same dozen calls (studies/routing_overhead.py)."""
+
+    raw: bytes  # int32 ids [rows, layers, top-k], C order
+    prompt_rows: int  # the first rows are the prompt's (phase 0), the rest generated tokens' (phase 1)
+    plan: tuple[int, tuple[int, ...], int, int]  # (layers on the array, the MoE layers kept, experts, top-k)
+
+
+DEFER_MAX_BYTES = 32 * 1024  # ids up to this size are passed on uncounted (RoutedIds); larger ones counted at once
+
+
+def read_routed(
+    b64: Any, layout: dict[str, Any], prompt_tokens: int | None, prompt_start: int = 0
+) -> tuple[Any, str | None]:
+    """One request's ``routed_experts``, read as cheaply as its encoding allows: SGLang's raw
+    int32 up to :data:`DEFER_MAX_BYTES` as :class:`RoutedIds` (base64-decoded, its length
+    checked; the expert range is checked when counted); vLLM's ``.npy``, and larger ids (a
+    DeepSeek-V3 request: ~2 kB a token), as counts [2, MoE layers, experts] at once
+    (:func:`routed_counts`). (value, None) or (None, one-line reason)."""
+    import binascii
+
+    moe = tuple(layout.get("moe_layers") or ())
+    hidden = int(layout.get("hidden_layers") or len(moe))
+    experts, top_k = int(layout.get("num_experts") or 0), int(layout.get("top_k") or 0)
+    if not isinstance(b64, str) or len(b64) > ROUTED_EXPERTS_MAX_B64 or not (moe and hidden and top_k and experts):
+        return routed_counts(b64, layout, prompt_tokens, prompt_start)  # its reason, or the .npy path
+    try:
+        raw = _b64decode(b64)
+    except (binascii.Error, ValueError) as exc:
+        return None, f"routed_experts is not base64 ({type(exc).__name__}: {str(exc)[:80]})"
+    row = hidden * top_k * 4
+    if raw.startswith(NPY_MAGIC) or len(raw) % row:
+        return routed_counts(b64, layout, prompt_tokens, prompt_start)  # an .npy array, or its reason
+    if len(raw) > DEFER_MAX_BYTES:  # numpy's per-call cost is small beside this much work: count it
+        return routed_counts(b64, layout, prompt_tokens, prompt_start)  # here (the counts pass on smaller)
+    rows = len(raw) // row
+    prompt_rows = rows if prompt_tokens is None else max(0, min(rows, prompt_tokens - prompt_start))
+    return RoutedIds(raw, prompt_rows, (hidden, moe, experts, top_k)), None
+
+
+def count_routed(items: list[RoutedIds]) -> tuple[Any, list[tuple[int, str]]]:
+    """The summed counts [2, MoE layers, experts] (int64) of ``items`` (one plan), and the
+    (index, one-line reason) of each item left out: one naming an expert outside the model.
+    A dozen numpy calls for the whole batch, whatever its size (see :class:`RoutedIds`)."""
+    import numpy as np
+
+    layers, keep, experts, top_k = items[0].plan
+    cells, row = layers * (experts + 1), 4 * layers * top_k
+    # the prompts' rows together, the generated tokens' together: one bincount a phase
+    phases = [
+        np.frombuffer(b"".join(it.raw[: it.prompt_rows * row] for it in items), dtype=np.int32),
+        np.frombuffer(b"".join(it.raw[it.prompt_rows * row :] for it in items), dtype=np.int32),
+    ]
+    bad: list[tuple[int, str]] = []
+    if any(ids.size and (int(ids.min()) < -1 or int(ids.max()) >= experts) for ids in phases):
+        good = []
+        for i, it in enumerate(items):  # find the culprits; the rest are counted
+            own = np.frombuffer(it.raw, dtype=np.int32)
+            low, high = (int(own.min()), int(own.max())) if own.size else (0, 0)
+            if low < -1 or high >= experts:
+                bad.append((i, f"routed_experts names expert {high if high >= experts else low}, outside the "
+                               f"model's {experts}"))  # fmt: skip
+            else:
+                good.append(it)
+        if not good:
+            return np.zeros((2, len(keep), experts), dtype=np.int64), bad
+        return count_routed(good)[0], bad
+    shift, keep_idx = _layer_plan(layers, keep, experts)
+    counts = np.empty((2, cells), dtype=np.int64)
+    for phase, ids in enumerate(phases):
+        counts[phase] = np.bincount((ids.reshape(-1, layers, top_k) + shift).reshape(-1), minlength=cells)
+    return counts.reshape(2, layers, experts + 1)[:, keep_idx, 1:], bad
 
 
 def counts_from_routed_experts(

@@ -18,8 +18,12 @@ is the run's own (completed / duration), the ratio on/off per pair of the round,
 geometric mean and the min-max spread. Size: one run of ``--size-requests`` with routing on and one
 with it off; the SQLite files' sizes after the run (and the routing artifact's own bytes).
 
+Each arm also prints the client's CPU a request inside the run (the run's own sampler:
+MoE Bench's process tree, start-up left out) and how busy the stub was (its CPU over the run's
+duration: well under 100 % means the client, not the stub, set the rate).
+
     python -m studies.routing_overhead [--shapes tiny v3] [--rounds 4] [--num-prompts 2000] \\
-        [--concurrency 64] [--size-requests 10000] [--itl-ms 2]
+        [--concurrency 64] [--input-len 64 --output-len 32] [--size-requests 10000] [--itl-ms 2] [--pin]
 
 With ``--itl-ms`` 0 (the default) the client runs flat out and is the limit: the rate drop is
 its CPU cost. With ``--itl-ms 2`` the stub streams like a decoding server (32 tokens >= 64 ms a
@@ -52,6 +56,7 @@ from engines.launch import ManagedProcess, free_port
 from engines.settings import PROJECT_ROOT
 
 MODEL = "tiny-deepseek-v3"
+LENGTHS = [64, 32]  # input, output tokens a request (--input-len, --output-len)
 SHAPES = {"tiny": (3, 1, 8, 2), "v3": (61, 3, 256, 8)}
 
 
@@ -72,18 +77,28 @@ def v3_layout_folder(work: Path) -> Path:
 
 
 def run_cli(
-    url: str, db: Path, requests: int, concurrency: int, routing: bool, tokenizer: Path | None, pin: bool = False
+    url: str,
+    db: Path,
+    requests: int,
+    concurrency: int,
+    routing: bool,
+    tokenizer: Path | None,
+    pin: bool = False,
+    stub_pid: int | None = None,
 ) -> dict:
     argv = [*(["taskset", "-c", "0"] if pin else []),
             sys.executable, "-m", "bench", "run", "--engine", "openai", "--base-url", url, "--model", MODEL,
             "--mode", "concurrency", "--requests", str(requests), "--concurrency", str(concurrency),
-            "--input-len", "64", "--output-len", "32", "--no-server-metrics", "--quiet", "--db", str(db)]  # fmt: skip
+            "--input-len", str(LENGTHS[0]), "--output-len", str(LENGTHS[1]),
+            "--no-server-metrics", "--quiet", "--db", str(db)]  # fmt: skip
     if routing:
         argv += ["--engine-opt", "routed_experts=true"]
     if tokenizer is not None:
         argv += ["--engine-opt", f"tokenizer={tokenizer}"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    stub_before = _cpu_s(stub_pid)
     proc = subprocess.run(argv, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=1800)
+    stub_cpu_s = _cpu_s(stub_pid) - stub_before
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     con = sqlite3.connect(db)
@@ -92,10 +107,19 @@ def run_cli(
         art = con.execute(
             "SELECT name, length(content_json) FROM artifacts WHERE run_id=? AND name LIKE 'expert_routing%'", (rid,)
         ).fetchall()
+        # the run's own sampler: MoE Bench's process tree's CPU (cores) each second of the run
+        tree = [v for (v,) in con.execute(
+            "SELECT value FROM timeseries WHERE run_id=? AND name='client_cpu_cores' AND value IS NOT NULL", (rid,)
+        )]  # fmt: skip
     finally:
         con.close()
     s = json.loads(summary)
+    duration = s["duration_s"]
     return {
+        # CPU a request inside the measured window (start-up left out): the tree's mean cores x the
+        # run's duration / completed requests; and the stub's busy share of one core over the run
+        "window_cpu_ms": statistics.fmean(tree) * duration * 1000.0 / max(1, s["completed"]) if tree else math.nan,
+        "stub_busy": stub_cpu_s / duration if stub_pid and duration else math.nan,
         "rc": proc.returncode,
         "stderr": proc.stderr.strip().splitlines()[-1:] if proc.returncode else [],
         "rps": s["request_throughput_rps"],
@@ -105,6 +129,16 @@ def run_cli(
         "routing_bytes": dict(art),
         "imbalance": s.get("moe_imbalance_max"),
     }
+
+
+def _cpu_s(pid: int | None) -> float:
+    """A process's user + system CPU seconds so far (0 without a pid)."""
+    if not pid:
+        return 0.0
+    import psutil
+
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
 
 
 def start_stub(shape: tuple[int, ...], itl_ms: float = 0.0, pin: bool = False) -> tuple[str, Any]:
@@ -130,21 +164,28 @@ def study(name: str, args: argparse.Namespace, work: Path) -> None:
             got = {}
             for routing in order:
                 db = work / f"{name}-rate-{r}-{int(routing)}.sqlite"
-                got[routing] = run_cli(url, db, args.num_prompts, args.concurrency, routing, tokenizer, args.pin)
+                got[routing] = run_cli(
+                    url, db, args.num_prompts, args.concurrency, routing, tokenizer, args.pin, stub.pid
+                )
                 if got[routing]["rc"] or got[routing]["failed"]:
                     print(f"  round {r} routing={routing}: rc {got[routing]['rc']} {got[routing]['stderr']}")
             on_rps.append(got[True]["rps"])
             off_rps.append(got[False]["rps"])
             ratios.append(got[True]["rps"] / got[False]["rps"])
-            cpu.append(got[True]["cpu_ms"] - got[False]["cpu_ms"])
-            print(f"  {name} round {r} ({'off,on' if r % 2 == 0 else 'on,off'}): off {got[False]['rps']:.0f} req/s "
-                  f"({got[False]['cpu_ms']:.2f} ms CPU/req), on {got[True]['rps']:.0f} req/s "
-                  f"({got[True]['cpu_ms']:.2f} ms CPU/req), on/off {ratios[-1]:.3f}", flush=True)  # fmt: skip
+            cpu.append(got[True]["window_cpu_ms"] - got[False]["window_cpu_ms"])
+            arms = ", ".join(
+                f"{arm} {got[k]['rps']:.0f} req/s ({got[k]['window_cpu_ms'] * 1000:.0f} us client CPU/req in the run, "
+                f"{got[k]['cpu_ms']:.2f} ms with start-up; stub busy {got[k]['stub_busy']:.0%} of a core)"
+                for arm, k in (("off", False), ("on", True))
+            )
+            print(f"  {name} round {r} ({'off,on' if r % 2 == 0 else 'on,off'}): {arms}, on/off {ratios[-1]:.3f}",
+                  flush=True)  # fmt: skip
         gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
         print(f"{name}: rate with routing / without: geometric mean {gm:.3f} (min {min(ratios):.3f}, max "
               f"{max(ratios):.3f}) over {len(ratios)} ABBA rounds; off {min(off_rps):.0f}-{max(off_rps):.0f} req/s, "
-              f"on {min(on_rps):.0f}-{max(on_rps):.0f} req/s; client CPU per request +{statistics.median(cpu):.3f} ms "
-              f"(median; {min(cpu):+.3f} to {max(cpu):+.3f})", flush=True)  # fmt: skip
+              f"on {min(on_rps):.0f}-{max(on_rps):.0f} req/s; client CPU per request in the run "
+              f"{statistics.median(cpu) * 1000:+.0f} us (median; {min(cpu) * 1000:+.0f} to "
+              f"{max(cpu) * 1000:+.0f})", flush=True)  # fmt: skip
         if args.size_requests:
             sizes = {}
             for routing in (False, True):
@@ -167,6 +208,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--num-prompts", type=int, default=2000)
     p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--input-len", type=int, default=LENGTHS[0])
+    p.add_argument(
+        "--output-len",
+        type=int,
+        default=LENGTHS[1],
+        help="tokens a request: SGLang sends the routing as one more event a request, so its share of the "
+        "client's work shrinks as outputs grow",
+    )
     p.add_argument("--size-requests", type=int, default=10000)
     p.add_argument(
         "--itl-ms", type=float, default=0.0, help="the stub's gap between tokens: > 0 paces it like a decoding server"
@@ -178,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         "with the stub's extra work",
     )
     args = p.parse_args(argv)
+    LENGTHS[:] = [args.input_len, args.output_len]
     with tempfile.TemporaryDirectory(prefix="routing-overhead-") as tmp:
         for name in args.shapes:
             study(name, args, Path(tmp))

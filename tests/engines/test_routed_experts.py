@@ -153,3 +153,104 @@ def test_the_fast_path_counts_as_decode_then_count_does(encoding: str) -> None:
             assert why is None and fast.dtype == np.uint16 and fast.shape == (2, 4, 16)
             slow = counts_from_ids(decode_routed_experts(payload, layout)[0], prompt, 16)
             assert fast.tolist() == slow.tolist(), (rows, prompt)
+
+
+def _sglang(ids: np.ndarray, hidden: int, dense: int) -> str:
+    full = np.zeros((ids.shape[0], hidden, ids.shape[2]), dtype=np.int32)
+    full[:, dense:] = ids
+    return base64.b64encode(full.tobytes()).decode()
+
+
+def test_ids_counted_in_a_batch_equal_each_request_counted_alone() -> None:
+    """read_routed keeps SGLang's raw ids (RoutedIds) for count_routed to count many at once: the
+    batch's counts equal the sum of routed_counts over its requests, whatever their rows and prompt
+    splits (0 rows, all prompt, none), placeholders included; vLLM's .npy is counted at once."""
+    from engines.models import TINY_CONFIG
+    from engines.routing import (
+        DEFER_MAX_BYTES,
+        RoutedIds,
+        count_routed,
+        layout_from_config,
+        read_routed,
+        routed_counts,
+    )
+
+    layout = layout_from_config({**TINY_CONFIG, "num_hidden_layers": 5, "n_routed_experts": 16}, "test")
+    rng = np.random.default_rng(7)
+    items, alone = [], np.zeros((2, 4, 16), dtype=np.int64)
+    for rows, prompt in ((0, 3), (1, None), (9, 4), (40, 0), (12, 50), (30, 29)):
+        payload = _sglang(rng.integers(-1, 16, size=(rows, 4, 2)).astype(np.int32), 5, 1)
+        got, why = read_routed(payload, layout, prompt)
+        assert why is None and isinstance(got, RoutedIds), why
+        items.append(got)
+        alone += routed_counts(payload, layout, prompt)[0]
+    counts, bad = count_routed(items)
+    assert bad == [] and counts.dtype == np.int64 and counts.tolist() == alone.tolist()
+    npy, why = read_routed(_b64(rng.integers(0, 16, size=(5, 4, 2)).astype(np.int32)), layout, 2)
+    assert why is None and not isinstance(npy, RoutedIds) and npy.shape == (2, 4, 16)
+    for payload, reason in (("not base64!!", "not base64"), (base64.b64encode(b"\x00" * 12).decode(), "neither")):
+        got, why = read_routed(payload, layout, 2)
+        assert got is None and reason in why, why
+    # ids over DEFER_MAX_BYTES (a DeepSeek-V3 request: ~2 kB a token) are counted at once
+    big = _sglang(rng.integers(0, 16, size=(DEFER_MAX_BYTES // 32 + 1, 4, 2)).astype(np.int32), 5, 1)
+    got, why = read_routed(big, layout, 7)
+    assert why is None and not isinstance(got, RoutedIds) and got.tolist() == routed_counts(big, layout, 7)[0].tolist()
+
+
+def test_a_request_naming_an_unknown_expert_is_left_out_of_its_batch_alone() -> None:
+    from engines.models import TINY_CONFIG
+    from engines.routing import count_routed, layout_from_config, read_routed, routed_counts
+
+    layout = layout_from_config(TINY_CONFIG, "test")  # 3 layers (1 dense), 8 experts, top-2
+    ok = [_sglang(np.full((4, 2, 2), e, dtype=np.int32), 3, 1) for e in (1, 5)]
+    wrong = _sglang(np.full((3, 2, 2), 8, dtype=np.int32), 3, 1)
+    items = [read_routed(p, layout, 2)[0] for p in (ok[0], wrong, ok[1])]
+    counts, bad = count_routed(items)
+    assert bad == [(1, "routed_experts names expert 8, outside the model's 8")]
+    assert counts.tolist() == (routed_counts(ok[0], layout, 2)[0] + routed_counts(ok[1], layout, 2)[0]).tolist()
+    counts, bad = count_routed([items[1]])  # a batch of only bad ones counts nothing
+    assert [i for i, _ in bad] == [0] and counts.sum() == 0 and counts.shape == (2, 2, 8)
+
+
+def test_the_recorder_counts_routed_ids_by_window_and_keeps_the_run(tmp_path: object) -> None:
+    """Through the real recorder and store, more requests than one counting batch: ids summed as
+    counted alone, by 10 s window; a request naming an unknown expert left out with its reason."""
+    from pathlib import Path
+
+    from bench.run import recorder as recorder_mod
+    from bench.run.recorder import Recorder
+    from bench.send.core import Completion
+    from bench.store import Store
+    from engines.models import TINY_CONFIG
+    from engines.routing import layout_from_config, read_routed, routed_counts
+
+    layout = layout_from_config(TINY_CONFIG, "test")
+    store = Store(Path(str(tmp_path)) / "r.sqlite")
+    run = store.create_run(mode="latency", engine="openai", model="m", accelerator="cpu", config={})
+    rec = Recorder(store, run)
+    rec.start()
+    rec.t0 = 0.0
+    rng = np.random.default_rng(1)
+    n = 4 * recorder_mod.ROUTED_IDS_BATCH + 44
+    want, windows = np.zeros((2, 2, 8), dtype=np.int64), {}
+    for i in range(n):
+        ids = rng.integers(-1, 8, size=(int(rng.integers(1, 20)), 2, 2)).astype(np.int32)
+        if i == 17:
+            ids[0, 0, 0] = 11
+        payload = _sglang(ids, 3, 1)
+        t = 0.1 * i
+        if i != 17:
+            one = routed_counts(payload, layout, 5)[0].astype(np.int64)
+            want += one
+            windows[int((t + 1) // 10)] = windows.get(int((t + 1) // 10), 0) + one.sum(axis=0)
+        routing = read_routed(payload, layout, 5)[0]
+        rec.put(Completion(i, f"r{i}", t, t + 1, (t + 0.5, t + 1), 5, 2, None, t + 0.5, t, None, routing=routing))
+    rec.close()
+    assert rec.done == n and store.sample_count(run) == n
+    assert rec.routing_requests == n - 1 and rec.routing_phases.tolist() == want.tolist()
+    assert sorted(rec.routing_windows) == sorted(windows) == [0, 1, 2, 3]
+    assert all(rec.routing_windows[w].tolist() == windows[w].tolist() for w in windows)
+    assert (
+        rec.routing_error == "request r17: routing routed_experts names expert 11, outside the model's 8; "
+        "its routing is left out"
+    )
