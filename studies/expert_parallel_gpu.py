@@ -19,7 +19,10 @@ are, 1 if a run failed (its one-line reason printed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -48,16 +51,36 @@ def _cli(args: argparse.Namespace, db: Path, ep: int, batch: int, mode: str) -> 
         for opt in args.engine_opt:
             argv += ["--engine-opt", opt]
     t0 = time.perf_counter()
-    p = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout)
+    # its own process group: a run past --timeout is stopped with everything it started (the
+    # engine, the other ranks), so the next point finds the GPUs free
+    p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)  # fmt: skip
+    try:
+        _out, err = p.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        _stop_group(p)
+        return None, f"{mode} run stopped after --timeout {args.timeout:.0f} s"
     spent = time.perf_counter() - t0
     if p.returncode != 0:
-        last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"
+        last = err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}"
         return None, f"{mode} run failed after {spent:.0f} s: {last}"
     store = Store(db)
     try:
         return max(r.id for r in store.list_runs()), f"{spent:.0f} s"
     finally:
         store.close()
+
+
+def _stop_group(p: subprocess.Popen[str]) -> None:
+    """SIGTERM to the run's process group (the CLI stops its engine and ranks), SIGKILL after 30 s."""
+    for sig, wait_s in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, sig)
+        try:
+            p.communicate(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def point(args: argparse.Namespace, db: Path, ep: int, batch: int) -> dict[str, Any]:
@@ -122,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         for batch in args.batches:
             row = point(args, db, ep, batch)
             rows.append(row)
+            if args.json:  # after every point: what was measured survives a later point's failure
+                args.json.write_text(json.dumps(rows, indent=1) + "\n")
             if "error" in row:
                 failed += 1
                 print(f"  {ep:>3}{batch:>6}  {row['error']}", flush=True)
