@@ -58,7 +58,7 @@ def _cli(args: argparse.Namespace, db: Path, ep: int, batch: int, mode: str) -> 
     try:
         _out, err = p.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
-        _stop_group(p)
+        stop_group(p)
         return None, f"{mode} run stopped after --timeout {args.timeout:.0f} s"
     spent = time.perf_counter() - t0
     if p.returncode != 0:
@@ -71,9 +71,10 @@ def _cli(args: argparse.Namespace, db: Path, ep: int, batch: int, mode: str) -> 
         store.close()
 
 
-def _stop_group(p: subprocess.Popen[str]) -> None:
-    """SIGTERM to the run's process group (the CLI stops its engine and ranks), SIGKILL after 30 s."""
-    for sig, wait_s in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+def stop_group(p: subprocess.Popen[str], grace_s: float = 30.0) -> None:
+    """SIGTERM to the run's process group (the CLI stops its engine and ranks), SIGKILL after
+    ``grace_s``."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, sig)
         try:
