@@ -279,6 +279,8 @@ def _read_ids(b64: Any, layout: dict[str, Any]) -> tuple[Any, tuple[int, ...], s
         keep = tuple(range(layers))
     else:
         return None, (), f"routed_experts has {layers} layers; the model has {len(moe)} MoE layers of {hidden}"
+    if keep and max(keep) >= layers:  # a layout at odds with itself (MoE layer indices past its layer count)
+        return None, (), f"routed_experts has {layers} layers; the model's MoE layers go up to index {max(keep)}"
     if ids.size:
         low, high = int(ids.min()), int(ids.max())
         if low < -1 or high >= experts:
@@ -391,7 +393,7 @@ def read_routed(
     except (binascii.Error, ValueError) as exc:
         return None, f"routed_experts is not base64 ({type(exc).__name__}: {str(exc)[:80]})"
     row = hidden * top_k * 4
-    if raw.startswith(NPY_MAGIC) or len(raw) % row:
+    if raw.startswith(NPY_MAGIC) or len(raw) % row or max(moe) >= hidden:  # (a layout at odds with itself too)
         return routed_counts(b64, layout, prompt_tokens, prompt_start)  # an .npy array, or its reason
     if len(raw) > DEFER_MAX_BYTES:  # numpy's per-call cost is small beside this much work: count it
         return routed_counts(b64, layout, prompt_tokens, prompt_start)  # here (the counts pass on smaller)

@@ -369,7 +369,11 @@ class Recorder:
         batch, not once a request (engines.routing.RoutedIds)."""
         waiting, self._routed_ids, self._routed_n, self._routed_bytes = self._routed_ids, {}, 0, 0
         for (window, _plan), items in waiting.items():
-            counts, bad = count_routed([ids for _, ids in items])
+            try:
+                counts, bad = count_routed([ids for _, ids in items])
+            except Exception as exc:  # noqa: BLE001 - this batch's routing is left out; the run goes on
+                self._routing_left_out(items[0][0], f"not counted ({type(exc).__name__}: {exc})")
+                continue
             for i, why in bad:
                 self._routing_left_out(items[i][0], why)
             left_out = {i for i, _ in bad}

@@ -210,6 +210,43 @@ def test_a_request_naming_an_unknown_expert_is_left_out_of_its_batch_alone() -> 
     assert counts.tolist() == (routed_counts(ok[0], layout, 2)[0] + routed_counts(ok[1], layout, 2)[0]).tolist()
     counts, bad = count_routed([items[1]])  # a batch of only bad ones counts nothing
     assert [i for i, _ in bad] == [0] and counts.sum() == 0 and counts.shape == (2, 2, 8)
+    # a layout at odds with itself (MoE layer 2 of 2 layers) is a reason, never an exception
+    odd = {"moe_layers": [1, 2], "num_experts": 4, "top_k": 2}
+    got, why = read_routed(base64.b64encode(np.zeros((2, 2, 2), dtype=np.int32).tobytes()).decode(), odd, 1)
+    assert got is None and why == "routed_experts has 2 layers; the model's MoE layers go up to index 2"
+
+
+def test_a_batch_that_cannot_be_counted_leaves_its_routing_out_and_the_recorder_going(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pathlib import Path
+
+    from bench.run import recorder as recorder_mod
+    from bench.run.recorder import Recorder
+    from bench.send.core import Completion
+    from bench.store import Store
+    from engines.models import TINY_CONFIG
+    from engines.routing import layout_from_config, read_routed
+
+    def broken(items: list) -> None:
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(recorder_mod, "count_routed", broken)
+    layout = layout_from_config(TINY_CONFIG, "test")
+    store = Store(Path(str(tmp_path)) / "r.sqlite")
+    run = store.create_run(mode="latency", engine="openai", model="m", accelerator="cpu", config={})
+    rec = Recorder(store, run)
+    rec.start()
+    rec.t0 = 0.0
+    routing = read_routed(_sglang(np.ones((3, 2, 2), dtype=np.int32), 3, 1), layout, 2)[0]
+    n = recorder_mod.ROUTED_IDS_BATCH + 5
+    for i in range(n):
+        rec.put(Completion(i, f"r{i}", 0.0, 1.0, (0.5, 1.0), 2, 2, None, 0.5, 0.0, None, routing=routing))
+    rec.close()
+    assert rec.done == n and store.sample_count(run) == n  # every request recorded, after the failed batch too
+    assert rec.routing_requests == 0 and rec.routing_error == (
+        "request r0: routing not counted (MemoryError: no room); its routing is left out"
+    )
 
 
 def test_the_recorder_counts_routed_ids_by_window_and_keeps_the_run(tmp_path: object) -> None:
