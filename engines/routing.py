@@ -231,10 +231,37 @@ def layout_from_config(cfg: dict[str, Any], source: str) -> dict[str, Any] | Non
     }
 
 
+def _decoded(b64: Any) -> tuple[bytes | None, str | None]:
+    """A ``routed_experts`` field's bytes, or (None, one-line reason): not text, over the cap, not base64."""
+    import binascii
+
+    if not isinstance(b64, str):
+        return None, f"routed_experts is a {type(b64).__name__}, not base64 text"
+    if len(b64) > ROUTED_EXPERTS_MAX_B64:
+        mib = f"{len(b64) / 2**20:.0f} MiB"
+        return None, f"routed_experts is {mib} of base64, over the {ROUTED_EXPERTS_MAX_B64 >> 20} MiB cap"
+    try:
+        return _b64decode(b64), None
+    except (binascii.Error, ValueError) as exc:
+        return None, f"routed_experts is not base64 ({type(exc).__name__}: {str(exc)[:80]})"
+
+
+def _outside(low: int, high: int, experts: int) -> str | None:
+    """Why ids from ``low`` to ``high`` are not the model's experts (-1: a placeholder), or None."""
+    if low < -1 or high >= experts:
+        return f"routed_experts names expert {high if high >= experts else low}, outside the model's {experts}"
+    return None
+
+
 def _read_ids(b64: Any, layout: dict[str, Any]) -> tuple[Any, tuple[int, ...], str | None]:
     """(ids [rows, layers, top-k], the MoE layers' indices on the array's layer axis, None) or
     (None, (), one-line reason); see :func:`decode_routed_experts`."""
-    import binascii
+    raw, why = _decoded(b64)
+    return (None, (), why) if raw is None else _ids_of(raw, layout)
+
+
+def _ids_of(raw: bytes, layout: dict[str, Any]) -> tuple[Any, tuple[int, ...], str | None]:
+    """:func:`_read_ids` for the field's decoded bytes."""
     import io
 
     import numpy as np
@@ -242,15 +269,6 @@ def _read_ids(b64: Any, layout: dict[str, Any]) -> tuple[Any, tuple[int, ...], s
     experts, top_k = int(layout.get("num_experts") or 0), int(layout.get("top_k") or 0)
     moe = tuple(layout.get("moe_layers") or ())
     hidden = int(layout.get("hidden_layers") or len(moe))
-    if not isinstance(b64, str):
-        return None, (), f"routed_experts is a {type(b64).__name__}, not base64 text"
-    if len(b64) > ROUTED_EXPERTS_MAX_B64:
-        mib = f"{len(b64) / 2**20:.0f} MiB"
-        return None, (), f"routed_experts is {mib} of base64, over the {ROUTED_EXPERTS_MAX_B64 >> 20} MiB cap"
-    try:
-        raw = _b64decode(b64)
-    except (binascii.Error, ValueError) as exc:
-        return None, (), f"routed_experts is not base64 ({type(exc).__name__}: {str(exc)[:80]})"
     if raw.startswith(NPY_MAGIC):
         try:
             ids = np.load(io.BytesIO(raw), allow_pickle=False)
@@ -281,11 +299,8 @@ def _read_ids(b64: Any, layout: dict[str, Any]) -> tuple[Any, tuple[int, ...], s
         return None, (), f"routed_experts has {layers} layers; the model has {len(moe)} MoE layers of {hidden}"
     if keep and max(keep) >= layers:  # a layout at odds with itself (MoE layer indices past its layer count)
         return None, (), f"routed_experts has {layers} layers; the model's MoE layers go up to index {max(keep)}"
-    if ids.size:
-        low, high = int(ids.min()), int(ids.max())
-        if low < -1 or high >= experts:
-            bad = high if high >= experts else low
-            return None, (), f"routed_experts names expert {bad}, outside the model's {experts}"
+    if ids.size and (why := _outside(int(ids.min()), int(ids.max()), experts)):
+        return None, (), why
     return ids, keep, None
 
 
@@ -338,21 +353,29 @@ def routed_counts(
     prompt's), the dense layers' and placeholder cells
     dropped after, no per-layer copies. What the client does per request; equal to a per-layer
     count of :func:`decode_routed_experts`' ids (tests/engines/test_routed_experts.py)."""
-    import numpy as np
-
     ids, keep, why = _read_ids(b64, layout)
     if ids is None:
         return None, why
-    experts = int(layout.get("num_experts") or 0)
+    return _count_ids(ids, keep, int(layout.get("num_experts") or 0), prompt_tokens, prompt_start), None
+
+
+def _prompt_rows(rows: int, prompt_tokens: int | None, prompt_start: int) -> int:
+    """How many of a request's ``rows`` are its prompt's (the server left out ``prompt_start``)."""
+    return rows if prompt_tokens is None else max(0, min(rows, prompt_tokens - prompt_start))
+
+
+def _count_ids(ids: Any, keep: tuple[int, ...], experts: int, prompt_tokens: int | None, prompt_start: int) -> Any:
+    """:func:`routed_counts` of checked ids [rows, layers, top-k]."""
+    import numpy as np
+
     rows, layers = ids.shape[0], ids.shape[1]
     shift, keep_idx = _layer_plan(layers, keep, experts)
     cells = layers * (experts + 1)
-    prompt_rows = rows if prompt_tokens is None else max(0, min(rows, prompt_tokens - prompt_start))
     cell = ids + shift  # int32, one temporary; the decode rows' cells moved past the prompt's
-    cell[prompt_rows:] += cells
+    cell[_prompt_rows(rows, prompt_tokens, prompt_start) :] += cells
     counts = np.bincount(cell.reshape(-1), minlength=2 * cells)  # one bincount for both phases
     kept = counts.reshape(2, layers, experts + 1)[:, keep_idx, 1:]
-    return kept.astype(np.uint16 if rows < 65536 else np.uint32), None
+    return kept.astype(np.uint16 if rows < 65536 else np.uint32)
 
 
 class RoutedIds(NamedTuple):
@@ -381,25 +404,23 @@ def read_routed(
     checked; the expert range is checked when counted); vLLM's ``.npy``, and larger ids (a
     DeepSeek-V3 request: ~2 kB a token), as counts [2, MoE layers, experts] at once
     (:func:`routed_counts`). (value, None) or (None, one-line reason)."""
-    import binascii
-
+    raw, why = _decoded(b64)
+    if raw is None:
+        return None, why
     moe = tuple(layout.get("moe_layers") or ())
     hidden = int(layout.get("hidden_layers") or len(moe))
     experts, top_k = int(layout.get("num_experts") or 0), int(layout.get("top_k") or 0)
-    if not isinstance(b64, str) or len(b64) > ROUTED_EXPERTS_MAX_B64 or not (moe and hidden and top_k and experts):
-        return routed_counts(b64, layout, prompt_tokens, prompt_start)  # its reason, or the .npy path
-    try:
-        raw = _b64decode(b64)
-    except (binascii.Error, ValueError) as exc:
-        return None, f"routed_experts is not base64 ({type(exc).__name__}: {str(exc)[:80]})"
     row = hidden * top_k * 4
-    if raw.startswith(NPY_MAGIC) or len(raw) % row or max(moe) >= hidden:  # (a layout at odds with itself too)
-        return routed_counts(b64, layout, prompt_tokens, prompt_start)  # an .npy array, or its reason
-    if len(raw) > DEFER_MAX_BYTES:  # numpy's per-call cost is small beside this much work: count it
-        return routed_counts(b64, layout, prompt_tokens, prompt_start)  # here (the counts pass on smaller)
-    rows = len(raw) // row
-    prompt_rows = rows if prompt_tokens is None else max(0, min(rows, prompt_tokens - prompt_start))
-    return RoutedIds(raw, prompt_rows, (hidden, moe, experts, top_k)), None
+    deferred = (
+        moe and row and experts and max(moe) < hidden  # SGLang's raw ids of a layout at one with itself,
+        and not raw.startswith(NPY_MAGIC) and not len(raw) % row  # not an .npy, whole rows,
+        and len(raw) <= DEFER_MAX_BYTES  # small: numpy's per-call cost would outweigh counting them here
+    )  # fmt: skip
+    if deferred:
+        prompt_rows = _prompt_rows(len(raw) // row, prompt_tokens, prompt_start)
+        return RoutedIds(raw, prompt_rows, (hidden, moe, experts, top_k)), None
+    ids, keep, why = _ids_of(raw, layout)  # counted here (the counts pass on smaller), or its reason
+    return (None, why) if ids is None else (_count_ids(ids, keep, experts, prompt_tokens, prompt_start), None)
 
 
 def count_routed(items: list[RoutedIds]) -> tuple[Any, list[tuple[int, str]]]:
@@ -420,10 +441,8 @@ def count_routed(items: list[RoutedIds]) -> tuple[Any, list[tuple[int, str]]]:
         good = []
         for i, it in enumerate(items):  # find the culprits; the rest are counted
             own = np.frombuffer(it.raw, dtype=np.int32)
-            low, high = (int(own.min()), int(own.max())) if own.size else (0, 0)
-            if low < -1 or high >= experts:
-                bad.append((i, f"routed_experts names expert {high if high >= experts else low}, outside the "
-                               f"model's {experts}"))  # fmt: skip
+            if own.size and (why := _outside(int(own.min()), int(own.max()), experts)):
+                bad.append((i, why))
             else:
                 good.append(it)
         if not good:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import io
+from typing import Any
 
 import numpy as np
 import pytest
@@ -61,22 +62,29 @@ def test_an_oversized_field_is_refused_before_decoding(monkeypatch: pytest.Monke
     assert counts is None and "over the 0 MiB cap" in why
 
 
+def _recording(tmp_path: object) -> tuple[Any, int, Any]:
+    """A real store (SQLite in ``tmp_path``), a run in it and its started recorder, clock at 0."""
+    from pathlib import Path
+
+    from bench.run.recorder import Recorder
+    from bench.store import Store
+
+    store = Store(Path(str(tmp_path)) / "r.sqlite")
+    run = store.create_run(mode="latency", engine="openai", model="m", accelerator="cpu", config={})
+    rec = Recorder(store, run)
+    rec.start()
+    rec.t0 = 0.0
+    return store, run, rec
+
+
 def test_the_recorder_sums_good_routing_and_notes_the_first_bad_payload(tmp_path: object) -> None:
     """Through the real recorder and store: requests with routing counts are summed (prompt and
     generated, by 10 s window); a wrong shape, a float array and a string are left out with the
     first one's reason; every request is still recorded and counted."""
-    from pathlib import Path
-
-    from bench.run.recorder import Recorder
     from bench.send.core import Completion
-    from bench.store import Store
     from engines.routing import served_record
 
-    store = Store(Path(str(tmp_path)) / "r.sqlite")
-    run = store.create_run(mode="latency", engine="triton", model="m", accelerator="cpu", config={})
-    rec = Recorder(store, run)
-    rec.start()
-    rec.t0 = 0.0
+    store, run, rec = _recording(tmp_path)
     good = np.ones((2, 3, 4), dtype=np.int64)
     payloads = [good, good * 2, np.ones((2, 2, 4), dtype=np.int64), np.ones((2, 3, 4)), "garbage", good]
     for i, routing in enumerate(payloads):
@@ -219,12 +227,8 @@ def test_a_request_naming_an_unknown_expert_is_left_out_of_its_batch_alone() -> 
 def test_a_batch_that_cannot_be_counted_leaves_its_routing_out_and_the_recorder_going(
     tmp_path: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pathlib import Path
-
     from bench.run import recorder as recorder_mod
-    from bench.run.recorder import Recorder
     from bench.send.core import Completion
-    from bench.store import Store
     from engines.models import TINY_CONFIG
     from engines.routing import layout_from_config, read_routed
 
@@ -233,11 +237,7 @@ def test_a_batch_that_cannot_be_counted_leaves_its_routing_out_and_the_recorder_
 
     monkeypatch.setattr(recorder_mod, "count_routed", broken)
     layout = layout_from_config(TINY_CONFIG, "test")
-    store = Store(Path(str(tmp_path)) / "r.sqlite")
-    run = store.create_run(mode="latency", engine="openai", model="m", accelerator="cpu", config={})
-    rec = Recorder(store, run)
-    rec.start()
-    rec.t0 = 0.0
+    store, run, rec = _recording(tmp_path)
     routing = read_routed(_sglang(np.ones((3, 2, 2), dtype=np.int32), 3, 1), layout, 2)[0]
     n = recorder_mod.ROUTED_IDS_BATCH + 5
     for i in range(n):
@@ -252,21 +252,13 @@ def test_a_batch_that_cannot_be_counted_leaves_its_routing_out_and_the_recorder_
 def test_the_recorder_counts_routed_ids_by_window_and_keeps_the_run(tmp_path: object) -> None:
     """Through the real recorder and store, more requests than one counting batch: ids summed as
     counted alone, by 10 s window; a request naming an unknown expert left out with its reason."""
-    from pathlib import Path
-
     from bench.run import recorder as recorder_mod
-    from bench.run.recorder import Recorder
     from bench.send.core import Completion
-    from bench.store import Store
     from engines.models import TINY_CONFIG
     from engines.routing import layout_from_config, read_routed, routed_counts
 
     layout = layout_from_config(TINY_CONFIG, "test")
-    store = Store(Path(str(tmp_path)) / "r.sqlite")
-    run = store.create_run(mode="latency", engine="openai", model="m", accelerator="cpu", config={})
-    rec = Recorder(store, run)
-    rec.start()
-    rec.t0 = 0.0
+    store, run, rec = _recording(tmp_path)
     rng = np.random.default_rng(1)
     n = 4 * recorder_mod.ROUTED_IDS_BATCH + 44
     want, windows = np.zeros((2, 2, 8), dtype=np.int64), {}
