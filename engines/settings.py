@@ -62,6 +62,12 @@ class Settings:
     # "on": the CLI names the threads still alive when it exits (a C++ abort's suspects: an H100 run
     # aborted with the run's worker still inside CUDA). Env: MOEBENCH_EXIT_THREADS.
     exit_threads: str = "off"
+    # "realtime": a sender process (HTTP engines) asks for the round-robin real-time class (SCHED_RR,
+    # priority 1) where the OS allows it (root, or CAP_SYS_NICE), so it reads each chunk when it
+    # arrives even beside a server that spins on every core (bench/send/cpu_wait.py); "normal": it
+    # does not. Either way a run whose sending loop waited for a CPU says so.
+    # Env: MOEBENCH_SENDER_PRIORITY.
+    sender_priority: str = "realtime"
 
     def dashboard_secret(self) -> str | None:
         """The dashboard's access token: the variable, else the first line of the file; None when unset.

@@ -17,3 +17,4 @@ ARTIFACT_GC = "gc_pauses"  # bench.run.gc_watch.GcWatch.as_dict(): this process'
 ARTIFACT_ENERGY = "energy"  # bench.metrics.energy.energy_of_run: per device, or {"reason": why there is none}
 ARTIFACT_PREPARE = "engine_prepare"  # {"text", "seconds"}: what the engine did before the clock (graphs captured)
 ARTIFACT_COMMUNICATION = "communication"  # engines.expert_parallel.ServingGroup.communication(): per rank, over the run
+ARTIFACT_CLIENT_CPU = "client_cpu"  # bench.send.cpu_wait.combine: the sending loops' CPU and run-queue wait

@@ -43,6 +43,7 @@ from bench.metrics.spec_decode import spec_fields, spec_series_names
 from bench.metrics.summary import RunSummary, summarize
 from bench.run.artifacts import (
     ARTIFACT_BREAKDOWN,
+    ARTIFACT_CLIENT_CPU,
     ARTIFACT_COMMUNICATION,
     ARTIFACT_DEVICE_TELEMETRY,
     ARTIFACT_ENERGY,
@@ -64,6 +65,7 @@ from bench.run.recorder import (
 )
 from bench.run.task import error_reason
 from bench.send import make_sender
+from bench.send.cpu_wait import starved
 from bench.send.schedule import strategy_for
 from bench.store import Store
 from bench.workloads import RequestSource, build_requests, request_source
@@ -304,6 +306,9 @@ def _measure(
         recorder.close()
         if started:
             store.put_artifact(run_id, ARTIFACT_GC, gc_watch.as_dict())
+            job.client_cpu = sender.cpu
+            if sender.cpu is not None:
+                store.put_artifact(run_id, ARTIFACT_CLIENT_CPU, sender.cpu)
         if getattr(sender, "placement", None):
             store.put_artifact(
                 run_id, ARTIFACT_LOAD_GENERATORS, {"ray_address": cfg.ray_address, "actors": sender.placement}
@@ -433,10 +438,13 @@ def _finish(job: Job, engine: Engine) -> None:
         prefix_cache_hit_rate=_prefix_cache_hit_rate(store, run_id),
         **_load(cfg),
     )
+    client = "; ".join(w for w in (summary.load_warning, starved(job.client_cpu, summary.duration_s)) if w) or None
     if job.host is not None:
         means, busiest = job.host
-        reason = disturbance(means["other_cpu_cores"], means["steal_pct"], summary.load_warning, busiest)
+        reason = disturbance(means["other_cpu_cores"], means["steal_pct"], client, busiest)
         summary = dataclasses.replace(summary, **means, disturbance=reason)
+    elif client and client != summary.load_warning:
+        summary = dataclasses.replace(summary, disturbance=client)
     if job.devices:
         summary = dataclasses.replace(summary, **job.devices)
     if job.server_device_peak_gib is not None:

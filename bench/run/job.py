@@ -69,6 +69,7 @@ class Job(BackgroundTask):
         self.served_routing: tuple[Any, dict[int, Any], int, str | None] | None = None
         self.host: tuple[dict[str, float | None], list[tuple[str, int, float]]] | None = None  # host load, busiest
         self.devices: dict[str, float | None] | None = None  # device telemetry means for the summary
+        self.client_cpu: dict[str, float] | None = None  # the sending loops' run-queue wait (bench.send.cpu_wait)
         self.server_device_peak_gib: float | None = None  # a launched server's own device memory, highest
 
     @property

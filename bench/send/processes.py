@@ -53,9 +53,11 @@ from bench.send.core import (
     stream_executor,
     warm_up,
 )
+from bench.send.cpu_wait import CpuWait, combine, lift_priority, own_session
 from bench.send.schedule import LocalTickets, Strategy
 from engines.base import Engine, GenerationRequest, client_from_spec
 from engines.errors import MoEBenchError
+from engines.settings import get_settings
 
 
 class InProcessSender:
@@ -65,6 +67,7 @@ class InProcessSender:
         self.engine = engine
         self.counters = Counters()
         self._tickets: LocalTickets | None = None
+        self.cpu: dict[str, float] | None = None  # the sending loop's CPU and run-queue wait (bench.send.cpu_wait)
 
     def stop_sending(self) -> None:
         """Send no more requests; those taken already go on (until_ci met)."""
@@ -101,18 +104,23 @@ class InProcessSender:
                 self._tickets = LocalTickets(len(requests))
                 t0 = time.perf_counter()
                 on_start(t0)
-                await send(
-                    engine,
-                    strategy,
-                    requests,
-                    self._tickets,
-                    t0,
-                    cancel,
-                    emit,
-                    self.counters,
-                    range(strategy.slots),
-                    executor=executor,
-                )
+                clock = CpuWait()
+                clock.start()
+                try:
+                    await send(
+                        engine,
+                        strategy,
+                        requests,
+                        self._tickets,
+                        t0,
+                        cancel,
+                        emit,
+                        self.counters,
+                        range(strategy.slots),
+                        executor=executor,
+                    )
+                finally:
+                    self.cpu = combine([cpu] if (cpu := clock.stop()) else [])
             finally:
                 await engine.aclose()
 
@@ -162,6 +170,11 @@ def _child_main(
     feed: Connection,
 ) -> None:
     """A sender process: rebuild the engine's client, warm up, wait for the start, send."""
+    # A session of its own: the kernel shares a core between sessions (autogroup) before it
+    # shares it between their threads; in the parent's session this loop got that session's
+    # small share of the core a vLLM CPU server's engine core spins on (bench.send.cpu_wait).
+    own_session()
+    lift_priority(get_settings().sender_priority)  # before its threads start: they inherit it
     requests.feed_from(feed, shared.cancel)
     out: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
 
@@ -227,10 +240,14 @@ def _child_main(
                 t0 = shared.t0.value
                 tickets = SharedTickets(len(requests), shared.tickets, shared.stop)
                 flushing = asyncio.create_task(flusher())
+                clock = CpuWait()
+                clock.start()
                 try:
                     await send(engine, strategy, requests, tickets, t0, shared.cancel, emit, counters, slots, True)
                 finally:
                     flushing.cancel()
+                    if (cpu := clock.stop()) is not None:
+                        post("cpu", cpu)
             finally:
                 await engine.aclose()
 
@@ -280,6 +297,7 @@ class ProcessSender:
         self._tokens = self._ctx.RawArray("q", workers)
         self._in_flight = self._ctx.RawArray("q", workers)
         self._shared: _Shared | None = None
+        self.cpu: dict[str, float] | None = None  # the sending loops' CPU and run-queue wait (bench.send.cpu_wait)
 
     def live(self) -> tuple[int, int]:
         return sum(self._tokens), sum(self._in_flight)
@@ -421,6 +439,7 @@ class ProcessSender:
     ) -> None:
         open_ = set(conns)
         errors: list[str] = []
+        cpu: list[dict[str, float]] = []
         while open_:
             if cancel.is_set():
                 shared.cancel.set()
@@ -442,6 +461,9 @@ class ProcessSender:
                     if payload not in errors:
                         errors.append(payload)
                     open_.discard(c)
+                elif kind == "cpu":
+                    cpu.append(payload)
+                    self.cpu = combine(cpu)
                 elif kind == "done":
                     open_.discard(c)
         if self.feed_error is not None:

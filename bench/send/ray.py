@@ -284,6 +284,7 @@ class RaySender:
         self.spec = spec
         self.workers = workers
         self.address = check_address(address)
+        self.cpu: dict[str, float] | None = None  # not measured on Ray actors
         skews = list(self.simulated_skews_s)[:workers]
         self.skews = skews + [0.0] * (workers - len(skews))
         self._live = [(0, 0)] * workers
