@@ -64,7 +64,8 @@ def read_capped(path: Path, cap: int, what: str) -> bytes:
     if not stat.S_ISREG(st.st_mode):
         raise MoEBenchError(f"cannot read {what} {path}: not a regular file (a folder, a device or a pipe)")
     if st.st_size > cap:
-        raise MoEBenchError(f"cannot read {what} {path}: {st.st_size / 2**20:,.0f} MiB, over the {cap >> 20} MiB allowed")
+        mib = st.st_size / 2**20
+        raise MoEBenchError(f"cannot read {what} {path}: {mib:,.0f} MiB, over the {cap >> 20} MiB allowed")
     try:
         with path.open("rb") as fh:
             if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):  # swapped between the check and the open
@@ -184,7 +185,7 @@ def _check_like(v: Any, like: Any, where: str) -> None:
     ]  # fmt: skip
     for kind, name in kinds:
         if isinstance(like, kind):
-            if not isinstance(v, kind) or (kind != bool and isinstance(v, bool)):
+            if not isinstance(v, kind) or (kind is not bool and isinstance(v, bool)):
                 raise MoEBenchError(f"{where} is {_shown(v)}, not {name}")
             break
     if isinstance(like, dict):
