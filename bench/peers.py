@@ -51,6 +51,13 @@ class _File:
             raise self.error(f"{what} is {v}, below {low:g}")
         return float(v)
 
+    def duration(self, v: Any, what: str) -> float:
+        """A run's duration in s: a finite number above 0 (rates are divided by it)."""
+        x = self.real(v, what)
+        if x <= 0:
+            raise self.error(f"{what} is {v}: a run that took no time has no rates")
+        return x
+
     def opt_real(self, v: Any, what: str, *, low: float = 0.0) -> float | None:
         return None if v is None else self.real(v, what, low=low)
 
@@ -250,7 +257,7 @@ def _vllm(doc: dict[str, Any], path: Path) -> dict[str, Any]:
     completed = f.count(doc.get("completed"), "completed")
     failed = f.opt_count(doc.get("failed"), "failed")
     n = completed + (failed or 0)
-    duration = f.real(doc.get("duration"), "duration")
+    duration = f.duration(doc.get("duration"), "duration")
     lists = {k: f.items(doc[k], k, n) for k in (*_VLLM_LISTS, "queue_times") if k in doc}
     errors = lists.get("errors")
     ok: list[bool] | None = None
@@ -260,7 +267,7 @@ def _vllm(doc: dict[str, Any], path: Path) -> dict[str, Any]:
         ok = [not e for e in errors]
         if sum(ok) != completed:
             raise f.error(f"errors lists {n - sum(ok)} failed requests, the file says {failed}")
-    elif failed == 0:
+    elif failed == 0 and lists:  # only per-request lists need it, and they are n long
         ok = [True] * n
     detailed = all(k in lists for k in _VLLM_LISTS)
 
@@ -283,8 +290,8 @@ def _vllm(doc: dict[str, Any], path: Path) -> dict[str, Any]:
     in_lens = [f.count(x, f"input_lens[{i}]") for i, x in enumerate(lists.get("input_lens", []))]
     out_lens = [f.count(x, f"output_lens[{i}]") for i, x in enumerate(lists.get("output_lens", []))]
 
-    def mine(values: Iterable[float]) -> Stat:  # seconds -> the ms Stat vLLM computes over them
-        return describe(1000.0 * v for v in values)
+    def mine(values: Iterable[float | None]) -> Stat:  # seconds -> the ms Stat vLLM computes over them
+        return describe(1000.0 * v for v in values if v is not None)
 
     base: dict[str, Stat | None] = dict.fromkeys(("ttft", "tpot", "itl", "e2el"))
     counts: dict[str, int | None] = {"ttft": completed, "tpot": None, "itl": None, "e2el": completed}
@@ -558,6 +565,8 @@ def _aiperf(doc: dict[str, Any], path: Path, max_bytes: int) -> dict[str, Any]:
     dur_m = doc.get("benchmark_duration")
     duration_s = None if duration is None else f.ms(duration, f.obj(dur_m, "benchmark_duration").get("unit"),
                                                     "benchmark_duration") / 1000.0  # fmt: skip
+    if duration_s is not None:
+        f.duration(duration_s, "benchmark_duration")
     cfg = doc.get("input_config") if isinstance(doc.get("input_config"), dict) else {}
     models = (cfg.get("models") or {}).get("items") if isinstance(cfg.get("models"), dict) else None
     model = _text(models[0].get("name"), "unknown") if isinstance(models, list) and models and isinstance(
@@ -691,7 +700,7 @@ def _guidellm(doc: dict[str, Any], path: Path) -> dict[str, Any]:
     completed = f.count(totals.get("successful"), "request_totals.successful")
     failed = f.count(totals.get("errored"), "request_totals.errored")
     cancelled = f.count(totals.get("incomplete"), "request_totals.incomplete")
-    duration = f.real(b.get("duration"), "benchmarks[0].duration")
+    duration = f.duration(b.get("duration"), "benchmarks[0].duration")
 
     def tokens(tag: str) -> int | None:
         m = metrics.get(tag)

@@ -18,7 +18,8 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -360,13 +361,13 @@ TRACES_DIR = "traces"  # beside the store: the only folder a run's trace is serv
 TRACE_MAX_BYTES = 2 * 2**30  # a trace copied in (an imported bundle's, a vLLM server's) is at most this
 
 ROLLUP_LEVELS = (10, 100)  # seconds per bucket of the series' rollups (the raw series is 1 s)
-_ROLLUP_UPSERT = (
+ROLLUP_UPSERT = (
     "INSERT INTO timeseries_rollup VALUES (?,?,?,?,?,1) ON CONFLICT(run_id, level, name, t_s) DO UPDATE SET "
     "value = (value * n + excluded.value) / (n + 1), n = n + 1"
 )
 
 
-def _rollup_rows(run_id: int, points: Sequence[tuple[float, str, float | None]]) -> list[tuple[Any, ...]]:
+def rollup_rows(run_id: int, points: Sequence[tuple[float, str, float | None]]) -> list[tuple[Any, ...]]:
     """Upsert arguments that fold ``points`` into their 10 s and 100 s buckets (empty values skipped)."""
     return [
         (run_id, level, name, math.floor(t / level) * level, value)
@@ -446,9 +447,11 @@ class Store:
             conn.executescript(_SCHEMA)
             # Files from schema 1 lack the sweep columns of runs (CREATE IF NOT EXISTS keeps the old table).
             have = {r["name"] for r in conn.execute("PRAGMA table_info(runs)").fetchall()}
-            for col, decl in (("sweep_id", "INTEGER"), ("sweep_point", "TEXT")):
+            for col, decl in (("sweep_id", "INTEGER"), ("sweep_point", "TEXT"), ("content_hash", "TEXT")):
                 if col not in have:
                     conn.execute(f"ALTER TABLE runs ADD COLUMN {col} {decl}")
+            if "content_hash" not in {r["name"] for r in conn.execute("PRAGMA table_info(sweeps)").fetchall()}:
+                conn.execute("ALTER TABLE sweeps ADD COLUMN content_hash TEXT")
             have = {r["name"] for r in conn.execute("PRAGMA table_info(samples)").fetchall()}
             for col, decl in _LATER_SAMPLE_COLUMNS:
                 if col not in have:
@@ -814,7 +817,7 @@ class Store:
         with self._lock:
             conn.execute("BEGIN")
             conn.executemany("INSERT INTO timeseries VALUES (?,?,?,?)", [(run_id, t, n, v) for t, n, v in points])
-            conn.executemany(_ROLLUP_UPSERT, _rollup_rows(run_id, points))
+            conn.executemany(ROLLUP_UPSERT, rollup_rows(run_id, points))
             conn.execute("COMMIT")
 
     def timeseries(
@@ -929,7 +932,7 @@ class Store:
         r = self._conn().execute("SELECT * FROM runs WHERE id=?", (run_id,)).fetchone()
         if r is None:
             raise MoEBenchError(f"no run with id {run_id} in {self.path}")
-        run = {k: r[k] for k in r.keys() if k not in ("id", "pid", "pid_started", "host")}
+        run = {k: r[k] for k in r.keys() if k not in ("id", "pid", "pid_started", "host", "content_hash")}
         samples = [
             dict(x) for x in self._conn().execute("SELECT * FROM samples WHERE run_id=? ORDER BY seq", (run_id,))
         ]
@@ -943,101 +946,6 @@ class Store:
         arts = {n: self.artifact(run_id, n) for n in self.artifact_names(run_id)}
         return {"format": "moebench-run/1", "run": run, "samples": samples, "timeseries": points, "artifacts": arts}
 
-    def import_bundle(self, bundle: dict[str, Any]) -> int:
-        """Add a run from :meth:`export_bundle`'s document; returns its new id."""
-        from engines.errors import MoEBenchError
-
-        if not isinstance(bundle, dict) or bundle.get("format") != "moebench-run/1":
-            raise MoEBenchError("not a MoE Bench run bundle (format moebench-run/1)")
-        if not isinstance(bundle.get("run"), dict):
-            raise MoEBenchError("run bundle: 'run' must be an object")
-        conn = self._conn()
-        # Columns come from this file's own tables, never from the bundle's keys.
-        run_cols = [c for c in self._columns("runs") if c not in ("id", "pid", "pid_started", "host", "sweep_id")]
-        sample_cols = [c for c in self._columns("samples") if c != "run_id"]
-        run = {c: bundle["run"][c] for c in run_cols if c in bundle["run"]}
-        missing = [c for c in ("created_at", "status", "mode", "engine", "model", "accelerator", "config_json")
-                   if run.get(c) is None]  # fmt: skip
-        if missing:
-            raise MoEBenchError(f"run bundle: the run lacks {', '.join(missing)}")
-        if run.get("status") == "running":
-            run["status"] = "interrupted"
-        for c in ("config_json", "summary_json", "engine_json", "sweep_point"):
-            # stored as JSON text and read back as such: a bad one would break every listing later
-            if run.get(c) is not None and not _json_text(run[c], dict if c != "summary_json" else (dict, type(None))):
-                raise MoEBenchError(f"run bundle: the run's {c} is not a JSON object")
-        if run.get("status") not in STATUSES:
-            raise MoEBenchError(f"run bundle: unknown status {str(run.get('status'))[:40]!r}")
-        for c in ("created_at", "finished_at"):
-            if (run.get(c) is not None or c == "created_at") and not _finite(run.get(c), 0.0, EPOCH_MAX):
-                raise MoEBenchError(
-                    f"run bundle: the run's {c} is not a time (seconds since 1970): {str(run.get(c))[:40]}"
-                )
-        if run.get("concurrency") is not None and not _count(run["concurrency"]):
-            raise MoEBenchError("run bundle: the run's concurrency is not a whole number")
-        if run.get("summary_json") is not None:
-            why = _summary_problem(run["summary_json"])
-            if why:
-                raise MoEBenchError(f"run bundle: the run's summary_json {why}")
-        run["summary_json"] = _with_moe_figures(run.get("summary_json"), bundle.get("artifacts"))
-        samples, series = bundle.get("samples", []), bundle.get("timeseries", [])
-        artifacts = bundle.get("artifacts", {})
-        if isinstance(artifacts, dict) and ARTIFACT_TRACE in artifacts:
-            # A path from a bundle is never kept: a trace beside the bundle file is copied in
-            # (bench.bundle.import_bundle_file); a path would let a bundle name any local file.
-            artifacts = {k: v for k, v in artifacts.items() if k != ARTIFACT_TRACE}
-        if not isinstance(samples, list) or not isinstance(series, list) or not isinstance(artifacts, dict):
-            raise MoEBenchError("run bundle: 'samples' and 'timeseries' must be lists, 'artifacts' an object")
-        for n, row in enumerate(series):
-            if (
-                not isinstance(row, list | tuple)
-                or len(row) != 3
-                or not _finite(row[0])
-                or not isinstance(row[1], str)
-                or len(row[1]) > 200
-                or (row[2] is not None and not _finite(row[2]))
-            ):
-                raise MoEBenchError(f"run bundle: 'timeseries' row {n} is not [t, name, value] (numbers, a name)")
-        cols = list(run)
-        with self._lock:
-            conn.execute("BEGIN")
-            try:
-                cur = conn.execute(
-                    f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-                    [run[c] for c in cols],
-                )
-                run_id = int(cur.lastrowid or 0)
-                for n, x in enumerate(samples):
-                    if not isinstance(x, dict) or any(x.get(c) is None for c in ("seq", "request_id", "start_s")):
-                        raise MoEBenchError(f"run bundle: sample {n} is not a sample (seq, request_id, start_s, ...)")
-                    why = _sample_problem(x)
-                    if why:
-                        raise MoEBenchError(f"run bundle: sample {n} {why}")
-                    keys = [c for c in sample_cols if c in x]
-                    conn.execute(
-                        f"INSERT INTO samples (run_id, {', '.join(keys)}) VALUES (?, {', '.join('?' * len(keys))})",
-                        [run_id, *(x[c] for c in keys)],
-                    )
-                conn.executemany(
-                    "INSERT INTO timeseries VALUES (?,?,?,?)",
-                    [(run_id, t, n, v) for t, n, v in series],
-                )
-                conn.executemany(_ROLLUP_UPSERT, _rollup_rows(run_id, [(t, n, v) for t, n, v in series]))
-                conn.execute(
-                    "INSERT OR REPLACE INTO sample_counts VALUES (?, (SELECT COUNT(*) FROM samples WHERE run_id=?))",
-                    (run_id, run_id),
-                )
-                for name, content in artifacts.items():
-                    conn.execute("INSERT INTO artifacts VALUES (?,?,?)", (run_id, name, json.dumps(content)))
-            except sqlite3.Error as exc:
-                conn.execute("ROLLBACK")
-                raise MoEBenchError(f"run bundle: {exc}") from exc
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-        return run_id
-
     def export_sweep_bundle(self, sweep_id: int) -> dict[str, Any]:
         """A sweep (or capacity search) with every run it made, JSON-ready (``moebench-sweep/1``)."""
         from engines.errors import MoEBenchError
@@ -1045,50 +953,34 @@ class Store:
         r = self._conn().execute("SELECT * FROM sweeps WHERE id=?", (sweep_id,)).fetchone()
         if r is None:
             raise MoEBenchError(f"no sweep with id {sweep_id} in {self.path}")
-        sweep = {k: r[k] for k in r.keys() if k not in ("id", "pid", "pid_started", "host")}
+        sweep = {k: r[k] for k in r.keys() if k not in ("id", "pid", "pid_started", "host", "content_hash")}
         runs = [self.export_bundle(run.id) for run in self.sweep_runs(sweep_id)]
         return {"format": "moebench-sweep/1", "sweep": sweep, "runs": runs}
 
-    def import_sweep_bundle(self, bundle: dict[str, Any]) -> int:
-        """Add a sweep and its runs from :meth:`export_sweep_bundle`'s document; returns the sweep's
-        new id. A run that cannot be imported takes the sweep and the runs before it back out."""
-        from engines.errors import MoEBenchError
-
-        if not isinstance(bundle, dict) or bundle.get("format") != "moebench-sweep/1":
-            raise MoEBenchError("not a MoE Bench sweep bundle (format moebench-sweep/1)")
-        sweep, runs = bundle.get("sweep"), bundle.get("runs")
-        if not isinstance(sweep, dict) or not isinstance(runs, list):
-            raise MoEBenchError("sweep bundle: 'sweep' must be an object and 'runs' a list")
-        row = {c: sweep.get(c) for c in ("kind", "name", "created_at", "finished_at", "status", "config_json",
-                                         "result_json", "error")}  # fmt: skip
-        if row["kind"] not in ("sweep", "capacity") or not isinstance(row["created_at"], int | float):
-            raise MoEBenchError("sweep bundle: the sweep lacks its kind or creation time")
-        if not _json_text(row["config_json"], dict) or not _json_text(row["result_json"] or "{}", dict):
-            raise MoEBenchError("sweep bundle: the sweep's config_json and result_json must be JSON objects")
-        if row["status"] == "running":
-            row["status"] = "interrupted"
-        if row["status"] not in SWEEP_STATUSES:
-            raise MoEBenchError(f"sweep bundle: unknown status {str(row['status'])[:40]!r}")
-        row["name"], row["result_json"] = str(row["name"] or ""), row["result_json"] or "{}"
-        conn = self._conn()
-        cols = list(row)
-        cur = conn.execute(
-            f"INSERT INTO sweeps ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", [row[c] for c in cols]
-        )
-        sweep_id = int(cur.lastrowid or 0)
-        made: list[int] = []
-        try:
-            for run in runs:
-                made.append(self.import_bundle(run))
-                conn.execute("UPDATE runs SET sweep_id=? WHERE id=?", (sweep_id, made[-1]))
-        except BaseException:
-            self.delete_runs(made)
-            conn.execute("DELETE FROM sweeps WHERE id=?", (sweep_id,))
-            raise
-        return sweep_id
-
-    def _columns(self, table: str) -> list[str]:
+    def columns(self, table: str) -> list[str]:
+        """The columns of one of this file's tables, in order."""
         return [r[1] for r in self._conn().execute(f"PRAGMA table_info({table})")]
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One SQLite transaction on this thread's connection, under the store's lock: committed when
+        the block ends, rolled back when it raises (or never committed when the process dies)."""
+        conn = self._conn()
+        with self._lock:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def find_imported(self, kind: str, digest: str) -> int | None:
+        """The run or sweep (``kind``) imported from content of hash ``digest``, or None."""
+        table = {"run": "runs", "sweep": "sweeps"}[kind]
+        r = self._conn().execute(f"SELECT id FROM {table} WHERE content_hash=? ORDER BY id LIMIT 1", (digest,))
+        row = r.fetchone()
+        return int(row[0]) if row else None
 
     # --- sweeps ------------------------------------------------------------------------
     def create_sweep(self, *, kind: str, config: dict[str, Any], name: str = "") -> int:
@@ -1141,111 +1033,3 @@ class Store:
         """The runs of a sweep, in the order they were made."""
         rows = self._conn().execute("SELECT * FROM runs WHERE sweep_id=? ORDER BY id", (sweep_id,)).fetchall()
         return [self._row(r) for r in rows]
-
-
-def _with_moe_figures(summary_json: Any, artifacts: Any) -> Any:
-    """A bundle's summary with the MoE figures (:func:`bench.metrics.moe.run_figures`) filled in
-    from its routing record when a run from before them lacks them; otherwise as it was."""
-    if not isinstance(summary_json, str) or not isinstance(artifacts, dict):
-        return summary_json
-    routing = artifacts.get("expert_routing")
-    summary = json.loads(summary_json)
-    if not isinstance(routing, dict) or not isinstance(summary, dict) or "moe_imbalance_max" in summary:
-        return summary_json
-    from bench.metrics.moe import run_figures
-
-    return json.dumps({**summary, **run_figures(routing)})
-
-
-EPOCH_MAX = 4_102_444_800.0  # 2100-01-01: a run's time past this is not a time
-_SAMPLE_REALS = ("start_s", "end_s", "e2e_ms")  # numbers
-_SAMPLE_OPTIONAL_REALS = (  # numbers or null
-    "ttft_ms", "tpot_ms", "itl_mean_ms", "ttft_any_ms", "send_lag_ms", "itl_token_mean_ms", "reasoning_ms",
-)  # fmt: skip
-_SAMPLE_OPTIONAL_COUNTS = ("usage_output_tokens", "reasoning_tokens", "answer_tokens", "usage_reasoning_tokens",
-                           "reasoning_chunks")  # fmt: skip
-_SAMPLE_COUNTS = ("seq", "prompt_tokens", "output_tokens")  # whole numbers >= 0
-COUNT_MAX = 10**12
-
-
-def _finite(v: Any, low: float = -1e15, high: float = 1e15) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and low <= v <= high
-
-
-def _count(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= COUNT_MAX
-
-
-def _sample_problem(x: dict[str, Any]) -> str | None:
-    """Why a bundle's sample is not one (wrong types or values), or None."""
-    for c in _SAMPLE_REALS:
-        if c in x and not _finite(x[c]):
-            return f"has {c} {str(x[c])[:40]!r}, not a number"
-    for c in _SAMPLE_OPTIONAL_REALS:
-        if x.get(c) is not None and not _finite(x[c]):
-            return f"has {c} {str(x[c])[:40]!r}, not a number"
-    for c in _SAMPLE_COUNTS:
-        if c in x and not _count(x[c]):
-            return f"has {c} {str(x[c])[:40]!r}, not a count"
-    for c in _SAMPLE_OPTIONAL_COUNTS:
-        if x.get(c) is not None and not _count(x[c]):
-            return f"has a {c} that is not a count"
-    tokens = x.get("chunk_tokens_json")
-    if tokens is not None:
-        try:
-            parsed = json.loads(tokens) if isinstance(tokens, str) else None
-        except (ValueError, RecursionError):
-            parsed = None
-        if not isinstance(parsed, list) or not all(_count(n) for n in parsed):
-            return "has chunk_tokens_json that is not a JSON list of counts"
-    if not isinstance(x["request_id"], str) or not isinstance(x.get("error", ""), str):
-        return "has a request_id or error that is not text"
-    chunks = x.get("chunk_times_json", "[]")
-    if not isinstance(chunks, str):
-        return "has chunk_times_json that is not JSON text"
-    try:
-        times = json.loads(chunks)
-    except (ValueError, RecursionError):
-        return "has chunk_times_json that is not JSON"
-    if not isinstance(times, list) or not all(_finite(t) for t in times):
-        return "has chunk_times_json that is not a list of numbers"
-    return None
-
-
-def _summary_problem(text: Any) -> str | None:
-    """Why a bundle's summary_json would not load as a summary, or None (null is fine)."""
-    import dataclasses
-    import typing
-
-    try:
-        data = json.loads(text) if isinstance(text, str) else None
-    except (ValueError, RecursionError):
-        return "is not JSON"
-    if data is None:
-        return None
-    try:
-        summary = RunSummary.from_dict(data)
-    except (TypeError, KeyError, ValueError, AttributeError) as exc:
-        return f"is not a run summary ({type(exc).__name__}: {str(exc)[:80]})"
-    hints = typing.get_type_hints(RunSummary)
-    for f in dataclasses.fields(summary):
-        v, hint = getattr(summary, f.name), str(hints.get(f.name, ""))
-        if dataclasses.is_dataclass(v):
-            for g in dataclasses.fields(v):
-                w = getattr(v, g.name)
-                if w is not None and not _finite(w, -1e300, 1e300):
-                    return f"has {f.name}.{g.name} {str(w)[:40]!r}, not a number"
-        elif v is not None and ("float" in hint or "int" in hint) and "str" not in hint and "dict" not in hint:
-            if not _finite(v, -1e300, 1e300) and not isinstance(v, tuple | list):
-                return f"has {f.name} {str(v)[:40]!r}, not a number"
-    return None
-
-
-def _json_text(value: Any, kind: type | tuple[type, ...]) -> bool:
-    """``value`` is JSON text holding a ``kind`` (a bundle's stored JSON columns)."""
-    if not isinstance(value, str):
-        return False
-    try:
-        return isinstance(json.loads(value), kind)
-    except (ValueError, RecursionError):
-        return False

@@ -33,6 +33,8 @@ import itertools
 import json
 import math
 import random
+import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -46,6 +48,9 @@ BLOCK_TOKENS = 512  # Mooncake's hash block: 512 tokens per id
 MAX_TRACE_BYTES = 1 << 30
 MAX_LINE_BYTES = 1 << 20  # a trace line is a few hundred bytes; a prompt line may be long
 MAX_LENGTH = 1 << 20  # a length above this is not a request's
+MAX_TIMESTAMP_MS = 4_102_444_800_000.0  # 2100-01-01 in ms since 1970: a later timestamp is not a time
+MAX_GAP_S = 86_400.0  # a day: a longer wait between two requests (after time_scale) is refused, not waited out
+_AZURE_TIME = re.compile(r"(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:\.(\d{1,9})\d*)?")  # fraction: digits only
 
 
 @dataclass(frozen=True)
@@ -61,9 +66,18 @@ class TraceRow:
     line: int = 0  # the file's line, for messages
 
 
+def _number(v: Any) -> bool:
+    """A JSON number that is finite as a float (a 400-digit integer is not: it would overflow)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    if isinstance(v, int):
+        return abs(v) < 2**63
+    return math.isfinite(v)
+
+
 def _count(obj: dict[str, Any], key: str, where: str, low: int = 1) -> int:
     v = obj.get(key)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v != int(v):
+    if not _number(v) or v != int(v):
         raise WorkloadError(f"{where}: '{key}' must be a whole number, got {str(v)[:40]!r}")
     if not low <= int(v) <= MAX_LENGTH:
         raise WorkloadError(f"{where}: '{key}' {int(v)} is outside {low}..{MAX_LENGTH}")
@@ -72,8 +86,11 @@ def _count(obj: dict[str, Any], key: str, where: str, low: int = 1) -> int:
 
 def _timestamp_ms(obj: dict[str, Any], where: str) -> float:
     v = obj.get("timestamp")
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-        raise WorkloadError(f"{where}: 'timestamp' must be a number of ms >= 0, got {str(v)[:40]!r}")
+    if not _number(v) or not 0 <= v <= MAX_TIMESTAMP_MS:
+        raise WorkloadError(
+            f"{where}: 'timestamp' must be a number of ms from 0 to {MAX_TIMESTAMP_MS:.0f} (the year 2100), "
+            f"got {str(v)[:40]!r}"
+        )
     return float(v)
 
 
@@ -106,25 +123,32 @@ def _json_row(line: str, where: str, fmt: str, line_no: int = 0) -> TraceRow:
 
 
 def _azure_time(text: str, where: str) -> float:
-    """``2023-11-16 18:15:46.6805900`` -> seconds since the epoch (UTC), fractions of any length."""
-    base, _, frac = text.strip().partition(".")
+    """``2023-11-16 18:15:46.6805900`` -> seconds since the epoch (UTC): a date, a time and an
+    optional fraction of digits only (no exponent, no ``_``), read to the nanosecond."""
+    m = _AZURE_TIME.fullmatch(text.strip())
     try:
-        whole = datetime.strptime(base, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
-        return whole + (float("0." + frac) if frac else 0.0)
+        if m is None:
+            raise ValueError(text)
+        whole = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
+        return whole + (int(m.group(2)) / 10 ** len(m.group(2)) if m.group(2) else 0.0)
     except ValueError:
         raise WorkloadError(f"{where}: TIMESTAMP {text[:40]!r} is not YYYY-MM-DD HH:MM:SS[.fraction]") from None
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """The file's lines (a UTF-8 BOM dropped), each read with :data:`MAX_LINE_BYTES` as its hard limit."""
     size = path.stat().st_size
     if size > MAX_TRACE_BYTES:
         raise WorkloadError(f"{path.name} is larger than {MAX_TRACE_BYTES >> 20} MiB")
     with path.open("rb") as fh:
-        for n, raw in enumerate(fh, start=1):
+        for n in itertools.count(1):
+            raw = fh.readline(MAX_LINE_BYTES + 1)  # never more than one line's worth in memory
+            if not raw:
+                return
             if len(raw) > MAX_LINE_BYTES:
-                raise WorkloadError(
-                    f"{path.name} line {n}: {len(raw):,} bytes, over the {MAX_LINE_BYTES:,} a line may hold"
-                )
+                raise WorkloadError(f"{path.name} line {n}: over the {MAX_LINE_BYTES:,} bytes a line may hold")
+            if n == 1:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")
             try:
                 yield n, raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError as exc:
@@ -151,15 +175,17 @@ def detect_format(path: Path) -> str:
 def read_trace(path: str | Path, fmt: TraceFormat = "auto", limit: int | None = None) -> list[TraceRow]:
     """The first ``limit`` requests of a trace (all without a limit), in arrival order."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise WorkloadError(f"trace file '{path}' does not exist")
+    if not stat.S_ISREG(path.stat().st_mode):
+        raise WorkloadError(f"trace file '{path}' is not a regular file (a folder, a device or a pipe)")
     kind = detect_format(path) if fmt == "auto" else fmt
     rows: list[TraceRow] = []
     last = -math.inf
     if kind == "azure":
         lines = _lines(path)
         header_n, header = next(((n, ln) for n, ln in lines if ln.strip()), (0, ""))
-        cols = [c.strip().lower() for c in header.lstrip("\ufeff").split(",")]
+        cols = [c.strip().lower() for c in header.split(",")]
         want = ("timestamp", "contexttokens", "generatedtokens")
         if not all(c in cols for c in want):
             raise WorkloadError(
@@ -202,13 +228,25 @@ def read_trace(path: str | Path, fmt: TraceFormat = "auto", limit: int | None = 
 def _in_order(row: TraceRow, last: float, where: str) -> float:
     if row.t_s < last:
         raise WorkloadError(f"{where}: its timestamp is earlier than the line before (a trace is in arrival order)")
+    if not math.isfinite(row.t_s) or (math.isfinite(last) and row.t_s - last > MAX_GAP_S):
+        raise WorkloadError(
+            f"{where}: {row.t_s - last:,.0f} s after the line before, over the {MAX_GAP_S:,.0f} s a trace may wait"
+        )
     return row.t_s
 
 
 def offsets(rows: list[TraceRow], time_scale: float = 1.0) -> list[float]:
-    """Each request's due time, seconds after the first request, times ``time_scale``."""
+    """Each request's due time, seconds after the first request, times ``time_scale``; a gap over
+    :data:`MAX_GAP_S` once scaled is refused (a replay would wait it out)."""
     t0 = rows[0].t_s
-    return [(r.t_s - t0) * time_scale for r in rows]
+    out = [(r.t_s - t0) * time_scale for r in rows]
+    for (a, b), r in zip(itertools.pairwise(out), rows[1:], strict=True):
+        if not math.isfinite(b) or b - a > MAX_GAP_S:
+            raise WorkloadError(
+                f"trace line {r.line}: due {b - a:,.0f} s after the request before at time scale {time_scale:g}, "
+                f"over the {MAX_GAP_S:,.0f} s a replay may wait"
+            )
+    return out
 
 
 def block_tokens(block_id: int, words: list[int], seed: int, n: int = BLOCK_TOKENS) -> list[int]:

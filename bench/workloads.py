@@ -914,8 +914,10 @@ def _existing_file(raw: str | None, what: str) -> Path:
     path = Path(raw or "")
     if path.is_dir():
         raise WorkloadError(f"{what} '{path}' is a folder, not a file")
-    if not path.is_file():
+    if not path.exists():
         raise WorkloadError(f"{what} '{path}' does not exist")
+    if not path.is_file():  # a FIFO or a device: reading it would hang or never end
+        raise WorkloadError(f"{what} '{path}' is not a regular file (a device or a pipe)")
     return path
 
 

@@ -198,6 +198,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+MISSING = "\u2013"  # a figure a run does not have (an imported file without it), in listings
+
+
+def _figure(v: object, spec: str) -> str:
+    """``v`` formatted with ``spec``, or :data:`MISSING` when the run has no such figure."""
+    return MISSING if not isinstance(v, int | float) else format(v, spec)
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
     runs = open_store(args).list_runs()
     if not runs:
@@ -211,8 +219,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
         s = r.summary
         print(
             f"{r.id:>4}  {r.status:<11} {r.mode:<11} {r.engine:<8} {r.model[:20]:<20} {r.accelerator:<5} "
-            f"{(s.completed if s else 0):>5} {(f'{s.output_throughput_tok_s:.1f}' if s else '-'):>9} "
-            f"{(f'{s.ttft_ms.p50:.1f}' if s and s.ttft_ms.p50 is not None else '-'):>9}  "
+            f"{_figure(s.completed if s else None, 'd'):>5} "
+            f"{_figure(s.output_throughput_tok_s if s else None, '.1f'):>9} "
+            f"{_figure(s.ttft_ms.p50 if s else None, '.1f'):>9}  "
             f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r.created_at))}"
         )
     return EXIT_OK
@@ -260,10 +269,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from bench.bundle import import_file
+    from bench.bundle import import_path
 
-    kind, new_id = import_file(open_store(args), args.path)
-    print(f"imported {args.path} as {kind} {new_id}")
+    done = import_path(open_store(args), args.path)
+    if not done.new:
+        print(f"{args.path} is already imported as {done.kind} {done.id} (the same content): nothing added")
+    else:
+        print(f"imported {args.path} as {done.kind} {done.id}")
     return EXIT_OK
 
 

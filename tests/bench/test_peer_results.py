@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from bench import bundle, peers
-from bench.bundle import import_file, read_bundle
+from bench.bundle import import_file, import_run, read_bundle
 from bench.metrics.summary import summarize
 from bench.store import Store
 from engines.errors import MoEBenchError
@@ -339,9 +339,9 @@ def test_a_peer_bundle_refused_half_way_by_the_store_leaves_nothing(store: Store
     made = read_bundle(VLLM_DETAILED)
     made["samples"][-1]["e2e_ms"] = float("nan")  # the last row: the run and 39 rows were written first
     with pytest.raises(MoEBenchError, match="sample 39 has e2e_ms 'nan', not a number"):
-        store.import_bundle(made)
+        import_run(store, made)
     assert nothing_stored(store)
-    assert store.import_bundle(read_bundle(VLLM_DETAILED)) > 0  # the store is still usable
+    assert import_run(store, read_bundle(VLLM_DETAILED)) > 0  # the store is still usable
 
 
 def test_a_moebench_bundle_is_not_mistaken_for_a_peer_file(store: Store, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.bundle import import_run
 from bench.metrics.records import RequestRecord
 from bench.metrics.summary import summarize
 from bench.report.csv_export import requests_csv, summary_csv
@@ -148,7 +149,7 @@ def test_bundle_round_trip_keeps_everything(store: Store, tmp_path: Path) -> Non
     store.put_artifact(run_id, "profile_breakdown", {"rows": [{"category": "other", "time_ms": 1.0}]})
     store.finish_run(run_id, "completed", summarize([_rec(i) for i in range(4)]))
     other = Store(tmp_path / "other.sqlite")
-    new_id = other.import_bundle(store.export_bundle(run_id))
+    new_id = import_run(other, store.export_bundle(run_id))
     assert requests_csv(other, new_id).replace(b"\n" + str(new_id).encode(), b"\nX") == requests_csv(
         store, run_id
     ).replace(b"\n" + str(run_id).encode(), b"\nX")
@@ -158,7 +159,7 @@ def test_bundle_round_trip_keeps_everything(store: Store, tmp_path: Path) -> Non
     from engines.errors import MoEBenchError
 
     with pytest.raises(MoEBenchError, match="not a MoE Bench run bundle"):
-        other.import_bundle({"format": "something else"})
+        import_run(other, {"format": "something else"})
 
 
 def test_csv_text_cells_cannot_be_formulas_but_numbers_stay_numbers(tmp_path: Path) -> None:
@@ -214,7 +215,7 @@ def test_bundle_keys_never_reach_sql_and_bad_bundles_say_why(store: Store) -> No
     bundle = store.export_bundle(run_id)
     bundle["run"]["name) VALUES (1); --"] = "x"  # a key that would be SQL if pasted into a statement
     bundle["samples"][0]["evil) --"] = 1
-    new_id = store.import_bundle(bundle)
+    new_id = import_run(store, bundle)
     assert store.get_run(new_id) is not None and len(store.records(new_id)) == 2
     n_runs = len(store.list_runs())
     for broken, reason in (
@@ -223,7 +224,7 @@ def test_bundle_keys_never_reach_sql_and_bad_bundles_say_why(store: Store) -> No
         ({**bundle, "run": []}, "'run' must be an object"),
     ):
         with pytest.raises(MoEBenchError, match=reason):
-            store.import_bundle(broken)
+            import_run(store, broken)
     assert len(store.list_runs()) == n_runs  # nothing half-imported
 
 
@@ -257,7 +258,7 @@ def test_bundles_keep_chunk_times_as_json_text(store: Store, tmp_path: Path) -> 
     store.finish_run(run_id, "completed", summarize([_rec(i) for i in range(3)]))
     bundle = json.loads(json.dumps(store.export_bundle(run_id)))
     assert json.loads(bundle["samples"][1]["chunk_times_json"]) == pytest.approx([0.2, 0.6])
-    again = store.import_bundle(bundle)
+    again = import_run(store, bundle)
     for x, y in zip(store.records(again), store.records(run_id), strict=True):
         assert x.chunk_times_s == pytest.approx(y.chunk_times_s, abs=1e-6)
     assert store.sample_count(again) == 3
