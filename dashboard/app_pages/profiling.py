@@ -268,6 +268,13 @@ def _routing_view(run_id: int | None, own_routing: dict[str, Any] | None) -> Non
         )
     else:
         routing_by_id = {r.id: r for r in routing_candidates}
+        if run_id is not None and run_id not in routing_by_id:
+            st.info(
+                f"Run #{run_id} recorded no expert routing (a captured CUDA-graph step, a server that was not asked "
+                "for its routed experts, or a run that ended first). Another run's routing can be picked below; "
+                "its heat map is titled with its run.",
+                icon=":material/info:",
+            )
         if ss.get("p.routing-run") not in routing_by_id:
             ss["p.routing-run"] = run_id if run_id in routing_by_id else routing_ids[0]
         rid = st.selectbox(
@@ -296,7 +303,9 @@ def _routing_view(run_id: int | None, own_routing: dict[str, Any] | None) -> Non
             if pick != "whole run":
                 window = windows[labels.index(pick) - 1]
                 shown = {**routing, "counts": window["counts"]}
-        if shown is routing:
+        if shown is routing and rid != run_id:  # another run's: its title says whose
+            ui.chart(charts.routing_heatmap(routing, f"Tokens routed to each expert, run #{rid}"), "p.routing-heatmap")
+        elif shown is routing:
             ui.chart(charts.routing_heatmap(routing), "p.routing-heatmap")
         else:
             ui.chart(charts.routing_heatmap(shown, f"Tokens routed to each expert, {pick}"), "p.routing-heatmap")

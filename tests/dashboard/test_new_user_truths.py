@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from engines.settings import get_settings
 from tests.dashboard.test_compare_page import PAGE as COMPARE
 from tests.dashboard.test_compare_page import _frame, _no_exception, _texts
 
+PROFILING = "app_pages/profiling.py"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
@@ -50,4 +52,25 @@ def test_a_column_without_a_run_on_its_card_says_none(app_test: Callable[..., An
     assert at.selectbox(key="c.acc.cuda").value is None
     assert "no NVIDIA H100 run measured yet: any other stored run can be picked above" in _texts(at, "info")
     assert any(o.startswith(f"#{h200} ") and o.endswith("· no H100") for o in at.selectbox(key="c.acc.cuda").options)
+    store.close()
+
+
+def test_a_profile_run_without_routing_says_so(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+    """The H100 example profile has no routing: its Expert routing tab showed another run's heat map, silently."""
+    store = Store(get_settings().db_path)
+    profile_data.import_examples(store)
+    runs = {r.name: r.id for r in store.list_runs()}
+    h100, h200 = runs["h100-fast-profile"], runs["h200-profile"]
+    assert store.artifact(h100, "expert_routing") is None and store.artifact(h200, "expert_routing")
+    at = app_test(PROFILING)
+    at.selectbox(key="p.run").set_value(h100).run()
+    _no_exception(at)
+    assert any(t.startswith(f"Run #{h100} recorded no expert routing") for t in _texts(at, "info"))
+    titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
+    heat = [t for t in titles if t.startswith("Tokens routed to each expert")]
+    assert len(heat) == 1 and not heat[0].endswith(f"run #{h100}"), heat  # another run's, titled with it
+    assert store.artifact(int(heat[0].rsplit("#", 1)[1]), "expert_routing")
+    # The H200 profile has its own: no such line, its heat map untitled by run.
+    at.selectbox(key="p.run").set_value(h200).run()
+    assert not any("recorded no expert routing" in t for t in _texts(at, "info"))
     store.close()
