@@ -7,6 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench.analysis import tuning
 from bench.bundle import import_bundle_file
 from bench.store import Store
@@ -73,4 +75,27 @@ def test_a_profile_run_without_routing_says_so(app_test: Callable[..., Any], fre
     # The H200 profile has its own: no such line, its heat map untitled by run.
     at.selectbox(key="p.run").set_value(h200).run()
     assert not any("recorded no expert routing" in t for t in _texts(at, "info"))
+    store.close()
+
+
+def test_no_widget_gets_a_default_and_a_session_state_value(
+    app_test: Callable[..., Any], fresh_data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server log repeated Streamlit's "created with a default value but also had its value set via the
+    Session State API" warning, with a stack trace, for the EP-size widget (key p.ep) on every rerun."""
+    from streamlit.elements.lib import policies
+
+    warned: list[str] = []
+    monkeypatch.setattr(policies.runtime, "exists", lambda: True)  # AppTest has no runtime: the check is skipped
+    monkeypatch.setattr(policies, "_shown_default_value_warning", False)
+    monkeypatch.setattr(policies._LOGGER, "warning", lambda msg, key, **kw: warned.append(key))
+    store = Store(get_settings().db_path)
+    profile_data.import_examples(store)
+    h200 = next(r.id for r in store.list_runs() if r.name == "h200-profile")
+    at = app_test(PROFILING)
+    at.selectbox(key="p.run").set_value(h200).run()
+    at.run()  # a rerun: the page's choices are re-set through session_state
+    _no_exception(at)
+    assert at.selectbox(key="p.ep").value == 8
+    assert warned == []
     store.close()
