@@ -74,3 +74,58 @@ def test_viewer_mode_refuses_in_the_services_not_only_in_the_widgets(
     task = Task()
     services.cancel(task)
     assert task.cancelled is False
+
+
+# --- issue 45: what a new user saw that was not true (the CLI's side) ----------------------------
+
+
+def test_tune_without_cuda_is_one_error_line(tmp_path: Path) -> None:
+    from engines.accelerators import get_accelerator
+    from tests.hostile.clirun import bench
+
+    if get_accelerator("cuda").availability().ok:
+        pytest.skip("CUDA is available here: tune would run")
+    r = bench("tune", "--configs", "baseline", "--batches", "1", "--out", str(tmp_path / "t"), data_dir=tmp_path)
+    assert r.returncode != 0
+    assert r.one_error().startswith("error: accelerator 'cuda' is unavailable"), r.stderr
+
+
+def test_runs_piped_into_head_exits_quietly(tmp_path: Path) -> None:
+    """``bench runs | head`` printed "error: Broken pipe" and exited 2."""
+    import subprocess
+    import sys
+
+    from tests.hostile.clirun import ROOT, cli_env
+
+    store = Store(tmp_path / "db.sqlite")
+    for i in range(400):  # more than a pipe's buffer of lines
+        store.create_run(mode="latency", engine="native", model=f"m{i}", accelerator="cpu", config={})
+    store.close()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench", "runs", "--db", str(tmp_path / "db.sqlite")],
+        cwd=ROOT, env=cli_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()  # head read a line, then left
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 0 and err == "", err
+
+
+def test_an_engine_that_cannot_start_here_stores_no_run(tmp_path: Path) -> None:
+    """Each ``--engine vllm`` attempt without vLLM stored a failed run: refused before, in one line."""
+    from bench.cli.common import refuse_unavailable_engine
+    from tests.hostile.clirun import bench
+
+    try:
+        refuse_unavailable_engine({"kind": "vllm", "accelerator": "cpu"})
+        pytest.skip("vLLM is installed here")
+    except Exception:  # noqa: BLE001 - the reason is asserted through the CLI below
+        pass
+    db = str(tmp_path / "db.sqlite")
+    for _ in range(2):
+        r = bench("run", "--engine", "vllm", "--model", "tiny-deepseek-v3", "--requests", "2", "--db", db,
+                  data_dir=tmp_path)  # fmt: skip
+        assert r.returncode == 2
+        assert r.one_error().startswith("error: engine 'vllm' is unavailable: vLLM is not installed"), r.stderr
+    assert "no runs yet" in bench("runs", "--db", db, data_dir=tmp_path).stdout
