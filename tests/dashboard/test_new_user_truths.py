@@ -99,3 +99,49 @@ def test_no_widget_gets_a_default_and_a_session_state_value(
     assert at.selectbox(key="p.ep").value == 8
     assert warned == []
     store.close()
+
+
+CHILD = """
+import json, time
+from bench.run.host_load import HostLoad
+h = HostLoad()
+time.sleep(1.5)
+print(json.dumps({"root": h.root.pid, "others": [pid for _, pid, _ in h.busiest_others(limit=50)]}))
+"""
+PARENT = """
+import subprocess, sys, threading, time
+stop = time.monotonic() + 60
+def spin():
+    while time.monotonic() < stop:
+        pass
+threading.Thread(target=spin, daemon=True).start()  # the dashboard drawing a live page: a busy core
+out = subprocess.run([sys.executable, "-c", sys.argv[1]], capture_output=True, text=True, timeout=120)
+import os
+print(os.getpid())
+print(out.stdout, out.stderr)
+"""
+
+
+def test_the_dashboard_is_not_among_the_processes_that_disturbed_its_run(tmp_path: Path) -> None:
+    """Every run was marked Disturbed, naming the dashboard's own Streamlit server ("python (pid N)"):
+    a run measured in the engine host (a child of the dashboard) counts its parent as its own."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    # argv as `streamlit run dashboard/serve.py` has it: the script path names the dashboard
+    proc = subprocess.run(
+        [sys.executable, "-c", PARENT, CHILD, "dashboard/serve.py"],
+        cwd=root, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    dashboard_pid, seen = int(lines[0]), json.loads(lines[1])
+    assert seen["root"] == dashboard_pid  # the run's own tree starts at the dashboard
+    assert dashboard_pid not in seen["others"], seen
+    from bench.run.host_load import is_moebench_process
+
+    assert is_moebench_process(["python", "-m", "streamlit", "run", "dashboard/serve.py"])
+    assert is_moebench_process(["/usr/bin/python3", "-m", "bench", "run"])
+    assert not is_moebench_process(["python", "-m", "pytest", "tests/bench"])
+    assert not is_moebench_process(["bash"])
