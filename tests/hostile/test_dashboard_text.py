@@ -129,3 +129,25 @@ def test_an_engine_that_cannot_start_here_stores_no_run(tmp_path: Path) -> None:
         assert r.returncode == 2
         assert r.one_error().startswith("error: engine 'vllm' is unavailable: vLLM is not installed"), r.stderr
     assert "no runs yet" in bench("runs", "--db", db, data_dir=tmp_path).stdout
+
+
+def test_a_server_moebench_did_not_launch_has_no_hardware_limit(tmp_path: Path, server: Any) -> None:
+    """An openai run against the zero-compute stub printed this CPU's bf16 "limit ... reached 6 %": a
+    server MoE Bench only connected to (here, on localhost) computes on hardware it does not know."""
+    from bench.metrics.run_limits import for_run_or_reason
+    from tests.hostile.clirun import bench
+    from tests.hostile.hostile_server import MODEL
+
+    tiny = {"engine": {"model": "tiny-deepseek-v3", "accelerator": "cpu"}, "mode": "latency"}
+    local = "http://127.0.0.1:8000/v1"
+    assert for_run_or_reason(tiny, {"base_url": local}, None, measure=False) == (
+        "a server MoE Bench did not launch (127.0.0.1): its hardware is unknown"
+    )
+    launched = for_run_or_reason(tiny, {"base_url": local, "managed": True, "host": "x"}, None, measure=False)
+    assert isinstance(launched, str) and "another host" in launched  # the launched one keeps the CPU rules
+    r = bench("run", "--engine", "openai", "--base-url", server.url(), "--model", MODEL, "--prompts", "builtin",
+              "--requests", "2", "--warmup", "0", "--output-len", "4", "--quiet", "--db", str(tmp_path / "db.sqlite"),
+              data_dir=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "note          no hardware limit: a server MoE Bench did not launch (127.0.0.1)" in r.stdout, r.stdout
+    assert not any(line.startswith("limit ") for line in r.stdout.splitlines())
