@@ -189,7 +189,7 @@ def _known_server(engine_info: Mapping[str, Any]) -> None:
     anywhere (a GPU elsewhere, nowhere at all for a stub), even when it listens on localhost, so no
     hardware's figures apply to it. A server MoE Bench launched (``managed``) computes here."""
     server = urlsplit(str(engine_info.get("base_url") or "")).hostname
-    if server not in _LOCAL_NAMES + (socket.gethostname(),):
+    if server not in (*_LOCAL_NAMES, socket.gethostname()):
         return  # none, or another host's (spec_for says why this CPU's figures do not apply to it)
     if not engine_info.get("managed") and not engine_info.get("device"):
         raise NoLimit(f"a server MoE Bench did not launch ({server}): its hardware is unknown")
