@@ -151,3 +151,15 @@ def test_a_server_moebench_did_not_launch_has_no_hardware_limit(tmp_path: Path, 
     assert r.returncode == 0, r.stderr
     assert "note          no hardware limit: a server MoE Bench did not launch (127.0.0.1)" in r.stdout, r.stdout
     assert not any(line.startswith("limit ") for line in r.stdout.splitlines())
+
+
+def test_the_readme_says_what_the_h100_energy_run_ran_at() -> None:
+    """The README said the H100 energy example ran "at 16 in flight"; the stored run has concurrency 8."""
+    import json
+
+    from tests.hostile.clirun import ROOT
+
+    run = json.loads((ROOT / "examples" / "h100-energy-concurrency-16.json").read_text(encoding="utf-8"))["run"]
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert run["concurrency"] == 8
+    assert "2.76 J/token at 8 in flight" in readme and "at 16 in flight" not in readme
