@@ -145,3 +145,36 @@ def test_the_dashboard_is_not_among_the_processes_that_disturbed_its_run(tmp_pat
     assert is_moebench_process(["/usr/bin/python3", "-m", "bench", "run"])
     assert not is_moebench_process(["python", "-m", "pytest", "tests/bench"])
     assert not is_moebench_process(["bash"])
+
+
+def test_the_run_form_is_true_for_a_trace(fresh_data_dir: Path) -> None:
+    """Trace replay on the Concurrency page: the run's total came from the form's Requests field (20/32),
+    two "Requests" inputs, the form's Concurrency (4) capped the trace silently, request rate and ramp-up
+    stayed editable but were ignored, and the synthetic trace's prompts were 768 tokens whatever was set."""
+    from streamlit.testing.v1 import AppTest
+
+    from bench.config import TRACE_IN_FLIGHT, RunConfig
+    from tests.dashboard.test_pages import _submit_form
+
+    at = AppTest.from_function(_submit_form, default_timeout=60)
+    at.run()
+    at.number_input(key="concurrency.requests").set_value(32).run()
+    at.selectbox(key="concurrency.source").set_value("trace").run()
+    _no_exception(at)
+    at.number_input(key="concurrency.synth_requests").set_value(20).run()
+    at.number_input(key="concurrency.synth_input_len").set_value(1100).run()
+    _no_exception(at)
+    labels = [w.label for w in at.number_input]
+    assert labels.count("Requests") + labels.count("Requests in the trace") == 1, labels
+    keys = {w.key for w in at.number_input}
+    assert not keys & {"concurrency.requests", "concurrency.request_rate", "concurrency.ramp_up",
+                       "concurrency.burstiness", "concurrency.concurrency"}, keys  # fmt: skip
+    assert any("the trace's **20** requests" in str(c.value) for c in at.caption)
+    cfg = at.session_state["submitted"]
+    assert cfg["requests"] == 20  # the run's total is the trace's
+    assert RunConfig.build(**{**cfg, "engine": {"kind": "native"}}).concurrency == TRACE_IN_FLIGHT  # no silent cap
+    lines = [json.loads(line) for line in Path(cfg["workload"]["path"]).read_text().splitlines()]
+    assert {row["input_length"] for row in lines} == {1100}
+    # A cap is set on purpose, under its own name.
+    at.number_input(key="concurrency.trace_in_flight").set_value(4).run()
+    assert at.session_state["submitted"]["concurrency"] == 4
