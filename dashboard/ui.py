@@ -1040,7 +1040,7 @@ def headline(
             "TPOT p50",
             data.fmt_unit(summary.tpot_ms.p50 if ok else None, "ms"),
             help=METRIC_DEFINITIONS["tpot_ms"] + (f" Hardware limit: {lim.line()}." if lim is not None else ""),
-            delta=f"limit {lim.tpot_limit_ms:.3g} ms · {lim.tpot_pct:.2g} % of it"
+            delta=f"{lim.tpot_pct:.2g} % of the {lim.tpot_limit_ms:.3g} ms limit"
             if lim is not None and lim.tpot_pct is not None
             else None,
             delta_color="off",

@@ -178,3 +178,20 @@ def test_the_run_form_is_true_for_a_trace(fresh_data_dir: Path) -> None:
     # A cap is set on purpose, under its own name.
     at.number_input(key="concurrency.trace_in_flight").set_value(4).run()
     assert at.session_state["submitted"]["concurrency"] == 4
+
+
+def test_demo_labels_say_what_they_mean(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+    """A one-run-per-point sweep said "Means over the 1 repeats"; a limit column said "HBM" for any group."""
+    store = Store(get_settings().db_path)
+    profile_data.import_examples(store)
+    assert tuning.import_saved(store)
+    at = app_test("app_pages/sweep.py")
+    _no_exception(at)
+    captions = _texts(at, "caption")
+    assert not any("Means over the 1 repeats" in t for t in captions), captions
+    assert any(t.startswith("One run per point") for t in captions), captions
+    at = app_test("app_pages/tuning.py")
+    _no_exception(at)
+    columns = [c for df in at.dataframe for c in df.value.columns]
+    assert any("memory-bound limit" in c for c in columns) and not any("HBM" in c for c in columns), columns
+    store.close()
