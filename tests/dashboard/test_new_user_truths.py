@@ -195,3 +195,21 @@ def test_demo_labels_say_what_they_mean(app_test: Callable[..., Any], fresh_data
     columns = [c for df in at.dataframe for c in df.value.columns]
     assert any("memory-bound limit" in c for c in columns) and not any("HBM" in c for c in columns), columns
     store.close()
+
+
+def test_tuning_runs_are_folded_in_results(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+    """120 tuning runs flooded the Results table: folded by default, one toggle shows them."""
+    store = Store(get_settings().db_path)
+    profile_data.import_examples(store)
+    assert tuning.import_saved(store)
+    n_all = len(store.list_runs())
+    n_tuning = sum(1 for r in store.list_runs() if data.is_tuning_run(r))
+    at = app_test("app_pages/results.py")
+    _no_exception(at)
+    table = next(df.value for df in at.dataframe if "run_id" in df.value.columns)
+    assert len(table) == n_all - n_tuning
+    assert f"{n_all - n_tuning} of {n_all} runs · {n_tuning} tuning-ablation runs folded" in _texts(at, "caption")
+    at.toggle(key="r.show-tuning").set_value(True).run()
+    table = next(df.value for df in at.dataframe if "run_id" in df.value.columns)
+    assert len(table) == n_all
+    store.close()
