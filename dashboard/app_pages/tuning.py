@@ -19,9 +19,9 @@ from engines.settings import get_settings
 st.title("Native engine tuning")
 st.caption(
     "The book's tuning advice (8.4.2-8.4.3) measured: the native engine's options one at a time and combined, "
-    "at several batch sizes (static batching). ms per decode step is the gap between a sequence's tokens; the HBM "
-    "limit is the hardware's shortest step at that batch (docs/accelerators.md: Physical limits). Greedy tokens "
-    "and logits are checked against the baseline's generated alone."
+    "at several batch sizes (static batching). ms per decode step is the gap between a sequence's tokens; the "
+    "memory-bound limit is the hardware's shortest step at that batch (docs/accelerators.md: Physical limits). "
+    "Greedy tokens and logits are checked against the baseline's generated alone."
 )
 
 store = services.get_store()
