@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from bench.analysis.tuning import RUN_NAME as tuning_run_name
 from bench.metrics.records import METRIC_DEFINITIONS
 from bench.metrics.run_limits import RunLimits, for_run_or_reason
 from bench.metrics.slo import Slo, SloError, parse_slos
@@ -497,6 +498,26 @@ def native_tuning(run: RunRow) -> list[str] | None:
     if int(e.get("batch_size") or 1) > 1:
         words.append(f"batches of up to {int(e['batch_size'])}")
     return words
+
+
+def is_tuning_run(run: RunRow) -> bool:
+    """A row of a tuning ablation (``tuning-<config>-b<batch>``): one configuration of a study, no
+    run to show by default beside the book or another engine."""
+    return bool(tuning_run_name.match(run.name or ""))
+
+
+def on_card(run: RunRow, accelerator: str, card: str) -> bool:
+    """The run ran on ``card`` (``H100``, ``910B``, ``MLU590``): its accelerator kind and a
+    recorded device name that names the card (an H200 is no H100; an unrecorded device is no card)."""
+    device = str(run.engine_info.get("device") or "").replace(" ", "").lower()
+    return run.accelerator == accelerator and card.replace(" ", "").lower() in device
+
+
+def newest_shown_first(runs: Sequence[RunRow]) -> RunRow | None:
+    """The run a picker starts on: the newest that is no tuning-ablation row, else the newest."""
+    plain_runs = [r for r in runs if not is_tuning_run(r)]
+    pool = plain_runs or list(runs)
+    return max(pool, key=lambda r: (r.created_at, r.id)) if pool else None
 
 
 def expert_parallel(run: RunRow) -> int:

@@ -138,6 +138,8 @@ def init_state(page: str | None = None) -> None:
                 f"{mode}.synth_requests": 200,
                 f"{mode}.synth_rate": 10.0,
                 f"{mode}.synth_groups": 4,
+                f"{mode}.synth_input_len": 768,
+                f"{mode}.trace_in_flight": 0,
                 **{f"{mode}.{name}": WORKLOAD_DEFAULTS[name] for name in WORKLOAD_FORM_FIELDS},
             }
         )
@@ -386,9 +388,9 @@ def start_blocked_reason(state: Any, active: Any) -> str | None:
     return None
 
 
-def _trace_input(k: str) -> str | None:
+def _trace_input(k: str) -> tuple[str, int] | None:
     """The trace widgets: an uploaded trace, or a synthetic one made here (bench.trace.synth); the
-    trace's file path, or None (no trace yet, or a bad one: the reason shown)."""
+    trace's file path and its number of requests, or None (no trace yet, or a bad one: the reason shown)."""
     from bench import trace as traces
 
     ss = st.session_state
@@ -397,13 +399,18 @@ def _trace_input(k: str) -> str | None:
                     format_func={"upload": "Upload a trace", "synth": "Make a synthetic one"}.get)  # fmt: skip
     t2.number_input("Time scale", step=0.1, key=k + "time_scale", **field_bounds("time_scale", WorkloadSpec))
     if kind == "synth":
-        s1, s2, s3 = t1.columns(3)
-        s1.number_input("Requests", min_value=1, max_value=100_000, step=50, key=k + "synth_requests")
+        s1, s2, s3, s4 = t1.columns(4)
+        s1.number_input("Requests in the trace", min_value=1, max_value=100_000, step=50, key=k + "synth_requests")
         s2.number_input("Mean rate (req/s)", min_value=0.1, max_value=10_000.0, step=5.0, key=k + "synth_rate")
-        s3.number_input("Prefix groups", min_value=0, max_value=1000, step=1, key=k + "synth_groups")
+        s3.number_input(
+            "Prompt length (tokens)", step=128, key=k + "synth_input_len",
+            **{**field_bounds("input_len", WorkloadSpec),
+               "help": f"Each prompt: its group's shared {traces.BLOCK_TOKENS}-token block, then blocks of its own"},
+        )  # fmt: skip
+        s4.number_input("Prefix groups", min_value=0, max_value=1000, step=1, key=k + "synth_groups")
         try:
             rows = traces.synth(int(ss[k + "synth_requests"]), float(ss[k + "synth_rate"]),
-                                prefix_groups=int(ss[k + "synth_groups"]), input_len=768,
+                                prefix_groups=int(ss[k + "synth_groups"]), input_len=int(ss[k + "synth_input_len"]),
                                 output_len=int(ss["s.max_tokens"]))  # fmt: skip
         except WorkloadError as exc:
             show_error(exc)
@@ -431,7 +438,7 @@ def _trace_input(k: str) -> str | None:
         show_error(exc)
         return None
     st.caption(traces.describe(rows).replace("\n", " · "))
-    return str(saved)
+    return str(saved), len(rows)
 
 
 def safe_name(name: str) -> str:
@@ -584,17 +591,19 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
     )
     c2.number_input("Output length (tokens)", step=8, key="s.max_tokens", **field_bounds("output_len", WorkloadSpec))
     c2.number_input("Warm-up requests", step=1, key=k + "warmup", **field_bounds("warmup"))
-    size = c3.radio(
+    trace = source == "trace"
+    size = "trace" if trace else c3.radio(
         "Run length",
         ["requests", "duration"],
         key=k + "size",
         horizontal=True,
         format_func={"requests": "Requests", "duration": "Duration (s)"}.get,
         help="A number of requests, or a duration: send for that many seconds, then let the requests in flight finish.",
-    )
+    )  # fmt: skip
+    trace_requests = c3.empty()  # a trace's own count, once it is read below
     if size == "requests":
         c3.number_input("Requests", step=1, key=k + "requests", **field_bounds("requests"))
-    else:
+    elif size == "duration":
         c3.number_input("Duration (s)", step=10.0, key=k + "duration", **field_bounds("duration_s"))
     c3.number_input(
         "Repeats",
@@ -606,7 +615,19 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
             "(min / median / max, coefficient of variation): how far one figure can be trusted on this machine.",
         },
     )
-    if mode == "concurrency":
+    if mode == "concurrency" and trace:
+        # A trace sets its own arrivals: no rate, burstiness or ramp-up; in flight is uncapped unless capped here.
+        c3.number_input(
+            "In-flight cap (0 = none)", min_value=0, max_value=field_bounds("concurrency")["max_value"], step=1,
+            key=k + "trace_in_flight",
+            help="The trace's requests are sent at their recorded times; a cap holds a request that finds this many "
+            "in flight until one ends (its send lag then measures the cap, not the client).",
+        )  # fmt: skip
+        c3.number_input(
+            "Sender processes", step=1, key=k + "workers", **{**field_bounds("workers"), "help": WORKERS_HELP}
+        )
+        c1.caption("Arrivals: the trace's own timestamps (scaled by its time scale); no request rate or ramp-up.")
+    elif mode == "concurrency":
         c3.number_input("Concurrency", step=1, key=k + "concurrency", **field_bounds("concurrency"))
         c3.number_input(
             "Sender processes", step=1, key=k + "workers", **{**field_bounds("workers"), "help": WORKERS_HELP}
@@ -624,6 +645,7 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
         )
         c1.number_input("Ramp-up (s)", step=1.0, key=k + "ramp_up", **field_bounds("ramp_up_s"))
     path: str | None = None
+    trace_n = 0
     if source in ("shared_prefix", "multi_turn"):
         names = ("prefix_groups", "prefix_len") if source == "shared_prefix" else ("sessions", "turns")
         labels = {"prefix_groups": "Prefix groups", "prefix_len": "Prefix length (tokens)", "sessions": "Sessions",
@@ -670,9 +692,11 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
                 return None
             path = str(found.resolve())
     elif source == "trace":
-        path = _trace_input(k)
-        if path is None:
+        found_trace = _trace_input(k)
+        if found_trace is None:
             return None
+        path, trace_n = found_trace
+        trace_requests.caption(f"Run length: the trace's **{trace_n:,}** requests")
     elif source == "jsonl" and services.viewer():
         st.info(services.VIEWER_REASON, icon=":material/visibility:")
         return None
@@ -736,12 +760,10 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
                 "requirements-ray.txt` here and on the cluster (the CLI's --ray-address); HTTP engines only.",
             )
     concurrent = mode == "concurrency"
-    trace = source == "trace"
     fields: dict[str, Any] = {
         "mode": mode,
         "workload": _workload(k, source, path),
         "concurrency": int(ss[k + "concurrency"]) if concurrent else 1,
-        **({"trace_cap": True} if trace else {}),
         "workers": int(ss[k + "workers"]) if concurrent else 1,
         "request_rate": float(ss[k + "request_rate"]) if concurrent and not trace else None,  # 0: closed loop
         "burstiness": float(ss[k + "burstiness"]) if concurrent else 1.0,
@@ -756,10 +778,17 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
         "telemetry_urls": [u.strip() for u in str(ss[k + "telemetry_urls"]).split(",") if u.strip()],
         "ray_address": (str(ss.get(k + "ray_address") or "").strip() or None) if concurrent else None,
     }
-    if fields.pop("trace_cap", False) and int(ss[k + "concurrency"]) <= 1:
-        del fields["concurrency"]  # a trace's requests are due on its clock: no cap unless one is set (1024)
+    if trace:
+        # a trace's requests are due on its clock: no cap unless one is set here (RunConfig's default, 1024)
+        cap = int(ss.get(k + "trace_in_flight") or 0)
+        if cap > 0:
+            fields["concurrency"] = cap
+        else:
+            del fields["concurrency"]
+        fields["requests"] = trace_n  # the run sends the trace, all of it: its count is the run's total
+        fields["burstiness"] = 1.0
     # A duration-bound run leaves the request count out: RunConfig picks the cap.
-    if size == "duration":
+    elif size == "duration":
         fields["duration_s"] = float(ss[k + "duration"])
     else:
         fields["requests"] = int(ss[k + "requests"])
@@ -1011,7 +1040,7 @@ def headline(
             "TPOT p50",
             data.fmt_unit(summary.tpot_ms.p50 if ok else None, "ms"),
             help=METRIC_DEFINITIONS["tpot_ms"] + (f" Hardware limit: {lim.line()}." if lim is not None else ""),
-            delta=f"limit {lim.tpot_limit_ms:.3g} ms · {lim.tpot_pct:.2g} % of it"
+            delta=f"{lim.tpot_pct:.2g} % of the {lim.tpot_limit_ms:.3g} ms limit"
             if lim is not None and lim.tpot_pct is not None
             else None,
             delta_color="off",

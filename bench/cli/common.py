@@ -234,7 +234,28 @@ def run_config_data(args: argparse.Namespace) -> dict[str, Any]:
         "until_ci": getattr(args, "until_ci", None),
     }
     data.update({k: v for k, v in optional.items() if v is not None})
+    refuse_unavailable_engine(data["engine"])
     return data
+
+
+def refuse_unavailable_engine(engine: dict[str, Any]) -> None:
+    """An engine that would start here (a server to launch, a model to load) but cannot: its one-line
+    reason, raised before anything is stored (each ``--engine vllm`` without vLLM stored a failed run).
+    With a ``base_url`` the server is elsewhere and nothing needs to be installed here."""
+    from engines.base import engine_class
+    from engines.errors import EngineUnavailable
+
+    if engine.get("base_url"):
+        return
+    kind = str(engine.get("kind"))
+    if kind == "vllm":  # which build is needed depends on the accelerator (the class's check is the CPU one)
+        from engines.vllm import availability_for, probe_vllm, vllm_python
+
+        avail = availability_for(str(engine.get("accelerator") or "cpu"), probe_vllm(vllm_python()))
+    else:
+        avail = engine_class(kind).availability()
+    if not avail.ok:
+        raise EngineUnavailable(f"engine '{kind}' is unavailable: {avail.reason}")
 
 
 def seconds(text: str) -> float:

@@ -189,17 +189,40 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"threads alive at exit: {', '.join(alive) or 'none'}", file=sys.stderr, flush=True)
 
 
+def _reader_gone() -> int:
+    """stdout's reader left (``bench runs | head``): stop quietly, as Unix tools do. stdout is pointed
+    at /dev/null so the interpreter's last flush does not raise again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno())
+    except (AttributeError, OSError, ValueError):  # no file descriptor (main() called in-process)
+        pass
+    return 0
+
+
 def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in PASSTHROUGH:
-        return run_tool(argv[0], argv[1:])
+        try:
+            return run_tool(argv[0], argv[1:])
+        except MoEBenchError as exc:  # `tune` without CUDA: the one line, not the traceback
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except BrokenPipeError:
+            return _reader_gone()
     args = build_parser().parse_args(argv)
     try:
         handler = getattr(args, "func", None) or COMMANDS[args.command]
-        return int(handler(args))
+        code = int(handler(args))
+        sys.stdout.flush()  # a reader that left shows here, not as the interpreter's last flush
+        return code
     except MoEBenchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        return _reader_gone()
     except OSError as exc:
         print(f"error: {exc.strerror or exc}: {getattr(exc, 'filename', '') or ''}".rstrip(": "), file=sys.stderr)
         return EXIT_USAGE

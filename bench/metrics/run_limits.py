@@ -8,7 +8,9 @@ the batch and context length the run decoded at, and how much of it the run reac
   H200" -> the H200's datasheet figures); an NPU or MLU run without a name uses the spec
   table's default for its kind (its figures carry their low confidence); a CUDA device not in
   the table has no limit. ``cpu`` is this machine's measured bandwidth and matmul rate, so a
-  CPU limit is only drawn for runs measured on this host.
+  CPU limit is only drawn for runs computed on this host: the native engine, or a server MoE
+  Bench launched here (``engine_info["managed"]``); a server it only connected to, even on
+  localhost (a stub, a server started by hand), has hardware unknown to it and no limit.
 * **batch**: up to ``max_concurrency`` sequences decode together (1 for a latency run): the
   limit is what the hardware allows for that many, whether or not the engine batches.
 * **context**: the mean prompt length plus half the mean output length (the KV cache a
@@ -151,8 +153,9 @@ def spec_for(accelerator: str, engine_info: Mapping[str, Any], measure: bool = T
         if host and host != socket.gethostname():
             raise NoLimit(f"measured on another host ({host}): this machine's CPU figures would not apply")
         server = urlsplit(str(engine_info.get("base_url") or "")).hostname
-        if server and server not in ("localhost", "127.0.0.1", "::1", socket.gethostname()):
+        if server and server not in (*_LOCAL_NAMES, socket.gethostname()):
             raise NoLimit(f"served from {server}: this machine's CPU figures would not apply")
+
         if not measure:
             kept = cpu_measured()
             if kept is None:
@@ -178,6 +181,20 @@ def link_figure(accelerator: str, engine_info: Mapping[str, Any]) -> tuple[str, 
     return (spec.name, float(link.value)) if link is not None else None
 
 
+_LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def _known_server(engine_info: Mapping[str, Any]) -> None:
+    """:class:`NoLimit` for a server MoE Bench did not launch and that named no device: it may compute
+    anywhere (a GPU elsewhere, nowhere at all for a stub), even when it listens on localhost, so no
+    hardware's figures apply to it. A server MoE Bench launched (``managed``) computes here."""
+    server = urlsplit(str(engine_info.get("base_url") or "")).hostname
+    if server not in (*_LOCAL_NAMES, socket.gethostname()):
+        return  # none, or another host's (spec_for says why this CPU's figures do not apply to it)
+    if not engine_info.get("managed") and not engine_info.get("device"):
+        raise NoLimit(f"a server MoE Bench did not launch ({server}): its hardware is unknown")
+
+
 def _dtype(config: Mapping[str, Any], engine_info: Mapping[str, Any]) -> str:
     for d in (engine_info.get("dtype"), (config.get("engine") or {}).get("dtype")):
         if d and str(d).lower() not in ("auto", "none"):
@@ -201,6 +218,7 @@ def for_run(
     config = config or {}
     engine_info = engine_info or {}
     accelerator = accelerator or str((config.get("engine") or {}).get("accelerator") or "cpu")
+    _known_server(engine_info)
     shape = model_shape_for(config, engine_info)
     spec = spec_for(accelerator, engine_info, measure)
     dtype = _dtype(config, engine_info)

@@ -1,5 +1,6 @@
 """What else ran on the host during a run: CPU of the host, of MoE Bench's own process
-tree (client, sender processes, managed servers) and of everything else, per second.
+tree (the dashboard or the CLI, its engine host, sender processes, managed servers) and of
+everything else, per second.
 
 A figure measured while other programs competed for the CPU is not the engine's: the
 summary carries a one-line ``disturbance`` reason when other processes used half a core
@@ -16,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 import psutil
 
@@ -28,6 +30,32 @@ HOST_SERIES = (SERIES_HOST_CPU, SERIES_STEAL, SERIES_CLIENT_CPU, SERIES_OTHER_CP
 OTHER_CORES_LIMIT = 0.5  # other processes busier than this on average disturb a run
 STEAL_LIMIT_PCT = 5.0
 BUSY_OTHER_CORES = 0.1  # a process this busy on average is named among the others
+
+
+def is_moebench_process(argv: Sequence[str]) -> bool:
+    """Whether a command line is one of MoE Bench's own: the dashboard (``streamlit run
+    dashboard/serve.py`` or ``app.py``), the CLI (``python -m bench ...``, ``moebench``)."""
+    args = [str(a) for a in argv]
+    if any(a.replace("\\", "/").endswith(("dashboard/serve.py", "dashboard/app.py")) for a in args):
+        return True
+    if any(a == "-m" and nxt.split(".")[0] == "bench" for a, nxt in pairwise(args)):
+        return True
+    return any(a.replace("\\", "/").rsplit("/", 1)[-1] == "moebench" for a in args[:2])
+
+
+def own_root(proc: psutil.Process | None = None) -> psutil.Process:
+    """The top of MoE Bench's own process tree around ``proc`` (this process by default): its
+    parents while they are MoE Bench's (:func:`is_moebench_process`). A run measured in the engine
+    host then counts the dashboard that started it, its other children and their senders as its
+    own, not as "other processes" that disturbed it."""
+    top = proc or psutil.Process()
+    try:
+        parent = top.parent()
+        while parent is not None and is_moebench_process(parent.cmdline()):
+            top, parent = parent, parent.parent()
+    except psutil.Error:
+        pass  # a parent ended or cannot be read: what was found so far
+    return top
 
 
 def _tree_cpu_s(root: psutil.Process) -> float:
@@ -61,7 +89,7 @@ class HostLoad:
     """Per-interval CPU shares of the host, of our process tree and of the others."""
 
     def __init__(self, root: psutil.Process | None = None) -> None:
-        self.root = root or psutil.Process()
+        self.root = root or own_root()
         self.cores = psutil.cpu_count() or 1
         self._last = self._read()
         self._start_procs = _process_cpu()

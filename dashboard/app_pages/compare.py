@@ -231,6 +231,10 @@ for _key, _side, _member in (("c.native", lambda r: r.engine == "native", 0), ("
         del ss[_key]
     if _key not in ss and pair is not None:
         ss[_key] = pair[_member].id
+    if _key not in ss:  # no pair: the newest run of that side that is no tuning-ablation row
+        _first = data.newest_shown_first([r for r in runs if _side(r)])
+        if _first is not None:
+            ss[_key] = _first.id
 
 
 def _pick_pair(native_id: int, vllm_id: int) -> None:
@@ -411,32 +415,50 @@ acc_rows = {r.accelerator: r for r in ref.ACCELERATOR_TABLE}
 PCT_COLUMNS = {"throughput_pct": "throughput", "latency_pct": "latency", "memory_pct": "memory"}  # % column names
 
 
-def _pick_acc(row: ref.AcceleratorRow) -> RunRow | None:
-    """The run of one platform column: runs of its accelerator first, then every other run.
+def _card(row: ref.AcceleratorRow) -> str:
+    """The card a column is named for: ``H100``, ``910B``, ``MLU590``."""
+    return row.platform.split()[-1]
 
-    It starts on the newest run of its accelerator, or on none when there is none; any run can be
-    picked (one measured elsewhere, or imported), and "none" empties the column.
+
+def _pick_acc(row: ref.AcceleratorRow) -> RunRow | None:
+    """The run of one platform column: runs on its card first, then on other cards of its kind, then
+    every other run.
+
+    It starts on the newest run on its card (a tuning-ablation row only when there is nothing
+    else), or on none when no run was measured on that card: an H200 run is not an H100 one,
+    whatever their accelerator kind. Any run can still be picked by hand (one measured
+    elsewhere, or imported), and "none" empties the column.
     """
-    key, title = f"c.acc.{row.accelerator}", f"Measured run for the {row.platform} column ({row.accelerator})"
-    missing = f"no measured {row.accelerator} run yet"
+    key, title = f"c.acc.{row.accelerator}", f"Measured run for the {row.platform} column"
+    missing = f"no {row.platform} run measured yet"
     if not runs:
         st.selectbox(title, ["none"], key=key + ".empty", disabled=True)
         st.info(missing, icon=":material/hourglass_empty:")
         return None
-    matching = [r.id for r in runs if r.accelerator == row.accelerator]
-    ids: list[int | None] = [None, *matching, *(r.id for r in runs if r.accelerator != row.accelerator)]
+    matching = [r for r in runs if data.on_card(r, row.accelerator, _card(row))]
+    matching_ids = {r.id for r in matching}
+    kind = [r.id for r in runs if r.accelerator == row.accelerator and r.id not in matching_ids]  # another card
+    rest = [r.id for r in runs if r.accelerator != row.accelerator]
+    ids: list[int | None] = [None, *(r.id for r in matching), *kind, *rest]
     if key in ss and ss[key] not in ids:
         del ss[key]
     if key not in ss:
-        ss[key] = matching[0] if matching else None
+        first = data.newest_shown_first(matching)
+        ss[key] = first.id if first is not None else None
 
     def label(run_id: int | None) -> str:
-        other = run_id is not None and by_id[run_id].accelerator != row.accelerator
-        return _label(run_id) + (f" · accelerator {by_id[run_id].accelerator}" if other else "")
+        if run_id is None or run_id in matching_ids:
+            return _label(run_id)
+        other = by_id[run_id]
+        if other.accelerator != row.accelerator:
+            return _label(run_id) + f" · accelerator {other.accelerator}"
+        return _label(run_id) + f" · no {_card(row)}"
 
     chosen = st.selectbox(title, ids, key=key, format_func=label)
-    if not matching:
+    if chosen is None and not matching:
         st.info(f"{missing}: any other stored run can be picked above", icon=":material/hourglass_empty:")
+    elif chosen is not None and chosen not in matching_ids:
+        st.warning(f"Run #{chosen} was not measured on the column's card ({row.platform}).", icon=":material/warning:")
     return by_id.get(chosen) if chosen is not None else None
 
 
@@ -446,11 +468,11 @@ for col, row in zip(cols, ref.ACCELERATOR_TABLE, strict=True):
     with col:
         picked[row.accelerator] = _pick_acc(row)
 st.caption(
-    "Each column lists the runs of its accelerator first (newest first), then every other completed run, so a run "
-    "measured elsewhere (an openai-engine run against a remote Ascend or Cambricon server is stored with this "
-    "client's accelerator) can stand in any column. A column starts on the newest run of its accelerator, or "
-    "empty when there is none; 'none', first in the list, empties it. Profile runs are left out (the profiler "
-    "slows them down)."
+    "Each column lists the runs on its card first (newest first; the card is the device the run recorded), then "
+    "every other completed run, so a run measured elsewhere (an openai-engine run against a remote Ascend or "
+    "Cambricon server is stored with this client's accelerator) can stand in any column. A column starts on the "
+    "newest run on its card (tuning-ablation rows only when there is nothing else), or empty when there is "
+    "none; 'none', first in the list, empties it. Profile runs are left out (the profiler slows them down)."
 )
 
 

@@ -258,10 +258,10 @@ def _limits_panel(model: str, accelerator: str, dtype: str, info: dict[str, Any]
         if ss.get("e.limit-acc") != accelerator:  # a new accelerator: its own spec by default
             ss["e.limit-acc"] = accelerator
             ss["e.limit-spec"] = default
-        l1, l2 = st.columns(2)
+        l1, l2 = st.columns([3, 2])  # the accelerator's name wants the room ("this machine's CPU (me" was cut)
         spec_key = l1.selectbox(
             "On", keys, key="e.limit-spec",
-            format_func=lambda k: "this machine's CPU (measured)" if k == "cpu" else SPECS[k].name,
+            format_func=lambda k: "this CPU (measured)" if k == "cpu" else SPECS[k].name,
             help="The accelerator whose datasheet figures bound the model; defaults to the chosen accelerator.",
         )  # fmt: skip
         ss.setdefault("e.limit-ctx", 1024)

@@ -237,10 +237,16 @@ def _ep_whatif(routing: dict[str, Any]) -> None:
     experts = int(routing.get("num_experts") or len(routing["counts"][0]))
     sizes = [e for e in moe.EP_SIZES if experts % e == 0 and e <= experts] or [1]
     c1, c2, c3 = st.columns([1, 1, 3], vertical_alignment="bottom")
-    ep = c1.selectbox("EP size (ranks)", sizes, index=sizes.index(8) if 8 in sizes else 0, key="p.ep")
-    spare = [r for r in (0, ep, 2 * ep, 4 * ep, experts // 2) if (experts + r) % ep == 0]
+    # Defaults go into session_state, never as index= too: init_state re-sets every p.* key each run, and a
+    # widget with both logs Streamlit's "default value ... set via the Session State API" warning and stack.
+    if ss.get("p.ep") not in sizes:
+        ss["p.ep"] = 8 if 8 in sizes else sizes[0]
+    ep = c1.selectbox("EP size (ranks)", sizes, key="p.ep")
+    spare = sorted({r for r in (0, ep, 2 * ep, 4 * ep, experts // 2) if (experts + r) % ep == 0})
+    if ss.get("p.redundant") not in spare:
+        ss["p.redundant"] = spare[1] if len(spare) > 1 else spare[0]
     redundant = c2.selectbox(
-        "Redundant experts (EPLB)", sorted(set(spare)), index=1 if len(set(spare)) > 1 else 0, key="p.redundant",
+        "Redundant experts (EPLB)", spare, key="p.redundant",
         help="Extra replicas of the busiest experts EPLB may place (DeepSeek-V3 serves 256 experts with 32 on EP 32)",
     )  # fmt: skip
     try:
@@ -268,6 +274,13 @@ def _routing_view(run_id: int | None, own_routing: dict[str, Any] | None) -> Non
         )
     else:
         routing_by_id = {r.id: r for r in routing_candidates}
+        if run_id is not None and run_id not in routing_by_id:
+            st.info(
+                f"Run #{run_id} recorded no expert routing (a captured CUDA-graph step, a server that was not asked "
+                "for its routed experts, or a run that ended first). Another run's routing can be picked below; "
+                "its heat map is titled with its run.",
+                icon=":material/info:",
+            )
         if ss.get("p.routing-run") not in routing_by_id:
             ss["p.routing-run"] = run_id if run_id in routing_by_id else routing_ids[0]
         rid = st.selectbox(
@@ -292,11 +305,15 @@ def _routing_view(run_id: int | None, own_routing: dict[str, Any] | None) -> Non
         if len(windows) > 1:  # a served run's routing by time window: the heat map at any point of the run
             step = float(routing.get("window_s") or 10.0)
             labels = ["whole run"] + [f"{w['t_s']:.0f}-{w['t_s'] + step:.0f} s" for w in windows]
-            pick = st.select_slider("Routing over time", labels, value="whole run", key="p.routing-window")
+            if ss.get("p.routing-window") not in labels:
+                ss["p.routing-window"] = "whole run"
+            pick = st.select_slider("Routing over time", labels, key="p.routing-window")
             if pick != "whole run":
                 window = windows[labels.index(pick) - 1]
                 shown = {**routing, "counts": window["counts"]}
-        if shown is routing:
+        if shown is routing and rid != run_id:  # another run's: its title says whose
+            ui.chart(charts.routing_heatmap(routing, f"Tokens routed to each expert, run #{rid}"), "p.routing-heatmap")
+        elif shown is routing:
             ui.chart(charts.routing_heatmap(routing), "p.routing-heatmap")
         else:
             ui.chart(charts.routing_heatmap(shown, f"Tokens routed to each expert, {pick}"), "p.routing-heatmap")

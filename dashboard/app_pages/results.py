@@ -134,7 +134,24 @@ with st.container(border=True):
     sort = f7.selectbox("Sort by", list(data.SORTS), key="r.sort")
 
 view = data.sort_runs(data.filter_runs(df, statuses, engines, accs, modes, text, sweep_filter), sort)
-st.caption(f"{len(view)} of {len(df)} runs")
+# A tuning ablation stores a run per configuration and batch (120 for the saved GPU ones): folded
+# by default, so they do not bury the other runs; the Tuning page reads them as its tables.
+tuning_ids = {r.id for r in runs if data.is_tuning_run(r)}
+in_view = view["run_id"].isin(tuning_ids)
+if in_view.any():
+    st.session_state.setdefault("r.show-tuning", False)
+    shown_tuning = st.toggle(
+        f"Tuning-ablation runs ({int(in_view.sum())})",
+        key="r.show-tuning",
+        help="Rows of tuning ablations (named tuning-<config>-b<batch>), one run per configuration and batch; "
+        "the Tuning page shows them as its tables.",
+    )
+    if not shown_tuning:
+        view = view[~in_view]
+st.caption(
+    f"{len(view)} of {len(df)} runs"
+    + (f" · {int(in_view.sum())} tuning-ablation runs folded" if in_view.any() and not shown_tuning else "")
+)
 
 # The compact table fits a 1600 px screen (engine, model and device in one column; peak memory and
 # the rest under "All columns" and Run details).

@@ -534,8 +534,11 @@ def _sweep_body(sweep: SweepRow, live: bool) -> None:
         column_config={h: _column(h) for h in frame.columns},
     )
     counts = {r.get("repeats") for r in rows}
-    per_point = f"the {counts.pop()} repeats of each point" if len(counts) == 1 else "each point's repeats"
-    st.caption(f"Means over {per_point}; a value that was not measured is an empty cell.")
+    if counts == {1}:  # one run per point: its own figures, no mean
+        st.caption("One run per point; a value that was not measured is an empty cell.")
+    else:
+        per_point = f"the {counts.pop()} repeats of each point" if len(counts) == 1 else "each point's repeats"
+        st.caption(f"Means over {per_point}; a value that was not measured is an empty cell.")
 
 
 def _capacity_body(sweep: SweepRow, live: bool) -> None:

@@ -3,6 +3,8 @@ ablation run in the background (bench.analysis.tuning, bench/analysis/tuning_abl
 
 from __future__ import annotations
 
+import time
+
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
@@ -17,9 +19,9 @@ from engines.settings import get_settings
 st.title("Native engine tuning")
 st.caption(
     "The book's tuning advice (8.4.2-8.4.3) measured: the native engine's options one at a time and combined, "
-    "at several batch sizes (static batching). ms per decode step is the gap between a sequence's tokens; the HBM "
-    "limit is the hardware's shortest step at that batch (docs/accelerators.md: Physical limits). Greedy tokens "
-    "and logits are checked against the baseline's generated alone."
+    "at several batch sizes (static batching). ms per decode step is the gap between a sequence's tokens; the "
+    "memory-bound limit is the hardware's shortest step at that batch (docs/accelerators.md: Physical limits). "
+    "Greedy tokens and logits are checked against the baseline's generated alone."
 )
 
 store = services.get_store()
@@ -66,7 +68,7 @@ if rows:
                         "fastest decode step (p50)": f"{d['step_ms']:.2f} ms · batch {d['step_batch']}"
                         if d["step_ms"] is not None else "-",
                         "config of the fastest": d["step_config"] or "-",
-                        "HBM limit there": f"{d['limit_ms']:.2f} ms" if d["limit_ms"] else "-",
+                        "memory-bound limit there": f"{d['limit_ms']:.2f} ms" if d["limit_ms"] else "-",
                         "most output tok/s": f"{d['tok_s']:,.0f} · batch {d['tok_s_batch']}"
                         + (f" · {d['tok_s_config']}" if d["tok_s_config"] != d["step_config"] else "")
                         if d["tok_s"] is not None else "-",
@@ -186,7 +188,7 @@ if rows:
             {
                 "run": r.run_id, "config": r.config, "batch": r.batch, "ms/step p50": r.step_ms_p50,
                 "ms/step p99": r.step_ms_p99, "output tok/s": r.output_tok_s, "TTFT p50 ms": r.ttft_ms_p50,
-                "peak GiB": r.peak_memory_gib, "warm-up s": r.warmup_s, "HBM limit ms": r.hbm_limit_ms,
+                "peak GiB": r.peak_memory_gib, "warm-up s": r.warmup_s, "memory-bound limit ms": r.hbm_limit_ms,
                 "rounds": r.rounds,
                 "tok/s min-max": f"{r.tok_s_range[0]:,.0f}-{r.tok_s_range[1]:,.0f}" if r.tok_s_range else "-",
                 "greedy = baseline": r.greedy_match or "-",
@@ -200,7 +202,7 @@ if rows:
         num = st.column_config.NumberColumn
         formats = {
             "ms/step p50": "%.2f", "ms/step p99": "%.2f", "output tok/s": "%,.0f", "TTFT p50 ms": "%,.1f",
-            "peak GiB": "%.1f", "warm-up s": "%.1f", "HBM limit ms": "%.2f", "logits max |diff|": "%.3g",
+            "peak GiB": "%.1f", "warm-up s": "%.1f", "memory-bound limit ms": "%.2f", "logits max |diff|": "%.3g",
         }  # fmt: skip
         st.dataframe(
             detail, hide_index=True, key="t.detail", column_config={k: num(format=f) for k, f in formats.items()}
@@ -346,7 +348,9 @@ def _status() -> None:
     icon = {"completed": ":material/check_circle:", "running": ":material/progress_activity:"}.get(
         state.status, ":material/error:"
     )
-    st.markdown(f"{icon} **ablation · {state.status}** · {data.fmt_duration(max(0.0, state.since - state.created_at))}")
+    # while it runs, the time so far (``since`` is the last status change: "running · 0.0 s" for minutes)
+    until = time.time() if state.active else state.since
+    st.markdown(f"{icon} **ablation · {state.status}** · {data.fmt_duration(max(0.0, until - state.created_at))}")
     st.caption(state.phase)
     if state.active:
         st.button(

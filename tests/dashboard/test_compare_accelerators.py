@@ -88,19 +88,23 @@ def test_h200_bundle_as_baseline_then_the_ascend_column(app_test: Callable[..., 
 
     at = app_test(PAGE)
     _no_exception(at)
-    # Each column lists its accelerator's runs first (newest first), then every other run; it starts on
-    # the newest of its own, or on none.
+    # Each column lists the runs on its card first (newest first), then every other run; it starts on
+    # the newest on its card, or on none: an H200 run is no H100 run (issue 45).
     cuda_pick = at.selectbox(key="c.acc.cuda")
-    assert cuda_pick.value == h200_id
+    assert cuda_pick.value is None
     assert cuda_pick.options[0] == "none"
     assert cuda_pick.options[1].startswith(f"#{h200_id} native") and "NVIDIA H200" in cuda_pick.options[1]
     assert cuda_pick.options[2].startswith(f"#{latency_id} native")
+    assert all(o.endswith(" · no H100") for o in cuda_pick.options[1:3])
     others = cuda_pick.options[3:]
     assert [o.split()[0] for o in others] == [f"#{tiny_id}", f"#{cpu_id}", f"#{remote_id}"]
     assert all(o.endswith(" · accelerator cpu") for o in others)  # said where it differs from the column's
     assert at.selectbox(key="c.acc.npu").value is None and at.selectbox(key="c.acc.mlu").value is None
-    assert "no measured npu run yet: any other stored run can be picked above" in _texts(at, "info")
+    assert "no Huawei Ascend 910B run measured yet: any other stored run can be picked above" in _texts(at, "info")
     assert at.selectbox(key="c.acc.baseline").value == "cuda"
+    # The user stands the H200 run in the H100 column; the page says it is no H100.
+    at.selectbox(key="c.acc.cuda").set_value(h200_id).run()
+    assert f"Run #{h200_id} was not measured on the column's card (NVIDIA H100)." in _texts(at, "warning")
 
     # The remote run stands in the Ascend column; the H200 run is the baseline.
     at.selectbox(key="c.acc.npu").set_value(remote_id).run()
