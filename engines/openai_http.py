@@ -111,8 +111,8 @@ def _carries_token(choice: dict[str, Any]) -> bool:
     """
     delta = choice.get("delta")
     if isinstance(delta, dict):
-        return delta.get("content") is not None and "role" not in delta
-    return choice.get("text") is not None
+        return isinstance(delta.get("content"), str) and "role" not in delta
+    return isinstance(choice.get("text"), str)
 
 
 @register_engine
@@ -401,7 +401,9 @@ class OpenAIEngine(HTTPEngine):
 
     def _stream_parser(self, request: GenerationRequest) -> CompletionStream:
         streamed = self.opts.routed_experts and not self.opts.routing_pass
-        return CompletionStream(self._tokenizer, self._layout if streamed else None, request.prompt_tokens)
+        return CompletionStream(
+            self._tokenizer, self._layout if streamed else None, request.prompt_tokens, request.sampling.max_tokens
+        )
 
     def _url_for_endpoint(self) -> str:
         return self.base_url + ("/chat/completions" if self.opts.endpoint == "chat" else "/completions")
@@ -504,9 +506,17 @@ class CompletionStream:
     """
 
     def __init__(
-        self, tokenizer: Any, routing_layout: dict[str, Any] | None = None, prompt_tokens: int | None = None
+        self,
+        tokenizer: Any,
+        routing_layout: dict[str, Any] | None = None,
+        prompt_tokens: int | None = None,
+        max_tokens: int | None = None,
     ) -> None:
         self.done = False  # [DONE] seen
+        self.max_tokens = max_tokens  # the request's cap: a usage count above it is not believed
+        # the fewest tokens the stream stood for: the server's own count of an event where it gave
+        # one, else one per event with text (a usage count below it is not believed)
+        self.streamed_floor = 0
         self.usage_out = 0  # running completion_tokens from per-chunk usage
         self.content_count = TextCounter(tokenizer)
         self.reasoning_count = TextCounter(tokenizer)
@@ -569,6 +579,8 @@ class CompletionStream:
         if not choices:
             if usage is None:
                 return []
+            if (why := usage_refusal(usage["completion_tokens"], self.max_tokens, self.streamed_floor)) is not None:
+                raise RequestFailed(why)
             if usage["prompt_tokens"] is not None:
                 self.prompt_tokens = usage["prompt_tokens"]
             return [
@@ -597,6 +609,7 @@ class CompletionStream:
             grown = usage["completion_tokens"] - self.usage_out
             server_n = grown if grown >= 0 else None  # a count that shrank is not believed
             self.usage_out = max(self.usage_out, usage["completion_tokens"])
+        self.streamed_floor += server_n if server_n is not None else int(bool(text or reasoning))
         out = []
         guess = self.content_count.tokenizer is None  # no tokenizer: one token per chunk
         # a reasoning delta whose text is empty (a token that ends inside a UTF-8 character) still
@@ -623,6 +636,20 @@ class CompletionStream:
 
 
 USAGE_MAX = 10**9  # a token count above this in a usage report is not a count
+
+
+def usage_refusal(completion: int | None, max_tokens: int | None, streamed: int) -> str | None:
+    """Why a usage report's ``completion_tokens`` is not believed for its request, or None: more
+    than the request's own ``max_tokens`` (a server stops there), or fewer than the tokens it
+    streamed (:attr:`CompletionStream.streamed_floor`). A refused count fails its request, as
+    streamed tokens over the output cap do (:func:`engines.base.output_cap`): never a throughput."""
+    if completion is None:
+        return None
+    if max_tokens is not None and completion > max_tokens:
+        return f"the server's usage says {completion} output tokens for max_tokens={max_tokens}: not believed"
+    if completion < streamed:
+        return f"the server's usage says {completion} output tokens after streaming at least {streamed}: not believed"
+    return None
 
 
 def _usage_count(v: Any) -> int | None:
@@ -669,8 +696,14 @@ def _choice_text(choice: dict[str, Any]) -> tuple[str, str, bool]:
         delta = choice.get("delta") or {}
         if not isinstance(delta, dict):
             return "", "", False
-        content = delta.get("content") or ""
-        reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
-        thinking = "reasoning_content" in delta or "reasoning" in delta
+        content = _text(delta.get("content"))
+        reasoning = _text(delta.get("reasoning_content")) or _text(delta.get("reasoning"))
+        thinking = isinstance(delta.get("reasoning_content"), str) or isinstance(delta.get("reasoning"), str)
         return _clean(content), _clean(reasoning), thinking
-    return _clean(choice.get("text") or ""), "", False
+    return _clean(_text(choice.get("text"))), "", False
+
+
+def _text(value: Any) -> str:
+    """A streamed text field: only a string is text (a number, list or object a server sends in
+    its place is none: it counts no token)."""
+    return value if isinstance(value, str) else ""

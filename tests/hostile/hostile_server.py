@@ -29,6 +29,11 @@ The modes (:data:`MODES`):
 - ``usage_nan``, ``usage_text``, ``usage_huge``, ``usage_negative``: a good completion whose usage
   event says ``NaN``, ``"many"``, ``1e29`` or ``-1000000`` for both counts (and per chunk);
 - ``surrogate``: a good completion whose second token's text is a lone surrogate (JSON ``"\\ud800"``);
+- ``usage_over_cap``: a good completion whose final usage says ``completion_tokens`` 999,999,999
+  (a whole number under the "not a count" bound, far over the request's ``max_tokens``);
+- ``usage_under_streamed``: a good completion whose final usage says 1 completion token;
+- ``reasoning_not_text``: three chat deltas whose ``reasoning_content`` is a number, a list and an
+  object (no text), then a good completion;
 - ``huge_line_no_newline``: ``data: yyyy...`` without a newline (100 MB, then the connection ends);
 - ``endless``: valid one-token events, never ``[DONE]``: 60 MB of them (:data:`ENDLESS_BYTES`),
   then the connection ends, so a client that keeps reading is seen (:attr:`bytes_sent`);
@@ -73,6 +78,9 @@ MODES = (
     "usage_huge",
     "usage_negative",
     "surrogate",
+    "usage_over_cap",
+    "usage_under_streamed",
+    "reasoning_not_text",
     "huge_line_no_newline",
     "endless",
     "trickle",
@@ -331,6 +339,29 @@ class HostileServer:
 
     async def _write_surrogate(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
         await self._write_with_usage(resp, mode, chat, body, None)
+
+    async def _write_final_usage(
+        self, resp: Any, mode: str, chat: bool, body: dict[str, Any], completion_tokens: int
+    ) -> None:
+        n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        for i in range(n):
+            await self._send(resp, mode, _event(_chunk(chat, WORD, "length" if i == n - 1 else None)))
+        usage = {"prompt_tokens": 16, "completion_tokens": completion_tokens, "total_tokens": 16 + completion_tokens}
+        await self._send(resp, mode, _event({**_chunk(chat, ""), "choices": [], "usage": usage}))
+        await self._send(resp, mode, DONE)
+
+    async def _write_usage_over_cap(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
+        await self._write_final_usage(resp, mode, chat, body, 999_999_999)
+
+    async def _write_usage_under_streamed(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
+        await self._write_final_usage(resp, mode, chat, body, 1)
+
+    async def _write_reasoning_not_text(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
+        for value in (5, ["think"], {"text": "think"}):
+            event = _chunk(True, "")
+            event["choices"][0]["delta"] = {"reasoning_content": value}
+            await self._send(resp, mode, _event(event))
+        await self._write_good(resp, mode, chat, body)
 
     async def _write_huge_event(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
         head = json.dumps(_chunk(chat, "@@"), separators=(",", ":")).split("@@")[0]
