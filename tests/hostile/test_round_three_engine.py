@@ -54,3 +54,50 @@ def test_a_reasoning_content_that_is_not_a_string_counts_no_reasoning(tmp_path: 
     assert run.summary is not None and run.summary.reasoning_tokens is None
     assert "reasoning" not in r.stdout
     assert server.hits["reasoning_not_text"] == 1
+
+
+# --- speculative-decoding counters are checked before they become figures -------------------
+
+
+def _spec_points(drafts: float, tokens: float, accepted: float, per_pos: tuple[float, ...] = ()) -> list[tuple]:
+    """A run's series points: every counter at 0 before the first request and at the value after."""
+    from engines.base import SERIES_SPEC_ACCEPTED, SERIES_SPEC_DRAFT_TOKENS, SERIES_SPEC_DRAFTS, SERIES_SPEC_POS
+
+    names = {SERIES_SPEC_DRAFTS: drafts, SERIES_SPEC_DRAFT_TOKENS: tokens, SERIES_SPEC_ACCEPTED: accepted}
+    names.update({f"{SERIES_SPEC_POS}{k}": v for k, v in enumerate(per_pos)})
+    return [(0.0, n, 0.0) for n in names] + [(1.0, n, v) for n, v in names.items()]
+
+
+SPEC_CASES = [
+    ((1, 1, 100_000), "the server counts 100000 accepted of 1 draft tokens: more accepted than proposed"),
+    (
+        (100, 300, 250, (100, 899)),
+        "the server counts 899 accepted at draft position 1 of 100 drafts: more than drafted",
+    ),
+    ((1e308, 1e308, 1e308), "the server's counter server_spec_drafts reads 1e+308, not a count (over 9.01e+15)"),
+    ((10, 5, 5), "the server counts 5 draft tokens in 10 drafts: fewer than one a draft"),
+]
+
+
+@pytest.mark.parametrize(("counters", "reason"), SPEC_CASES, ids=["accepted", "per_pos", "1e308", "tokens"])
+def test_absurd_speculative_counters_give_no_figure_and_one_reason(
+    counters: tuple, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """accepted growing 100,000 against 1 draft token (it printed acceptance 10000000.0%), 899
+    accepted at a position of 100 drafts (899 %), 1e308 counters (300 digits, into the vllm-json
+    export too): no spec figure at all, and the reason in one line."""
+    from bench.metrics import spec_decode
+
+    points = _spec_points(*counters)
+    with caplog.at_level("WARNING", logger="bench.metrics.spec_decode"):
+        assert spec_decode.spec_fields(points) == {}
+    assert [r.getMessage() for r in caplog.records] == [f"speculative-decoding figures left out: {reason}"]
+    assert spec_decode.spec_figures(points) == ({}, reason)
+
+
+def test_believable_speculative_counters_still_give_their_figures() -> None:
+    from bench.metrics.spec_decode import spec_figures
+
+    fields, why = spec_figures(_spec_points(100, 300, 150, (80, 50, 20)))
+    assert why is None and fields["spec_acceptance_rate"] == pytest.approx(0.5)
+    assert fields["spec_accepted_per_pos"] == pytest.approx((0.8, 0.5, 0.2))
