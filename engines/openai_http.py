@@ -51,7 +51,7 @@ from engines.http_errors import (
     read_capped,
     status_failure,
 )
-from engines.routing import read_routed, routed_counts
+from engines.routing import read_routed, routed_counts, routed_rows_max
 from engines.sse import OVERSIZE_EVENT, SSEError, asse_payloads, sse_object, sse_payloads
 from engines.tokens import SERVER_TOKENIZER, ServerTokenizer, TextCounter
 
@@ -273,26 +273,15 @@ class OpenAIEngine(HTTPEngine):
         for request in requests:
             body = {**self.request_body(request), "stream": False, "return_routed_experts": True}
             body.pop("stream_options", None)
-            why, counts, prompt = None, None, request.prompt_tokens
+            counts, why = None, None
             try:
                 with self.post_stream(self._url_for_endpoint(), body) as chunks:
                     raw = read_capped(chunks, ROUTED_EXPERTS_MAX_B64 + 2**20, "the answer")
-                obj = json.loads(raw)
-                choice = (obj.get("choices") or [{}])[0] if isinstance(obj, dict) else {}
-                field = choice.get("routed_experts") if isinstance(choice, dict) else None
-                ext = obj.get("sglext") if isinstance(obj, dict) else None
-                if field is None and isinstance(ext, dict):
-                    field = ext.get("routed_experts")
-                usage = obj.get("usage") if isinstance(obj, dict) else None
-                if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
-                    prompt = usage["prompt_tokens"]
-                start = choice.get("routed_experts_prompt_start") if isinstance(choice, dict) else None
-                start = start if isinstance(start, int) and not isinstance(start, bool) and start > 0 else 0
-                if field is None:
-                    why = "no routed_experts in the answer (is the server started with --enable-return-routed-experts?)"
-                else:
-                    counts, why = routed_counts(field, layout, prompt, start)
-            except (RequestFailed, ValueError, AttributeError) as exc:
+                field, prompt, start, why = pass_answer(raw, request.prompt_tokens)
+                if field is not None:
+                    max_rows = routed_rows_max(prompt, request.sampling.max_tokens)
+                    counts, why = routed_counts(field, layout, prompt, start, max_rows)
+            except RequestFailed as exc:
                 why = one_line(exc, 200)
             if counts is None:
                 first_error = first_error or f"request {request.request_id}: {why}"
@@ -497,6 +486,38 @@ class OpenAIEngine(HTTPEngine):
         parser.check_complete(cancel)
 
 
+def pass_answer(raw: bytes, prompt_tokens: int | None) -> tuple[Any, int | None, int, str | None]:
+    """A non-streamed answer of the routing pass: (its ``routed_experts`` field, the prompt's
+    tokens (the server's usage where it says, else ``prompt_tokens``), the prompt rows the server
+    left out, None), or (None, ..., one-line reason). Every part is checked for its type: an
+    answer whose ``choices`` is an object or a number, or JSON nested too deep to read, is that
+    request's routing left out, never an error of the run."""
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        return None, prompt_tokens, 0, f"the answer is not JSON ({type(exc).__name__}: {one_line(exc, 80)})"
+    if not isinstance(obj, dict):
+        return None, prompt_tokens, 0, f"the answer is a JSON {type(obj).__name__}, not an object"
+    choices = obj.get("choices")
+    if choices is not None and not isinstance(choices, list):
+        return None, prompt_tokens, 0, f"the answer's choices is a {type(choices).__name__}, not a list"
+    choice = choices[0] if choices else {}
+    if not isinstance(choice, dict):
+        return None, prompt_tokens, 0, f"the answer's first choice is a {type(choice).__name__}, not an object"
+    field = choice.get("routed_experts")
+    ext = obj.get("sglext")
+    if field is None and isinstance(ext, dict):
+        field = ext.get("routed_experts")
+    usage = _usage(obj.get("usage"))
+    prompt = usage["prompt_tokens"] if usage is not None and usage["prompt_tokens"] is not None else prompt_tokens
+    start = choice.get("routed_experts_prompt_start")
+    start = start if isinstance(start, int) and not isinstance(start, bool) and start > 0 else 0
+    if field is None:
+        why = "no routed_experts in the answer (is the server started with --enable-return-routed-experts?)"
+        return None, prompt, start, why
+    return field, prompt, start, None
+
+
 class CompletionStream:
     """The events of one streamed OpenAI completion (or chat completion) -> :class:`StreamChunk`.
 
@@ -550,7 +571,8 @@ class CompletionStream:
             return self._routing_reason
         if self._routed is None:
             return "the server sent no routed_experts (is it started with --enable-return-routed-experts?)"
-        value, why = read_routed(self._routed, self.routing_layout, self.prompt_tokens)
+        max_rows = routed_rows_max(self.prompt_tokens, self.max_tokens)
+        value, why = read_routed(self._routed, self.routing_layout, self.prompt_tokens, max_rows=max_rows)
         self._routed = None
         return why if value is None else value
 

@@ -101,3 +101,79 @@ def test_believable_speculative_counters_still_give_their_figures() -> None:
     fields, why = spec_figures(_spec_points(100, 300, 150, (80, 50, 20)))
     assert why is None and fields["spec_acceptance_rate"] == pytest.approx(0.5)
     assert fields["spec_accepted_per_pos"] == pytest.approx((0.8, 0.5, 0.2))
+
+
+# --- routing payloads leave routing out, never the request or the run -----------------------
+
+HEADER = "routed_experts' .npy header says shape (1099511627776, 2, 2) of int32; 32 bytes follow it"
+ROWS = "routed_experts has 31,250 rows (tokens); the request has at most 74 (prompt + max_tokens + 64)"
+TOP_K = "routed_experts has top-500 ids a token; the model routes to 2"
+STREAMED_CASES = [("routing_huge_header", HEADER), ("routing_rows", ROWS), ("routing_top_k", TOP_K)]
+
+
+def _routing_run(tmp_path: Path, server: HostileServer, tiny_model: Path, mode: str, *extra: str) -> tuple:
+    """Two requests of ``mode``, routed experts asked for (streamed, or by ``extra``); the stored run."""
+    prompts = [f"hostile:{mode} one", f"hostile:{mode} two"]
+    r, db = openai_run(server.url(), tmp_path, prompts, "--engine-opt", f"tokenizer={tiny_model}", *extra)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    store = Store(db)
+    (run,) = store.list_runs()
+    assert run.status == "completed" and run.summary is not None and run.summary.failed == 0
+    assert all(rec.error is None and rec.output_tokens == OUT for rec in store.records(run.id))
+    assert server.hits[mode] >= 2  # the directive chose the mode (a mode name has no digit)
+    return store, run
+
+
+@pytest.mark.parametrize(("mode", "reason"), STREAMED_CASES, ids=[c[0] for c in STREAMED_CASES])
+def test_a_streamed_routing_payload_that_cannot_be_the_requests_is_left_out_with_its_reason(
+    tmp_path: Path, server: HostileServer, tiny_model: Path, mode: str, reason: str
+) -> None:
+    """An .npy header declaring 2**40 rows over 32 bytes (a MemoryError), 1 MB of "AAAA" on a
+    10-token request (counted as 31,250 tokens), top-500 ids on a top-2 model (accepted): every
+    request completes, the run has no routing, and says why in one line."""
+    store, run = _routing_run(tmp_path, server, tiny_model, mode, "--engine-opt", "routed_experts=true")
+    why = store.artifact(run.id, "expert_routing_error")["error"]
+    assert why.startswith(f"request r0: routing {reason}") and "\n" not in why, why
+    assert store.artifact(run.id, "expert_routing") is None
+
+
+def test_streamed_uint64_ids_in_range_are_counted(tmp_path: Path, server: HostileServer, tiny_model: Path) -> None:
+    """An .npy of uint64 ids (each naming one of the model's 8 experts) failed its request with a
+    TypeError; now they are counted as any integer ids: 2 requests x 9 rows x 2 layers x top-2."""
+    store, run = _routing_run(tmp_path, server, tiny_model, "routing_unsigned", "--engine-opt", "routed_experts=true")
+    routing = store.artifact(run.id, "expert_routing")
+    assert routing is not None and store.artifact(run.id, "expert_routing_error") is None
+    assert sum(map(sum, routing["counts"])) == 2 * 9 * 2 * 2
+
+
+NOT_A_LIST = "the answer's choices is a {}, not a list"
+PASS_CASES = [
+    ("pass_choices_object", NOT_A_LIST.format("dict")),
+    ("pass_choices_number", NOT_A_LIST.format("int")),
+    ("pass_huge_header", HEADER),
+    ("pass_nested", "the answer is not JSON (RecursionError: maximum recursion depth exceeded"),
+]
+
+
+@pytest.mark.parametrize(("mode", "reason"), PASS_CASES, ids=[c[0] for c in PASS_CASES])
+def test_a_routing_pass_answer_that_cannot_be_read_leaves_routing_out_and_the_run_completed(
+    tmp_path: Path, server: HostileServer, tiny_model: Path, mode: str, reason: str
+) -> None:
+    """routing_pass=2 after a completed window: an answer whose choices is {"x": 1} or 5, whose
+    routed_experts' header declares 2**40 rows, or JSON nested 100,000 deep made the whole run
+    failed; now the run completes with no routing and the first reason in one line."""
+    store, run = _routing_run(tmp_path, server, tiny_model, mode, "--engine-opt", "routing_pass=2")
+    why = store.artifact(run.id, "expert_routing_error")["error"]
+    assert why.startswith(f"routing pass over 2 requests: none gave routing; request r0: {reason}"), why
+    assert "\n" not in why and store.artifact(run.id, "expert_routing") is None
+    assert server.hits[mode] == 4  # two streamed in the window, two not streamed in the pass
+
+
+def test_a_routing_pass_of_uint64_ids_in_range_counts_them(
+    tmp_path: Path, server: HostileServer, tiny_model: Path
+) -> None:
+    store, run = _routing_run(tmp_path, server, tiny_model, "pass_unsigned", "--engine-opt", "routing_pass=2")
+    routing = store.artifact(run.id, "expert_routing")
+    assert routing is not None and routing["pass_requests"] == 2 and "error" not in routing
+    assert sum(map(sum, routing["counts"])) == 2 * 9 * 2 * 2
