@@ -4,6 +4,7 @@ expert-parallel what-ifs bounded. Each test fails without its fix."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,96 @@ def test_a_routing_pass_of_uint64_ids_in_range_counts_them(
     routing = store.artifact(run.id, "expert_routing")
     assert routing is not None and routing["pass_requests"] == 2 and "error" not in routing
     assert sum(map(sum, routing["counts"])) == 2 * 9 * 2 * 2
+
+
+# --- the routing and all-to-all commands: bounded, one line each -----------------------------
+
+
+@pytest.fixture(scope="module")
+def routed_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """A store holding the H200 example run (26 MoE layers x 64 experts, top-6, native routing)."""
+    from bench.bundle import import_bundle_file
+    from tests.hostile.clirun import ROOT
+
+    db = tmp_path_factory.mktemp("routed") / "db.sqlite"
+    return db, import_bundle_file(Store(db), ROOT / "examples" / "h200-latency-bs1.json")
+
+
+def test_the_routing_command_counts_routed_tokens_per_layer_as_the_dashboard_does(
+    tmp_path: Path, routed_run: tuple[Path, int]
+) -> None:
+    """The tokens column is the record's tokens per layer (through the gate: what the Profiling
+    page calls "tokens per layer"), not the selections (tokens x top-6, 6 times as many)."""
+    from tests.hostile.clirun import bench
+
+    db, run_id = routed_run
+    routing = Store(db).artifact(run_id, "expert_routing")
+    r = bench("routing", str(run_id), "--db", str(db), data_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines() if re.match(r"layer \d+ ", line)]
+    assert len(rows) == 26
+    assert [row[2] for row in rows] == [f"{t:,.0f}" for t in routing["tokens"]]
+    assert sum(routing["counts"][0]) == 6 * routing["tokens"][0]  # selections: what it printed before
+    assert "tokens: routed tokens per layer" in r.stdout
+
+
+BOUND_CASES = [
+    (["--redundant", "8000000"], "--redundant 8000000: the EPLB what-if takes 0 to 1024 replicas"),
+    (["--nodes", "0"], "--nodes 0: the EP 8 ranks are on 1 to 8 nodes"),
+    (["--nodes", "-1"], "--nodes -1: the EP 8 ranks are on 1 to 8 nodes"),
+]
+
+
+@pytest.mark.parametrize(("flags", "reason"), BOUND_CASES, ids=["redundant", "nodes0", "nodes-1"])
+def test_the_routing_what_if_is_bounded_in_one_line(
+    tmp_path: Path, routed_run: tuple[Path, int], flags: list[str], reason: str
+) -> None:
+    """--redundant 8000000 took 123 s and 1 GB; --nodes 0 and -1 were tracebacks."""
+    from tests.hostile.clirun import bench
+
+    db, run_id = routed_run
+    r = bench("routing", str(run_id), *flags, "--db", str(db), data_dir=tmp_path)
+    assert r.returncode == 2 and r.one_error() == f"error: {reason}"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("n_group", "x", "routing record: n_group must be a whole number of groups, got 'x'"),
+        ("layers", 5, "routing record: layers must be a list of 26 labels, got 5"),
+    ],
+)
+def test_a_routing_record_with_a_bad_field_is_one_line(
+    tmp_path: Path, routed_run: tuple[Path, int], field: str, value: object, reason: str
+) -> None:
+    """An imported run whose routing says ``n_group: "x"`` or ``layers: 5`` (no MoE figures in its
+    summary to fall back on): ``routing N`` says so in one line, and the summary's figures stay empty."""
+    from bench.metrics import moe
+    from tests.hostile.clirun import bench
+
+    db, run_id = routed_run
+    store = Store(db)
+    routing = {**store.artifact(run_id, "expert_routing"), field: value}
+    bad = tmp_path / "db.sqlite"
+    bad.write_bytes(db.read_bytes())
+    Store(bad).put_artifact(run_id, "expert_routing", routing)
+    r = bench("routing", str(run_id), "--db", str(bad), data_dir=tmp_path)
+    assert r.returncode == 2 and r.one_error() == f"error: {reason}"
+    assert moe.run_figures(routing) == dict.fromkeys(moe.MOE_RUN_COLUMNS)
+
+
+@pytest.mark.parametrize(
+    ("flags", "reason"),
+    [
+        (["--max-mib", "0.001"], "--max-mib takes 0.00390625 to 4096 (the sweep's first message is 4 KiB)"),
+        (["--ranks", "100000"], "--ranks 100000: an all-to-all here takes 2 to 64 ranks"),
+    ],
+    ids=["max-mib", "ranks"],
+)
+def test_the_all_to_all_sweep_is_bounded_in_one_line(tmp_path: Path, flags: list[str], reason: str) -> None:
+    """--max-mib 0.001 measured nothing and printed torch's OMP banner as its reason; --ranks had
+    no upper bound (100,000 processes)."""
+    from tests.hostile.clirun import bench
+
+    r = bench("a2a", *flags, data_dir=tmp_path)
+    assert r.returncode == 2 and r.one_error().startswith(f"error: {reason}"), r.stderr
