@@ -559,6 +559,9 @@ def check(model_dir: str, batch: int, seq: int, steps: int, seed: int) -> dict[s
         dist.destroy_process_group()
 
 
+SWEEP_MIN_BYTES = 4096  # the sweep's first (smallest) message to each peer; it grows 4x a step
+
+
 def sweep(accelerator: str, max_bytes: int, iters: int) -> list[dict[str, Any]] | None:
     """Under torchrun: ``all_to_all_single`` of growing sizes between the ranks (each rank sends
     ``size`` bytes to every other rank), timed between barriers. Rank 0 returns one row per size;
@@ -574,7 +577,7 @@ def sweep(accelerator: str, max_bytes: int, iters: int) -> list[dict[str, Any]] 
         torch.cuda.set_device(device)
     rows = []
     try:
-        size = 4096
+        size = SWEEP_MIN_BYTES
         while size <= max_bytes:
             per = size // 4  # float32 values per destination
             inp = torch.ones(world * per, dtype=torch.float32, device=device)

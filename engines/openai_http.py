@@ -51,7 +51,7 @@ from engines.http_errors import (
     read_capped,
     status_failure,
 )
-from engines.routing import read_routed, routed_counts
+from engines.routing import read_routed, routed_counts, routed_rows_max
 from engines.sse import OVERSIZE_EVENT, SSEError, asse_payloads, sse_object, sse_payloads
 from engines.tokens import SERVER_TOKENIZER, ServerTokenizer, TextCounter
 
@@ -111,8 +111,8 @@ def _carries_token(choice: dict[str, Any]) -> bool:
     """
     delta = choice.get("delta")
     if isinstance(delta, dict):
-        return delta.get("content") is not None and "role" not in delta
-    return choice.get("text") is not None
+        return isinstance(delta.get("content"), str) and "role" not in delta
+    return isinstance(choice.get("text"), str)
 
 
 @register_engine
@@ -273,26 +273,15 @@ class OpenAIEngine(HTTPEngine):
         for request in requests:
             body = {**self.request_body(request), "stream": False, "return_routed_experts": True}
             body.pop("stream_options", None)
-            why, counts, prompt = None, None, request.prompt_tokens
+            counts, why = None, None
             try:
                 with self.post_stream(self._url_for_endpoint(), body) as chunks:
                     raw = read_capped(chunks, ROUTED_EXPERTS_MAX_B64 + 2**20, "the answer")
-                obj = json.loads(raw)
-                choice = (obj.get("choices") or [{}])[0] if isinstance(obj, dict) else {}
-                field = choice.get("routed_experts") if isinstance(choice, dict) else None
-                ext = obj.get("sglext") if isinstance(obj, dict) else None
-                if field is None and isinstance(ext, dict):
-                    field = ext.get("routed_experts")
-                usage = obj.get("usage") if isinstance(obj, dict) else None
-                if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
-                    prompt = usage["prompt_tokens"]
-                start = choice.get("routed_experts_prompt_start") if isinstance(choice, dict) else None
-                start = start if isinstance(start, int) and not isinstance(start, bool) and start > 0 else 0
-                if field is None:
-                    why = "no routed_experts in the answer (is the server started with --enable-return-routed-experts?)"
-                else:
-                    counts, why = routed_counts(field, layout, prompt, start)
-            except (RequestFailed, ValueError, AttributeError) as exc:
+                field, prompt, start, why = pass_answer(raw, request.prompt_tokens)
+                if field is not None:
+                    max_rows = routed_rows_max(prompt, request.sampling.max_tokens)
+                    counts, why = routed_counts(field, layout, prompt, start, max_rows)
+            except RequestFailed as exc:
                 why = one_line(exc, 200)
             if counts is None:
                 first_error = first_error or f"request {request.request_id}: {why}"
@@ -401,7 +390,9 @@ class OpenAIEngine(HTTPEngine):
 
     def _stream_parser(self, request: GenerationRequest) -> CompletionStream:
         streamed = self.opts.routed_experts and not self.opts.routing_pass
-        return CompletionStream(self._tokenizer, self._layout if streamed else None, request.prompt_tokens)
+        return CompletionStream(
+            self._tokenizer, self._layout if streamed else None, request.prompt_tokens, request.sampling.max_tokens
+        )
 
     def _url_for_endpoint(self) -> str:
         return self.base_url + ("/chat/completions" if self.opts.endpoint == "chat" else "/completions")
@@ -495,6 +486,38 @@ class OpenAIEngine(HTTPEngine):
         parser.check_complete(cancel)
 
 
+def pass_answer(raw: bytes, prompt_tokens: int | None) -> tuple[Any, int | None, int, str | None]:
+    """A non-streamed answer of the routing pass: (its ``routed_experts`` field, the prompt's
+    tokens (the server's usage where it says, else ``prompt_tokens``), the prompt rows the server
+    left out, None), or (None, ..., one-line reason). Every part is checked for its type: an
+    answer whose ``choices`` is an object or a number, or JSON nested too deep to read, is that
+    request's routing left out, never an error of the run."""
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        return None, prompt_tokens, 0, f"the answer is not JSON ({type(exc).__name__}: {one_line(exc, 80)})"
+    if not isinstance(obj, dict):
+        return None, prompt_tokens, 0, f"the answer is a JSON {type(obj).__name__}, not an object"
+    choices = obj.get("choices")
+    if choices is not None and not isinstance(choices, list):
+        return None, prompt_tokens, 0, f"the answer's choices is a {type(choices).__name__}, not a list"
+    choice = choices[0] if choices else {}
+    if not isinstance(choice, dict):
+        return None, prompt_tokens, 0, f"the answer's first choice is a {type(choice).__name__}, not an object"
+    field = choice.get("routed_experts")
+    ext = obj.get("sglext")
+    if field is None and isinstance(ext, dict):
+        field = ext.get("routed_experts")
+    usage = _usage(obj.get("usage"))
+    prompt = usage["prompt_tokens"] if usage is not None and usage["prompt_tokens"] is not None else prompt_tokens
+    start = choice.get("routed_experts_prompt_start")
+    start = start if isinstance(start, int) and not isinstance(start, bool) and start > 0 else 0
+    if field is None:
+        why = "no routed_experts in the answer (is the server started with --enable-return-routed-experts?)"
+        return None, prompt, start, why
+    return field, prompt, start, None
+
+
 class CompletionStream:
     """The events of one streamed OpenAI completion (or chat completion) -> :class:`StreamChunk`.
 
@@ -504,9 +527,17 @@ class CompletionStream:
     """
 
     def __init__(
-        self, tokenizer: Any, routing_layout: dict[str, Any] | None = None, prompt_tokens: int | None = None
+        self,
+        tokenizer: Any,
+        routing_layout: dict[str, Any] | None = None,
+        prompt_tokens: int | None = None,
+        max_tokens: int | None = None,
     ) -> None:
         self.done = False  # [DONE] seen
+        self.max_tokens = max_tokens  # the request's cap: a usage count above it is not believed
+        # the fewest tokens the stream stood for: the server's own count of an event where it gave
+        # one, else one per event with text (a usage count below it is not believed)
+        self.streamed_floor = 0
         self.usage_out = 0  # running completion_tokens from per-chunk usage
         self.content_count = TextCounter(tokenizer)
         self.reasoning_count = TextCounter(tokenizer)
@@ -540,7 +571,8 @@ class CompletionStream:
             return self._routing_reason
         if self._routed is None:
             return "the server sent no routed_experts (is it started with --enable-return-routed-experts?)"
-        value, why = read_routed(self._routed, self.routing_layout, self.prompt_tokens)
+        max_rows = routed_rows_max(self.prompt_tokens, self.max_tokens)
+        value, why = read_routed(self._routed, self.routing_layout, self.prompt_tokens, max_rows=max_rows)
         self._routed = None
         return why if value is None else value
 
@@ -569,6 +601,8 @@ class CompletionStream:
         if not choices:
             if usage is None:
                 return []
+            if (why := usage_refusal(usage["completion_tokens"], self.max_tokens, self.streamed_floor)) is not None:
+                raise RequestFailed(why)
             if usage["prompt_tokens"] is not None:
                 self.prompt_tokens = usage["prompt_tokens"]
             return [
@@ -597,6 +631,7 @@ class CompletionStream:
             grown = usage["completion_tokens"] - self.usage_out
             server_n = grown if grown >= 0 else None  # a count that shrank is not believed
             self.usage_out = max(self.usage_out, usage["completion_tokens"])
+        self.streamed_floor += server_n if server_n is not None else int(bool(text or reasoning))
         out = []
         guess = self.content_count.tokenizer is None  # no tokenizer: one token per chunk
         # a reasoning delta whose text is empty (a token that ends inside a UTF-8 character) still
@@ -623,6 +658,20 @@ class CompletionStream:
 
 
 USAGE_MAX = 10**9  # a token count above this in a usage report is not a count
+
+
+def usage_refusal(completion: int | None, max_tokens: int | None, streamed: int) -> str | None:
+    """Why a usage report's ``completion_tokens`` is not believed for its request, or None: more
+    than the request's own ``max_tokens`` (a server stops there), or fewer than the tokens it
+    streamed (:attr:`CompletionStream.streamed_floor`). A refused count fails its request, as
+    streamed tokens over the output cap do (:func:`engines.base.output_cap`): never a throughput."""
+    if completion is None:
+        return None
+    if max_tokens is not None and completion > max_tokens:
+        return f"the server's usage says {completion} output tokens for max_tokens={max_tokens}: not believed"
+    if completion < streamed:
+        return f"the server's usage says {completion} output tokens after streaming at least {streamed}: not believed"
+    return None
 
 
 def _usage_count(v: Any) -> int | None:
@@ -669,8 +718,14 @@ def _choice_text(choice: dict[str, Any]) -> tuple[str, str, bool]:
         delta = choice.get("delta") or {}
         if not isinstance(delta, dict):
             return "", "", False
-        content = delta.get("content") or ""
-        reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
-        thinking = "reasoning_content" in delta or "reasoning" in delta
+        content = _text(delta.get("content"))
+        reasoning = _text(delta.get("reasoning_content")) or _text(delta.get("reasoning"))
+        thinking = isinstance(delta.get("reasoning_content"), str) or isinstance(delta.get("reasoning"), str)
         return _clean(content), _clean(reasoning), thinking
-    return _clean(choice.get("text") or ""), "", False
+    return _clean(_text(choice.get("text"))), "", False
+
+
+def _text(value: Any) -> str:
+    """A streamed text field: only a string is text (a number, list or object a server sends in
+    its place is none: it counts no token)."""
+    return value if isinstance(value, str) else ""

@@ -14,6 +14,7 @@ shape (tokens, top_k): DeepSeek-V3's ``DeepseekV3TopkRouter`` returns
 from __future__ import annotations
 
 import functools
+import math
 import re
 import threading
 from typing import Any, NamedTuple
@@ -207,6 +208,18 @@ def _find_indices(output: Any, top_k: int) -> Any | None:
 
 ROUTED_EXPERTS_MAX_B64 = 64 * 1024 * 1024  # a routed_experts field larger than this is refused, not decoded
 NPY_MAGIC = b"\x93NUMPY"
+# Rows of a request's routed_experts beyond its prompt + max_tokens that are still taken: vLLM and
+# SGLang send tokens - 1 rows (none extra), but the prompt's count may be the workload's, without
+# the tokens a chat template adds (DeepSeek's: under 20) until the server's usage says.
+ROUTED_ROWS_SLACK = 64
+
+
+def routed_rows_max(prompt_tokens: int | None, max_tokens: int | None) -> int | None:
+    """The most rows a request's ``routed_experts`` may hold (one a token it forwarded): its
+    prompt and its ``max_tokens`` plus :data:`ROUTED_ROWS_SLACK`; None when either is unknown."""
+    if prompt_tokens is None or max_tokens is None:
+        return None
+    return prompt_tokens + max_tokens + ROUTED_ROWS_SLACK
 
 
 def layout_from_config(cfg: dict[str, Any], source: str) -> dict[str, Any] | None:
@@ -253,30 +266,53 @@ def _outside(low: int, high: int, experts: int) -> str | None:
     return None
 
 
-def _read_ids(b64: Any, layout: dict[str, Any]) -> tuple[Any, tuple[int, ...], str | None]:
+def _read_ids(b64: Any, layout: dict[str, Any], max_rows: int | None = None) -> tuple[Any, tuple[int, ...], str | None]:
     """(ids [rows, layers, top-k], the MoE layers' indices on the array's layer axis, None) or
     (None, (), one-line reason); see :func:`decode_routed_experts`."""
     raw, why = _decoded(b64)
-    return (None, (), why) if raw is None else _ids_of(raw, layout)
+    return (None, (), why) if raw is None else _ids_of(raw, layout, max_rows)
 
 
-def _ids_of(raw: bytes, layout: dict[str, Any]) -> tuple[Any, tuple[int, ...], str | None]:
-    """:func:`_read_ids` for the field's decoded bytes."""
+def _npy_ids(raw: bytes) -> tuple[Any, str | None]:
+    """An ``.npy`` payload as an integer array [tokens, layers, top-k] viewing ``raw``, or (None,
+    one-line reason). The header is checked against the bytes that follow it before any array is
+    made: a header may declare any shape (2**40 rows behind a few bytes was a MemoryError)."""
     import io
 
+    import numpy as np
+
+    fmt = np.lib.format
+    buf = io.BytesIO(raw)
+    try:
+        version = fmt.read_magic(buf)
+        read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        shape, fortran, dtype = read_header(buf, max_header_size=4096)
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as exc:
+        return None, f"routed_experts is not a readable .npy array ({type(exc).__name__}: {str(exc)[:80]})"
+    if dtype.kind not in "iu" or dtype.hasobject or len(shape) != 3:
+        return None, f"routed_experts holds {dtype} of shape {shape}, not integer ids [tokens, layers, top-k]"
+    body = len(raw) - buf.tell()
+    if math.prod(shape) * dtype.itemsize != body:
+        return None, f"routed_experts' .npy header says shape {shape} of {dtype}; {body} bytes follow it"
+    ids = np.frombuffer(raw, dtype=dtype, offset=buf.tell()).reshape(shape, order="F" if fortran else "C")
+    return ids, None
+
+
+def _ids_of(raw: bytes, layout: dict[str, Any], max_rows: int | None = None) -> tuple[Any, tuple[int, ...], str | None]:
+    """:func:`_read_ids` for the field's decoded bytes. ``max_rows``: the most rows the request
+    may have (:func:`routed_rows_max`); more is a reason, not a count. The ids come back as int32
+    (a uint64 array was a TypeError when counted)."""
     import numpy as np
 
     experts, top_k = int(layout.get("num_experts") or 0), int(layout.get("top_k") or 0)
     moe = tuple(layout.get("moe_layers") or ())
     hidden = int(layout.get("hidden_layers") or len(moe))
     if raw.startswith(NPY_MAGIC):
-        try:
-            ids = np.load(io.BytesIO(raw), allow_pickle=False)
-        except (ValueError, OSError, EOFError) as exc:
-            return None, (), f"routed_experts is not a readable .npy array ({type(exc).__name__}: {str(exc)[:80]})"
-        if ids.dtype.kind not in "iu" or ids.ndim != 3:
-            what = f"{ids.dtype} of shape {ids.shape}"
-            return None, (), f"routed_experts holds {what}, not integer ids [tokens, layers, top-k]"
+        ids, why = _npy_ids(raw)
+        if ids is None:
+            return None, (), why
+        if top_k and ids.shape[2] != top_k:
+            return None, (), f"routed_experts has top-{ids.shape[2]} ids a token; the model routes to {top_k}"
     elif not moe or not top_k or not hidden:
         return None, (), f"routed_experts is {len(raw)} bytes, not a base64 .npy array"
     elif len(raw) % 4 or (len(raw) // 4) % (hidden * top_k):
@@ -290,6 +326,8 @@ def _ids_of(raw: bytes, layout: dict[str, Any]) -> tuple[Any, tuple[int, ...], s
         )
     else:
         ids = np.frombuffer(raw, dtype=np.int32).reshape(-1, hidden, top_k)
+    if (why := _too_many_rows(ids.shape[0], max_rows)) is not None:
+        return None, (), why
     layers = ids.shape[1]
     if moe and layers == hidden:
         keep = moe
@@ -301,7 +339,17 @@ def _ids_of(raw: bytes, layout: dict[str, Any]) -> tuple[Any, tuple[int, ...], s
         return None, (), f"routed_experts has {layers} layers; the model's MoE layers go up to index {max(keep)}"
     if ids.size and (why := _outside(int(ids.min()), int(ids.max()), experts)):
         return None, (), why
-    return ids, keep, None
+    return ids.astype(np.int32, copy=False), keep, None
+
+
+def _too_many_rows(rows: int, max_rows: int | None) -> str | None:
+    """Why ``rows`` of routed ids cannot be one request's (more than ``max_rows``), or None."""
+    if max_rows is not None and rows > max_rows:
+        return (
+            f"routed_experts has {rows:,} rows (tokens); the request has at most {max_rows:,} "
+            f"(prompt + max_tokens + {ROUTED_ROWS_SLACK})"
+        )
+    return None
 
 
 def decode_routed_experts(b64: Any, layout: dict[str, Any]) -> tuple[Any, str | None]:
@@ -345,15 +393,16 @@ def _layer_plan(layers: int, keep: tuple[int, ...], experts: int) -> Any:
 
 
 def routed_counts(
-    b64: Any, layout: dict[str, Any], prompt_tokens: int | None, prompt_start: int = 0
+    b64: Any, layout: dict[str, Any], prompt_tokens: int | None, prompt_start: int = 0, max_rows: int | None = None
 ) -> tuple[Any, str | None]:
     """One request's routed experts (either encoding, see :func:`decode_routed_experts`) straight
     to counts [2, MoE layers, experts] (uint16, or uint32 past 65,535 rows: small to pass from a
     sender process): one bincount over the raw array (the decode rows' cells shifted past the
     prompt's), the dense layers' and placeholder cells
     dropped after, no per-layer copies. What the client does per request; equal to a per-layer
-    count of :func:`decode_routed_experts`' ids (tests/engines/test_routed_experts.py)."""
-    ids, keep, why = _read_ids(b64, layout)
+    count of :func:`decode_routed_experts`' ids (tests/engines/test_routed_experts.py).
+    ``max_rows``: :func:`routed_rows_max` of the request (None: not checked)."""
+    ids, keep, why = _read_ids(b64, layout, max_rows)
     if ids is None:
         return None, why
     return _count_ids(ids, keep, int(layout.get("num_experts") or 0), prompt_tokens, prompt_start), None
@@ -397,7 +446,7 @@ DEFER_MAX_BYTES = 32 * 1024  # ids up to this size are passed on uncounted (Rout
 
 
 def read_routed(
-    b64: Any, layout: dict[str, Any], prompt_tokens: int | None, prompt_start: int = 0
+    b64: Any, layout: dict[str, Any], prompt_tokens: int | None, prompt_start: int = 0, max_rows: int | None = None
 ) -> tuple[Any, str | None]:
     """One request's ``routed_experts``, read as cheaply as its encoding allows: SGLang's raw
     int32 up to :data:`DEFER_MAX_BYTES` as :class:`RoutedIds` (base64-decoded, its length
@@ -417,9 +466,11 @@ def read_routed(
         and len(raw) <= DEFER_MAX_BYTES  # small: numpy's per-call cost would outweigh counting them here
     )  # fmt: skip
     if deferred:
+        if (why := _too_many_rows(len(raw) // row, max_rows)) is not None:
+            return None, why
         prompt_rows = _prompt_rows(len(raw) // row, prompt_tokens, prompt_start)
         return RoutedIds(raw, prompt_rows, (hidden, moe, experts, top_k)), None
-    ids, keep, why = _ids_of(raw, layout)  # counted here (the counts pass on smaller), or its reason
+    ids, keep, why = _ids_of(raw, layout, max_rows)  # counted here (the counts pass on smaller), or its reason
     return (None, why) if ids is None else (_count_ids(ids, keep, experts, prompt_tokens, prompt_start), None)
 
 

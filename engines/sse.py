@@ -200,7 +200,7 @@ def sse_object(payload: str, source: str = "") -> dict[str, Any]:
     where = f" from {source}" if source else ""
     try:
         obj = json.loads(payload)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deep to read
         raise SSEError(f"malformed SSE event{where} (not JSON): {one_line(payload, 120)}") from exc
     if not isinstance(obj, dict):
         raise SSEError(f"malformed SSE event{where} (not an object): {one_line(payload, 120)}")

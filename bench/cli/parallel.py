@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ from bench.metrics.run_limits import link_figure
 from engines.errors import ConfigError
 
 SWEEP_TIMEOUT_S = 600
+A2A_MAX_RANKS = 64  # the most processes one sweep starts on this machine (NVLink domains: 8; a 64-core CPU host)
+A2A_MAX_MIB = 4096  # the largest message to each peer
 
 
 def add_a2a_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,10 +33,19 @@ def run_sweep(ranks: int, accelerator: str, max_mib: float, iters: int) -> list[
     """The sweep's rows (engines.expert_parallel.sweep under torch's launcher), or ConfigError in one line."""
     from engines.launch import free_port
 
-    if ranks < 2:
-        raise ConfigError(f"--ranks {ranks}: an all-to-all needs at least 2 ranks")
-    if not 0 < max_mib <= 4096 or iters < 1:
-        raise ConfigError("--max-mib takes (0, 4096] and --iters at least 1")
+    if not 2 <= ranks <= A2A_MAX_RANKS:
+        raise ConfigError(f"--ranks {ranks}: an all-to-all here takes 2 to {A2A_MAX_RANKS} ranks")
+    cores = os.cpu_count() or 1
+    if accelerator == "cpu" and ranks > max(2, cores):
+        raise ConfigError(f"--ranks {ranks} on cpu: this machine has {cores} cores (one rank each at most)")
+    from engines.expert_parallel import SWEEP_MIN_BYTES
+
+    least = SWEEP_MIN_BYTES / 2**20
+    if not least <= max_mib <= A2A_MAX_MIB or iters < 1:
+        raise ConfigError(
+            f"--max-mib takes {least:g} to {A2A_MAX_MIB} (the sweep's first message is "
+            f"{SWEEP_MIN_BYTES // 1024} KiB) and --iters at least 1"
+        )
     if accelerator == "cuda":
         import torch
 
@@ -45,7 +57,9 @@ def run_sweep(ranks: int, accelerator: str, max_mib: float, iters: int) -> list[
            str(max_mib), "--iters", str(iters)]  # fmt: skip
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S)
     rows = [json.loads(x.removeprefix("EP-SWEEP ")) for x in p.stdout.splitlines() if x.startswith("EP-SWEEP ")]
-    if p.returncode != 0 or not rows:
+    if p.returncode == 0 and not rows:  # its stderr is torch's banner, not a reason
+        raise ConfigError(f"the all-to-all sweep measured no size up to {max_mib:g} MiB")
+    if p.returncode != 0:
         tail = " | ".join(x for x in p.stderr.strip().splitlines()[-3:])
         raise ConfigError(f"the all-to-all sweep failed (exit {p.returncode}): {tail[-400:]}")
     return rows

@@ -24,6 +24,7 @@ def add_routing_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _f(x: float | None, fmt: str = ".2f") -> str:
+    """``x`` formatted, or "-" when there is none."""
     return "-" if x is None else format(x, fmt)
 
 
@@ -52,6 +53,7 @@ def cmd_routing(args: argparse.Namespace) -> int:
         print(f"source: {routing['source']}")
     if routing.get("error"):
         print(f"note: {routing['error']}")
+    print("tokens: routed tokens per layer (through its gate, prompt and generated; each selects top-k experts)")
     print(
         f"\n{'layer':<12}{'tokens':>10}{'max/mean':>10}{'entropy':>9}  {'hot experts':<14}{'cold':>5}"
         f"{f'EP{args.ep} max/mean':>15}{'with EPLB':>11}"
@@ -59,7 +61,7 @@ def cmd_routing(args: argparse.Namespace) -> int:
     for row, now, then in zip(layers, what.rank_loads, what.eplb_rank_loads, strict=False):
         hot = ",".join(str(e) for e in row.hot)
         print(
-            f"{row.layer[:12]:<12}{row.tokens:>10,.0f}{_f(row.imbalance):>10}{_f(row.entropy):>9}  {hot:<14}"
+            f"{row.layer[:12]:<12}{_f(row.tokens, ',.0f'):>10}{_f(row.imbalance):>10}{_f(row.entropy):>9}  {hot:<14}"
             f"{row.cold:>5}{_f(moe.max_over_mean(now)):>15}{_f(moe.max_over_mean(then)):>11}"
         )
     print(

@@ -38,6 +38,9 @@ import numpy as np
 from engines.errors import ConfigError
 
 EP_SIZES = (2, 4, 8, 16, 32, 64)
+# The most redundant replicas the EPLB what-if places: DeepSeek-V3's own deployment adds 32 to its
+# 256 experts; the policy's cost grows with them (8,000,000 took 123 s and 1 GB).
+EPLB_MAX_REDUNDANT = 1024
 
 
 def counts_array(routing: dict[str, Any]) -> np.ndarray:
@@ -62,18 +65,58 @@ class LayerRouting:
     """One MoE layer's routing over a run."""
 
     layer: str
-    tokens: float  # token-expert assignments (tokens x top_k)
+    # routed tokens: tokens through the layer's gate (the record's ``tokens``, as the dashboard's
+    # "tokens per layer"; else selections / top-k); None when the record says neither
+    tokens: float | None
     imbalance: float | None  # busiest expert / mean expert load
     entropy: float | None  # of the expert-load distribution, over log(experts): 1 = uniform
     hot: tuple[int, ...]  # the three busiest experts
     cold: int  # experts that got no token
+    selections: float = 0.0  # token-expert selections (each routed token counts once per expert of its top-k)
+
+
+def layer_labels(routing: dict[str, Any], layers: int) -> list[str]:
+    """The record's layer labels, or ``layer i`` for each when it has none; a one-line reason
+    (:class:`ConfigError`) when ``layers`` is not a list of ``layers`` labels."""
+    labels = routing.get("layers")
+    if labels is None:
+        return [f"layer {i}" for i in range(layers)]
+    if not isinstance(labels, list) or len(labels) != layers or not all(isinstance(x, str | int) for x in labels):
+        raise ConfigError(f"routing record: layers must be a list of {layers} labels, got {str(labels)[:60]}")
+    return [str(x) for x in labels]
+
+
+def expert_groups(routing: dict[str, Any]) -> int:
+    """The record's ``n_group`` (1 when absent); a one-line reason when it is not a whole number >= 1."""
+    groups = routing.get("n_group")
+    if groups is None:
+        return 1
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ConfigError(f"routing record: n_group must be a whole number of groups, got {str(groups)[:40]!r}")
+    return groups
+
+
+def routed_tokens(routing: dict[str, Any], counts: np.ndarray) -> list[float | None]:
+    """Routed tokens per layer: tokens through its gate, one definition for the CLI and the
+    dashboard. The record's ``tokens`` where it is one whole count a layer, else each layer's
+    selections / ``top_k``; None for a layer whose record says neither."""
+    given = routing.get("tokens")
+    if isinstance(given, list) and len(given) == len(counts):
+        ok = all(not isinstance(t, bool) and isinstance(t, int | float) and 0 <= t < math.inf for t in given)
+        if ok:
+            return [float(t) for t in given]
+    top_k = routing.get("top_k")
+    if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k > 0:
+        return [float(row.sum()) / top_k for row in counts]
+    return [None] * len(counts)
 
 
 def layer_routing(routing: dict[str, Any]) -> list[LayerRouting]:
     counts = counts_array(routing)
-    labels = list(routing.get("layers") or [f"layer {i}" for i in range(len(counts))])
+    labels = layer_labels(routing, len(counts))
+    tokens = routed_tokens(routing, counts)
     out = []
-    for label, row in zip(labels, counts, strict=False):
+    for label, row, routed in zip(labels, counts, tokens, strict=False):
         total = float(row.sum())
         mean = total / len(row)
         p = row / total if total else row
@@ -82,11 +125,12 @@ def layer_routing(routing: dict[str, Any]) -> list[LayerRouting]:
         out.append(
             LayerRouting(
                 layer=str(label),
-                tokens=total,
+                tokens=routed,
                 imbalance=float(row.max() / mean) if mean else None,
                 entropy=entropy,
                 hot=tuple(int(i) for i in np.argsort(-row, kind="stable")[:3]),
                 cold=int((row == 0).sum()),
+                selections=total,
             )
         )
     return out
@@ -238,12 +282,16 @@ def eplb_whatif(routing: dict[str, Any], ep: int, redundant: int = 0, nodes: int
     experts = counts.shape[1]
     if ep < 1 or experts % ep:
         raise ConfigError(f"EP size {ep} does not divide the {experts} experts of a layer (try {_divisors(experts)})")
-    if redundant < 0 or (experts + redundant) % ep:
+    if not 0 <= redundant <= EPLB_MAX_REDUNDANT:
+        raise ConfigError(f"--redundant {redundant}: the EPLB what-if takes 0 to {EPLB_MAX_REDUNDANT} replicas")
+    if (experts + redundant) % ep:
         raise ConfigError(
             f"--redundant {redundant}: experts + redundant ({experts + redundant}) must divide by EP {ep}"
         )
-    groups = int(routing.get("n_group") or 1)
-    if groups < 1 or experts % groups or groups % nodes:
+    if not 1 <= nodes <= ep:
+        raise ConfigError(f"--nodes {nodes}: the EP {ep} ranks are on 1 to {ep} nodes")
+    groups = expert_groups(routing)
+    if experts % groups or groups % nodes:
         groups = nodes = 1  # as vLLM: the global policy when groups and nodes do not fit
     if ep % nodes:
         raise ConfigError(f"EP {ep} ranks do not split over {nodes} nodes")

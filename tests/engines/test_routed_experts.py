@@ -283,3 +283,40 @@ def test_the_recorder_counts_routed_ids_by_window_and_keeps_the_run(tmp_path: ob
         rec.routing_error == "request r17: routing routed_experts names expert 11, outside the model's 8; "
         "its routing is left out"
     )
+
+
+def test_uint64_ids_count_as_int32_ids_and_a_lying_header_is_a_reason() -> None:
+    """An .npy of uint64 ids in range counts as the same ids in int32 (it was a TypeError); one
+    whose header declares (2**40, 2, 2) over 32 bytes is refused before any array is made (it was
+    a MemoryError)."""
+    ids = np.random.default_rng(1).integers(0, 8, size=(7, 2, 2))
+    wide, why = counts_from_routed_experts(_b64(ids.astype(np.uint64)), prompt_tokens=5, num_experts=8)
+    narrow, _ = counts_from_routed_experts(_b64(ids.astype(np.int32)), prompt_tokens=5, num_experts=8)
+    assert why is None and wide.tolist() == narrow.tolist()
+    with io.BytesIO() as buf:
+        np.lib.format.write_array_header_1_0(buf, {"descr": "<i4", "fortran_order": False, "shape": (2**40, 2, 2)})
+        lying = base64.b64encode(buf.getvalue() + bytes(32)).decode()
+    counts, why = counts_from_routed_experts(lying, prompt_tokens=5, num_experts=8)
+    assert counts is None
+    assert why == "routed_experts' .npy header says shape (1099511627776, 2, 2) of int32; 32 bytes follow it"
+
+
+@pytest.mark.parametrize("rows", [20, 2000])  # SGLang's raw ids kept for a batch (RoutedIds), and counted at once
+def test_more_rows_than_the_request_has_tokens_are_a_reason_in_either_path(rows: int) -> None:
+    """Rows past prompt + max_tokens + ROUTED_ROWS_SLACK are refused, whether the ids are small
+    enough to be kept uncounted (RoutedIds) or counted at once; a top-k other than the model's too."""
+    from engines.models import TINY_CONFIG
+    from engines.routing import ROUTED_ROWS_SLACK, layout_from_config, read_routed, routed_rows_max
+
+    layout = layout_from_config(TINY_CONFIG, "")
+    raw = base64.b64encode(np.zeros((rows, 3, 2), dtype=np.int32).tobytes()).decode()
+    most = routed_rows_max(2, 4)
+    assert most == 6 + ROUTED_ROWS_SLACK
+    value, why = read_routed(raw, layout, 2, max_rows=most if rows > most else None)
+    if rows > most:
+        assert value is None and why.startswith(f"routed_experts has {rows:,} rows (tokens); the request has at most")
+    value, why = read_routed(raw, layout, 2, max_rows=rows)
+    assert why is None and value is not None
+    top_500 = _b64(np.zeros((rows, 2, 500), dtype=np.int32))
+    value, why = read_routed(top_500, layout, 2)
+    assert value is None and why == "routed_experts has top-500 ids a token; the model routes to 2"

@@ -29,6 +29,21 @@ The modes (:data:`MODES`):
 - ``usage_nan``, ``usage_text``, ``usage_huge``, ``usage_negative``: a good completion whose usage
   event says ``NaN``, ``"many"``, ``1e29`` or ``-1000000`` for both counts (and per chunk);
 - ``surrogate``: a good completion whose second token's text is a lone surrogate (JSON ``"\\ud800"``);
+- ``usage_over_cap``: a good completion whose final usage says ``completion_tokens`` 999,999,999
+  (a whole number under the "not a count" bound, far over the request's ``max_tokens``);
+- ``usage_under_streamed``: a good completion whose final usage says 1 completion token;
+- ``reasoning_not_text``: three chat deltas whose ``reasoning_content`` is a number, a list and an
+  object (no text), then a good completion;
+- ``routing_unsigned``, ``routing_huge_header``, ``routing_rows``, ``routing_top_k``: a good completion,
+  then SGLang's response-level ``sglext.routed_experts`` event holding (:func:`routing_payload`)
+  an ``.npy`` of uint64 ids (in range, one row a token), an ``.npy`` whose header declares shape
+  (2**40, 2, 2) over 32 bytes, 1 MB of base64 ``AAAA`` (int32 zeros: ~10,000 rows of the tiny
+  model for a request of ~10 tokens), or an ``.npy`` of top-500 ids (the tiny model routes to 2);
+- ``pass_choices_object``, ``pass_choices_number``, ``pass_unsigned``, ``pass_huge_header``,
+  ``pass_nested``: streamed, a good completion; not streamed (``"stream": false``, the openai
+  engine's ``routing_pass``), an answer whose ``choices`` is ``{"x": 1}`` or ``5``, whose
+  ``routed_experts`` is an ``.npy`` of uint64 ids or of a (2**40, 2, 2) header, or JSON nested
+  100,000 deep;
 - ``huge_line_no_newline``: ``data: yyyy...`` without a newline (100 MB, then the connection ends);
 - ``endless``: valid one-token events, never ``[DONE]``: 60 MB of them (:data:`ENDLESS_BYTES`),
   then the connection ends, so a client that keeps reading is seen (:attr:`bytes_sent`);
@@ -73,6 +88,18 @@ MODES = (
     "usage_huge",
     "usage_negative",
     "surrogate",
+    "usage_over_cap",
+    "usage_under_streamed",
+    "reasoning_not_text",
+    "routing_unsigned",
+    "routing_huge_header",
+    "routing_rows",
+    "routing_top_k",
+    "pass_choices_object",
+    "pass_choices_number",
+    "pass_unsigned",
+    "pass_huge_header",
+    "pass_nested",
     "huge_line_no_newline",
     "endless",
     "trickle",
@@ -139,6 +166,66 @@ def _prompt_text(body: dict[str, Any]) -> str:
         if isinstance(m, dict) and isinstance(m.get("content"), str):
             parts.append(m["content"])
     return "\n".join(parts)
+
+
+TINY_MOE_LAYERS, TINY_TOP_K = 2, 2  # the tiny model's MoE layers and experts per token (engines.models)
+ROUTING_ROWS_B64_BYTES = 10**6  # mode routing_rows: base64 "AAAA" of this length
+
+
+def _npy(arr: Any) -> bytes:
+    import io
+
+    import numpy as np
+
+    with io.BytesIO() as buf:
+        np.save(buf, arr, allow_pickle=False)
+        return buf.getvalue()
+
+
+def _npy_header_only(shape: tuple[int, ...]) -> bytes:
+    """An .npy whose header declares ``shape`` of int32, followed by 32 bytes only."""
+    import io
+
+    import numpy as np
+
+    with io.BytesIO() as buf:
+        np.lib.format.write_array_header_1_0(buf, {"descr": "<i4", "fortran_order": False, "shape": shape})
+        return buf.getvalue() + bytes(32)
+
+
+def routing_payload(mode: str, rows: int) -> str:
+    """The base64 ``routed_experts`` of a ``routing_*`` or ``pass_*`` mode for a request of ``rows`` tokens."""
+    import base64
+
+    import numpy as np
+
+    kind = mode.split("_", 1)[1]
+    if kind == "rows":
+        return "A" * ROUTING_ROWS_B64_BYTES
+    if kind == "unsigned":
+        raw = _npy(np.arange(rows * TINY_MOE_LAYERS * TINY_TOP_K, dtype=np.uint64).reshape(rows, -1, TINY_TOP_K) % 8)
+    elif kind == "huge_header":
+        raw = _npy_header_only((2**40, TINY_MOE_LAYERS, TINY_TOP_K))
+    elif kind == "top_k":
+        raw = _npy(np.zeros((rows, TINY_MOE_LAYERS, 500), dtype=np.int32))
+    else:
+        raise ValueError(f"mode {mode} sends no routed_experts")
+    return base64.b64encode(raw).decode("ascii")
+
+
+def pass_answer(mode: str, body: dict[str, Any]) -> bytes:
+    """The non-streamed answer of a ``pass_*`` mode."""
+    n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+    prompt_tokens = len(_prompt_text(body).split())
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+    if mode == "pass_nested":
+        return b"[" * 100_000 + b"]" * 100_000
+    choices: Any = {"pass_choices_object": {"x": 1}, "pass_choices_number": 5}.get(mode)
+    if choices is None:
+        field = routing_payload(mode, prompt_tokens + n - 1)
+        choices = [{"index": 0, "text": WORD * n, "finish_reason": "length", "routed_experts": field}]
+    obj = {"id": "cmpl-hostile", "object": "text_completion", "model": MODEL, "choices": choices, "usage": usage}
+    return json.dumps(obj).encode()
 
 
 class HostileServer:
@@ -280,9 +367,16 @@ class HostileServer:
         if mode == "slow_first_byte":
             await asyncio.sleep(HANG_GUARD_S)  # cancelled when the client hangs up
             mode = "good"
+        if mode.startswith("pass_") and body.get("stream") is False:
+            return web.Response(body=pass_answer(mode, body), content_type="application/json")
         resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
-        writer = getattr(self, f"_write_{mode}")
+        if mode.startswith("pass_"):
+            writer = self._write_good
+        elif mode.startswith("routing_"):
+            writer = self._write_routing
+        else:
+            writer = getattr(self, f"_write_{mode}")
         with contextlib.suppress(ConnectionError):  # the client hung up: what these modes wait for
             await writer(resp, mode, chat, body)
             await resp.write_eof()
@@ -332,6 +426,29 @@ class HostileServer:
     async def _write_surrogate(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
         await self._write_with_usage(resp, mode, chat, body, None)
 
+    async def _write_final_usage(
+        self, resp: Any, mode: str, chat: bool, body: dict[str, Any], completion_tokens: int
+    ) -> None:
+        n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        for i in range(n):
+            await self._send(resp, mode, _event(_chunk(chat, WORD, "length" if i == n - 1 else None)))
+        usage = {"prompt_tokens": 16, "completion_tokens": completion_tokens, "total_tokens": 16 + completion_tokens}
+        await self._send(resp, mode, _event({**_chunk(chat, ""), "choices": [], "usage": usage}))
+        await self._send(resp, mode, DONE)
+
+    async def _write_usage_over_cap(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
+        await self._write_final_usage(resp, mode, chat, body, 999_999_999)
+
+    async def _write_usage_under_streamed(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
+        await self._write_final_usage(resp, mode, chat, body, 1)
+
+    async def _write_reasoning_not_text(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
+        for value in (5, ["think"], {"text": "think"}):
+            event = _chunk(True, "")
+            event["choices"][0]["delta"] = {"reasoning_content": value}
+            await self._send(resp, mode, _event(event))
+        await self._write_good(resp, mode, chat, body)
+
     async def _write_huge_event(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
         head = json.dumps(_chunk(chat, "@@"), separators=(",", ":")).split("@@")[0]
         await self._send(resp, mode, f"data: {head}\n".encode())
@@ -350,6 +467,17 @@ class HostileServer:
             await self._send(resp, mode, piece)
         await self._send(resp, mode, b'"}}\n\n')
         prompt_tokens = len(_prompt_text(body).split())
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+        await self._send(resp, mode, _event({**_chunk(chat, ""), "choices": [], "usage": usage}))
+        await self._send(resp, mode, DONE)
+
+    async def _write_routing(self, resp: Any, mode: str, chat: bool, body: dict[str, Any]) -> None:
+        n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        for i in range(n):
+            await self._send(resp, mode, _event(_chunk(chat, WORD, "length" if i == n - 1 else None)))
+        prompt_tokens = len(_prompt_text(body).split())
+        field = await asyncio.to_thread(routing_payload, mode, prompt_tokens + n - 1)
+        await self._send(resp, mode, _event({"choices": [], "sglext": {"routed_experts": field}}))
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
         await self._send(resp, mode, _event({**_chunk(chat, ""), "choices": [], "usage": usage}))
         await self._send(resp, mode, DONE)
