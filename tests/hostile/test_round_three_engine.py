@@ -264,10 +264,24 @@ def test_a_routing_record_with_a_bad_field_is_one_line(
     ],
     ids=["max-mib", "ranks"],
 )
-def test_the_all_to_all_sweep_is_bounded_in_one_line(tmp_path: Path, flags: list[str], reason: str) -> None:
+def test_the_all_to_all_sweep_is_bounded_in_one_line(
+    flags: list[str], reason: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """--max-mib 0.001 measured nothing and printed torch's OMP banner as its reason; --ranks had
-    no upper bound (100,000 processes)."""
-    from tests.hostile.clirun import bench
+    no upper bound (100,000 processes). Checked in-process with the launcher replaced by a failure:
+    code without the bound must not start 100,000 ranks on this machine (one did, in checking)."""
+    import argparse
 
-    r = bench("a2a", *flags, data_dir=tmp_path)
-    assert r.returncode == 2 and r.one_error().startswith(f"error: {reason}"), r.stderr
+    from bench.cli import parallel
+    from engines.errors import ConfigError
+
+    def no_launch(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the sweep was launched")
+
+    monkeypatch.setattr(parallel.subprocess, "run", no_launch)
+    p = argparse.ArgumentParser()
+    parallel.add_a2a_arguments(p)
+    args = p.parse_args(flags)
+    with pytest.raises(ConfigError) as err:
+        parallel.run_sweep(args.ranks, args.accelerator, args.max_mib, args.iters)
+    assert str(err.value).startswith(reason) and "\n" not in str(err.value)
