@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench.bundle import bundle_name, import_bundle_file, read_bundle
+from bench.bundle import bundle_name, import_bundle_file, import_sweep, read_bundle
 from bench.report.csv_export import OPERATOR_CSV_COLUMNS
 from bench.run.artifacts import (
     ARTIFACT_BREAKDOWN,
@@ -155,7 +155,7 @@ def import_examples(store: Store, folder: Path = EXAMPLES_DIR) -> tuple[list[str
         if name in existing_sweeps:
             skipped.append(name)
             continue
-        store.import_sweep_bundle(bundle)
+        import_sweep(store, bundle)
         existing_sweeps.add(name)
         imported.append(name)
     return imported, skipped
