@@ -450,19 +450,28 @@ def compare_engines(
     *,
     progress: Callable[[str, float], None] | None = None,
     cancel: threading.Event | None = None,
+    native_engine: dict[str, Any] | None = None,
+    name: str | None = None,
 ) -> CompareResult:
     """Run ``config`` on ``native`` and on ``vllm`` (same workload, model, accelerator, dtype).
+
+    ``native_engine`` adds native options (e.g. the fast CUDA path); ``name`` names the runs
+    ``NAME-native`` and ``NAME-vllm``.
 
     ``vllm_engine`` adds vLLM options (e.g. ``{"base_url": ...}`` or ``{"cpu_kvcache_space_gib": 1}``).
     Blocks until both runs end; ``cancel`` stops the current run and skips the next.
     """
     base = dict(config.engine)
     common = {k: base[k] for k in ("model", "accelerator", "dtype", "trust_remote_code") if k in base}
-    native_cfg = config.model_copy(update={"engine": {"kind": "native", **common}})
+    native_cfg = config.model_copy(update={"engine": {"kind": "native", **common, **(native_engine or {})}})
     vllm_cfg = config.model_copy(update={"engine": {"kind": "vllm", **common, **(vllm_engine or {})}})
     # Re-validate the engine dicts (model_copy does not run validators).
-    native_cfg = RunConfig.build(**{**native_cfg.model_dump(), "name": config.name or "compare: native"})
-    vllm_cfg = RunConfig.build(**{**vllm_cfg.model_dump(), "name": config.name or "compare: vllm"})
+    native_cfg = RunConfig.build(
+        **{**native_cfg.model_dump(), "name": f"{name}-native" if name else config.name or "compare: native"}
+    )
+    vllm_cfg = RunConfig.build(
+        **{**vllm_cfg.model_dump(), "name": f"{name}-vllm" if name else config.name or "compare: vllm"}
+    )
     report = progress or (lambda msg, frac: None)
     run_ids: list[int] = []
     for i, (label, cfg) in enumerate((("native", native_cfg), ("vllm", vllm_cfg))):

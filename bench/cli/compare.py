@@ -27,7 +27,26 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=RunConfig.model_fields["warmup"].default)
     p.add_argument("--base-url", help="use a running vLLM server instead of launching one")
     p.add_argument("--kv-cache-gib", type=float, default=1.0, help="VLLM_CPU_KVCACHE_SPACE (cpu)")
+    p.add_argument("--native-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="a native engine option (repeatable), e.g. cuda_graphs=true")
+    p.add_argument("--vllm-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="a vLLM engine option (repeatable), e.g. enforce_eager=false")
+    p.add_argument("--name", help="name prefix of the two runs (NAME-native, NAME-vllm)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def parse_opts(items: list[str], flag: str) -> dict[str, Any]:
+    """KEY=VALUE items as a dict (values read as JSON where they parse)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"{flag} takes KEY=VALUE, got '{item}'")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except ValueError:
+            out[key.strip()] = raw
+    return out
 
 
 def cmd_compare_engines(args: argparse.Namespace, store: Store) -> int:
@@ -40,14 +59,15 @@ def cmd_compare_engines(args: argparse.Namespace, store: Store) -> int:
         warmup=args.warmup,
         sample_interval_s=0.25,  # finer KV-cache sampling: short runs would miss their peak
     )
-    vopts: dict[str, Any] = {"cpu_kvcache_space_gib": args.kv_cache_gib}
+    vopts: dict[str, Any] = {"cpu_kvcache_space_gib": args.kv_cache_gib, **parse_opts(args.vllm_opt, "--vllm-opt")}
     if args.base_url:
         vopts["base_url"] = args.base_url
 
     def progress(msg: str, frac: float) -> None:
         print(f"[{frac * 100:5.1f}%] {msg}", file=sys.stderr, flush=True)
 
-    result = compare_engines(config, store, vopts, progress=progress)
+    native = parse_opts(args.native_opt, "--native-opt")
+    result = compare_engines(config, store, vopts, progress=progress, native_engine=native, name=args.name)
     print(json.dumps(result.as_dict(), indent=2) if args.json else format_compare(result))
     return 0 if not result.notes else 1
 
