@@ -37,6 +37,7 @@ from bench.run.manager import start_run
 from bench.store import Store
 from engines.base import create_engine
 from engines.launch import ManagedProcess
+from engines.settings import get_settings
 from engines.vllm import vllm_python
 
 # (label, MoE Bench summary path, vllm bench serve result key)
@@ -59,7 +60,12 @@ ROWS: list[tuple[str, str, str]] = [
 ]
 
 _VLLM_SERVE = (
-    "import sys\n"
+    "import os, sys\n"
+    "if os.environ.get('MOEBENCH_PARITY_REALTIME') == '1':\n"  # as MoE Bench's senders: bench.send.cpu_wait
+    "    try:\n"
+    "        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))\n"
+    "    except OSError:\n"
+    "        pass\n"
     "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
     "from vllm.benchmarks.serve import add_cli_args, main\n"
     "p = FlexibleArgumentParser()\n"
@@ -151,7 +157,10 @@ def run_theirs(
         base_url, model_name, model_dir, args.input_len, args.output_len, args.num_prompts, args.concurrency,
         args.seed, result, detailed=True,
     )  # fmt: skip
-    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
+    # Both clients read chunks under the same CPU priority: MoE Bench's senders ask for real time
+    # where allowed (MOEBENCH_SENDER_PRIORITY), so vllm bench serve does too, or neither does.
+    realtime = "1" if get_settings().sender_priority == "realtime" else "0"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", MOEBENCH_PARITY_REALTIME=realtime)
     proc = ManagedProcess(argv, name="vllm-bench-serve", env=env, log_path=work / f"vllm-serve-{n}.log").start()
     code = proc.wait(900)
     if code != 0 or not result.exists():
