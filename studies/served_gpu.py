@@ -1,0 +1,140 @@
+"""vLLM beside the native engine on one CUDA GPU, through the product's own commands (issue 47).
+
+Each part runs ``python -m bench ...`` as a user would, on ``random-v2-lite-shape`` in bf16 (vLLM
+serves it with ``--load-format dummy``: the same shape with random weights), 128 tokens in and
+64 out, NVML telemetry on, all runs in one SQLite store, each written as a bundle
+``OUT/<card>-<engine>-<part>.json`` and the figures in ``OUT/served.json``:
+
+- ``vllm``: vLLM's managed server (CUDA graphs and torch.compile on: ``enforce_eager=false``),
+  batch 1 (one request at a time, 20 requests) and 128 in flight (256 requests);
+- ``native``: the native engine's fast CUDA options (docs/native-engine.md), the same two loads
+  (128 in flight with ``batch_size=128 capture_sizes=128``);
+- ``compare``: ``bench compare-engines`` at 128 in flight with both engines' options.
+
+vLLM must be importable by the interpreter that runs this (``MOEBENCH_VLLM_PYTHON`` or this one).
+On a machine without a package index it was installed from a stripped wheel and its missing
+dependencies carried as wheels (docs/engines.md, "vLLM on a CUDA GPU"). Usage, on the GPU::
+
+    PYTHONPATH=/tmp/site python studies/served_gpu.py --out DIR --parts vllm,native
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.store import Store  # noqa: E402
+
+NATIVE_FAST = {
+    "cache": "static",
+    "cuda_graphs": "true",
+    "compile": "default",
+    "mla": "absorbed",
+    "experts_impl": "lean_grouped_mm",
+    "router": "lean",
+}
+VLLM_OPTS = {"enforce_eager": "false", "start_timeout_s": "400"}
+COMMON = ["--accelerator", "cuda", "--dtype", "bfloat16", "--input-len", "128", "--output-len", "64"]
+LOADS = {
+    "latency-bs1": ["--mode", "latency", "--requests", "20"],
+    "concurrency-128": ["--mode", "concurrency", "--concurrency", "128", "--requests", "256", "--warmup", "0"],
+}
+
+
+def opts(flag: str, values: dict[str, str]) -> list[str]:
+    return [a for k, v in values.items() for a in (flag, f"{k}={v}")]
+
+
+def card_prefix() -> str:
+    """'h100', 'h200', ... from the first GPU's name (or 'gpu')."""
+    try:
+        import torch
+
+        name = torch.cuda.get_device_name(0)
+    except Exception:  # noqa: BLE001 - a label only
+        return "gpu"
+    m = re.search(r"\b([A-Z]\d{2,4})\b", name)
+    return m.group(1).lower() if m else "gpu"
+
+
+def call(cmd: list[str], timeout: float) -> dict[str, Any]:
+    print("$", " ".join(cmd), flush=True)
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        rc, text = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        rc, text = 124, f"timed out after {timeout:.0f} s: {exc}"
+    print(text[-3000:], f"\nrc={rc} ({time.monotonic() - t0:.0f} s)", flush=True)
+    return {"cmd": " ".join(cmd), "rc": rc, "seconds": round(time.monotonic() - t0, 1), "tail": text[-1500:]}
+
+
+def figures(store: Store, name: str, out: Path) -> dict[str, Any] | None:
+    """The newest run called ``name``: its bundle written to OUT/name.json, its figures."""
+    runs = [r for r in store.list_runs() if r.name == name]
+    if not runs:
+        return None
+    run = max(runs, key=lambda r: r.id)
+    (out / f"{name}.json").write_text(json.dumps(store.export_bundle(run.id)))
+    s = run.summary
+    if s is None:
+        return {"run_id": run.id, "status": run.status}
+    stat = {k: {q: getattr(getattr(s, k), q, None) for q in ("p50", "p90", "p99")} for k in ("ttft_ms", "tpot_ms",
+                                                                                           "itl_ms", "e2e_ms")}
+    return {"run_id": run.id, "status": run.status, "output_tok_s": s.output_throughput_tok_s, **stat,
+            "device_mem_used_gib": s.device_mem_used_gib, "device_power_w": s.device_power_w,
+            "device_util_pct": s.device_util_pct}  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--parts", default="vllm,native")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per command")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    db = out / "served.sqlite"
+    card = card_prefix()
+    py = [sys.executable, "-m", "bench", "--db", str(db)]
+    results: dict[str, Any] = {"card": card, "calls": [], "runs": {}}
+    names: list[str] = []
+    for part in args.parts.split(","):
+        if part in ("vllm", "native"):
+            engine = ["--engine", part, "--model", "random-v2-lite-shape", *COMMON]
+            engine += opts("--engine-opt", VLLM_OPTS if part == "vllm" else NATIVE_FAST)
+            for load, argv in LOADS.items():
+                extra = []
+                if part == "native" and load == "concurrency-128":
+                    extra = opts("--engine-opt", {"batch_size": "128", "capture_sizes": "128"})
+                name = f"{card}-{part}-{load}"
+                results["calls"].append(call([*py, "run", *engine, *extra, *argv, "--name", name], args.timeout))
+                names.append(name)
+        elif part == "compare":
+            name = f"{card}-compare-128"
+            cmd = [*py, "compare-engines", "--model", "random-v2-lite-shape", "--accelerator", "cuda", "--dtype",
+                   "bfloat16", "--mode", "concurrency", "--concurrency", "128", "--requests", "256", "--input-len",
+                   "128", "--output-len", "64", "--warmup", "0", "--name", name,
+                   *opts("--native-opt", {**NATIVE_FAST, "batch_size": "128", "capture_sizes": "128"}),
+                   *opts("--vllm-opt", VLLM_OPTS)]  # fmt: skip
+            results["calls"].append(call(cmd, 2 * args.timeout))
+            names += [f"{name}-native", f"{name}-vllm"]
+    store = Store(db)
+    results["runs"] = {n: figures(store, n, out) for n in names}
+    (out / "served.json").write_text(json.dumps(results, indent=1, default=str))
+    print(json.dumps(results["runs"], indent=1, default=str))
+    return 0 if all(c["rc"] == 0 for c in results["calls"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
