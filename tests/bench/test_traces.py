@@ -112,7 +112,7 @@ def test_a_trace_that_goes_back_in_time_or_is_too_long_is_refused(tmp_path: Path
         read_trace(back)
     long = tmp_path / "long.jsonl"
     long.write_text('{"timestamp": 0, "prompt": "' + "x" * (2 << 20) + '", "output_length": 1}\n')
-    with pytest.raises(WorkloadError, match=r"long\.jsonl line 1: .* bytes, over"):
+    with pytest.raises(WorkloadError, match=r"long\.jsonl line 1: over the .* bytes a line may hold"):
         read_trace(long)
 
 
