@@ -4,6 +4,7 @@ expert-parallel what-ifs bounded. Each test fails without its fix."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 
@@ -249,7 +250,10 @@ def test_a_routing_record_with_a_bad_field_is_one_line(
     store = Store(db)
     routing = {**store.artifact(run_id, "expert_routing"), field: value}
     bad = tmp_path / "db.sqlite"
-    bad.write_bytes(db.read_bytes())
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(db)) as src, contextlib.closing(sqlite3.connect(bad)) as dst:
+        src.backup(dst)  # the file's bytes alone miss what is still in its write-ahead log
     Store(bad).put_artifact(run_id, "expert_routing", routing)
     r = bench("routing", str(run_id), "--db", str(bad), data_dir=tmp_path)
     assert r.returncode == 2 and r.one_error() == f"error: {reason}"
