@@ -70,6 +70,9 @@ def test_a_trace_beside_a_bundle_is_copied_in_and_a_link_is_refused(tmp_path: Pa
     secret = tmp_path / "secret.txt"
     secret.write_text("secret")
     (src / "p.trace.json.gz").symlink_to(secret)
+    again = json.loads((src / "p.json").read_text())
+    again["run"]["name"] = "the profile again"  # another bundle: the same one twice is one run (content hash)
+    (src / "p.json").write_text(json.dumps(again))
     assert bench("import", str(src / "p.json"), "--db", str(db), data_dir=tmp_path).returncode == 0
     newest = store.list_runs()[0]
     assert newest.id != run.id and store.trace_path(newest.id) is None
@@ -180,8 +183,8 @@ BAD_VALUES = [
     ("sample", "ttft_ms", "fast", "sample 0 has ttft_ms 'fast', not a number"),
     ("sample", "output_tokens", -5, "sample 0 has output_tokens '-5', not a count"),
     ("sample", "chunk_times_json", '[1, "x"]', "sample 0 has chunk_times_json that is not a list of numbers"),
-    ("run", "created_at", "yesterday", "the run's created_at is not a time (seconds since 1970): yesterday"),
-    ("run", "created_at", 1e308, "the run's created_at is not a time"),
+    ("run", "created_at", "yesterday", "the run's created_at is 'yesterday', not a time (seconds since 1970"),
+    ("run", "created_at", 1e308, "the run's created_at is '1e+308', not a time"),
     ("summary", "ttft_ms", "12 ms", "the run's summary_json is not a run summary"),
     (
         "summary",
@@ -224,8 +227,8 @@ def test_a_damaged_row_is_listed_and_named_and_a_damaged_file_is_one_line(tmp_pa
     import sqlite3
 
     db = tmp_path / "db.sqlite"
-    for _ in range(2):
-        assert bench("import", str(PROFILE), "--db", str(db), data_dir=tmp_path).returncode == 0
+    for bundle in (PROFILE, ROOT / "examples" / "h200-latency-bs1.json"):  # two bundles: one import is one run
+        assert bench("import", str(bundle), "--db", str(db), data_dir=tmp_path).returncode == 0
     con = sqlite3.connect(db)
     con.execute("UPDATE runs SET summary_json=? WHERE id=1", (json.dumps({"ttft_ms": "x"}),))
     con.commit()
