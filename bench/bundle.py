@@ -264,15 +264,14 @@ def summary_problem(text: Any) -> str | None:
 
 def sample_problem(x: dict[str, Any]) -> str | None:
     """Why a bundle's sample is not one (wrong types or values), or None."""
-    for c in _SAMPLE_REALS:
-        if c in x and not _finite(x[c]):
-            return f"has {c} {str(x[c])[:40]!r}, not a number"
-    for c in _SAMPLE_OPTIONAL_REALS:
-        if x.get(c) is not None and not _finite(x[c]):
-            return f"has {c} {str(x[c])[:40]!r}, not a number"
-    for c in _SAMPLE_COUNTS:
-        if c in x and not _is_count(x[c]):
-            return f"has {c} {str(x[c])[:40]!r}, not a count"
+    for columns, ok, what in (
+        ((*_SAMPLE_REALS, *_SAMPLE_OPTIONAL_REALS), _finite, "a number"),
+        (_SAMPLE_COUNTS, _is_count, "a count"),
+    ):
+        for c in columns:
+            optional = c in _SAMPLE_OPTIONAL_REALS
+            if c in x and not (optional and x[c] is None) and not ok(x[c]):
+                return f"has {c} {str(x[c])[:40]!r}, not {what}"
     for c in _SAMPLE_OPTIONAL_COUNTS:
         if x.get(c) is not None and not _is_count(x[c]):
             return f"has a {c} that is not a count"

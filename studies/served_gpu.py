@@ -34,15 +34,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.store import Store  # noqa: E402
+from studies.showcase_gpu import FAST  # noqa: E402
 
-NATIVE_FAST = {
-    "cache": "static",
-    "cuda_graphs": "true",
-    "compile": "default",
-    "mla": "absorbed",
-    "experts_impl": "lean_grouped_mm",
-    "router": "lean",
-}
+NATIVE_FAST = FAST  # the native engine's fast CUDA options, as the showcase runs them
 VLLM_OPTS = {"enforce_eager": "false", "start_timeout_s": "400"}
 COMMON = ["--accelerator", "cuda", "--dtype", "bfloat16", "--input-len", "128", "--output-len", "64"]
 LOADS = {

@@ -21,7 +21,6 @@ thread waited there 88-223 ms at a time (0.4-4.0 s in a 2-4.5 s run) while the w
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 SCHEDSTAT = "/proc/thread-self/schedstat"
 # A sending loop that waited on the run queue for more than this share of the measured window
@@ -40,13 +39,11 @@ def _read() -> tuple[int, int] | None:
         return None
 
 
-@dataclass
 class CpuWait:
     """The calling thread's CPU time and run-queue wait between :meth:`start` and :meth:`stop`."""
 
-    run_ms: float | None = None
-    wait_ms: float | None = None
-    _start: tuple[int, int] | None = None
+    def __init__(self) -> None:
+        self._start: tuple[int, int] | None = None
 
     def start(self) -> None:
         self._start = _read()
@@ -56,9 +53,7 @@ class CpuWait:
         end = _read()
         if self._start is None or end is None:
             return None
-        self.run_ms = (end[0] - self._start[0]) / 1e6
-        self.wait_ms = (end[1] - self._start[1]) / 1e6
-        return {"run_ms": self.run_ms, "wait_ms": self.wait_ms}
+        return {"run_ms": (end[0] - self._start[0]) / 1e6, "wait_ms": (end[1] - self._start[1]) / 1e6}
 
 
 def combine(parts: list[dict[str, float]]) -> dict[str, float] | None:
