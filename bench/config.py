@@ -48,7 +48,8 @@ class RunConfig(BaseModel):
         1,
         ge=0,
         le=1000,
-        description="Unrecorded requests sent one at a time before the clock starts (vllm bench's test request)",
+        description="Unrecorded requests sent before the clock starts, up to the concurrency at once (at least the "
+        "concurrency warms a GPU server's batch sizes)",
     )
     request_rate: float | None = Field(
         None,

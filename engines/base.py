@@ -361,6 +361,16 @@ class Engine:
     def reset_peak_memory(self) -> None:
         return None
 
+    def begin_window(self) -> None:
+        """The measured window starts (the warm-up is over): what :meth:`window_warning` reads
+        starts here."""
+        return None
+
+    def window_warning(self) -> str | None:
+        """One line on what the engine saw hold up the measured window (a server compiling a
+        kernel mid-run), else None: it goes into the run's disturbance line."""
+        return None
+
     def server_pids(self) -> list[int]:
         """The process tree of a server this engine launched (its device memory is the run's
         memory where telemetry sees processes); empty for in-process and remote engines."""

@@ -204,8 +204,15 @@ class ServerEngine(HTTPEngine):
         return info
 
     def device_label(self) -> str:
-        """Where the launched server computes (its accelerator option)."""
-        return str(getattr(self.options, "accelerator", "") or "")
+        """Where the launched server computes: the GPU's own name on CUDA (``NVIDIA H100 80GB
+        HBM3``, as the native engine records it: the card a run is compared and limited on),
+        else its accelerator option."""
+        kind = str(getattr(self.options, "accelerator", "") or "")
+        if kind == "cuda":
+            from engines.telemetry import cuda_device_name
+
+            return cuda_device_name() or kind
+        return kind
 
     def served_dtype(self) -> str:
         """The dtype the launched server was told to use (an engine that resolves ``auto`` says so)."""

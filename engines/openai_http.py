@@ -187,13 +187,15 @@ class OpenAIEngine(HTTPEngine):
             raise EngineUnavailable(f"sglang_expert_distribution_dir {folder} is not a folder on this machine")
         self._experts = ExpertDistribution(self._client, root, folder, self._top_k())
 
-    def _read_routing_layout(self) -> None:
-        """The model's MoE layout from its config.json, when routed experts are asked for."""
+    def _read_routing_layout(self, folder: str | None = None) -> None:
+        """The model's MoE layout from the config.json in ``folder`` (default: the tokenizer's),
+        when routed experts are asked for."""
         if not (self.opts.routed_experts or self.opts.routing_pass):
             return
         from engines.routing import layout_from_config
 
-        folder = self.tokenizer_path if isinstance(self.tokenizer_path, str) else None
+        if folder is None:
+            folder = self.tokenizer_path if isinstance(self.tokenizer_path, str) else None
         config = Path(folder) / "config.json" if folder else None
         cfg: Any = None
         if config is not None and config.is_file():

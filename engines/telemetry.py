@@ -258,6 +258,11 @@ class NvmlSource(TelemetrySource):
         """The NVML indices this source reads."""
         return [index for index, _, _ in self._devices]
 
+    @property
+    def names(self) -> list[str]:
+        """NVML's name of each GPU this source reads (``NVIDIA H100 80GB HBM3``)."""
+        return [name for _, _, name in self._devices]
+
     def _field(self, errors: list[str], index: int, fn: Callable[..., Any], *args: Any) -> Any:
         nvml = self._nvml
         try:
@@ -988,6 +993,22 @@ def process_tree_device_bytes(readings: Iterable[DeviceReading], pids: Iterable[
             continue
         total = (total or 0) + sum(used for pid, used in r.process_mem_bytes.items() if pid in wanted)
     return total
+
+
+def cuda_device_name() -> str | None:
+    """NVML's name of the first GPU a process started here may use (CUDA_VISIBLE_DEVICES' first
+    index), without initializing CUDA in this process; None when it cannot tell."""
+    first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip()
+    if not first.isdigit():
+        return None
+    try:
+        source = NvmlSource([int(first)])
+        try:
+            return source.names[0]
+        finally:
+            source.close()
+    except Exception:  # noqa: BLE001 - no NVML here: the kind alone names the device
+        return None
 
 
 def visible_devices(accelerator: str) -> int | None:

@@ -98,6 +98,10 @@ EPLB_LINE = re.compile(
     r"EPLB step: (?P<step>\d+) for model (?P<model>\S+): avg_tokens=(?P<avg>[\d.]+), max_tokens=(?P<max>\d+), "
     r"balancedness=(?P<bal>[\d.]+)"
 )
+# vLLM's kernel JIT monitor (0.2x, after its own warm-up): "Triton kernel JIT compilation during
+# inference: fused_moe_kernel. This causes a latency spike; ..." (logged once per kernel and process)
+JIT_LINE = re.compile(r"(?P<what>\w[\w ]*?) during inference: (?P<fn>\w[\w.]*\w)")
+LOG_WINDOW_MAX = 64 * 2**20  # the most of a server log read for one run's window
 EPLB_REARRANGED = re.compile(r"Rearranged experts\s*(?P<profile>\(profile\))?\s*in (?P<s>[\d.]+) s\.")
 SERIES_EPLB_BALANCEDNESS = "server_eplb_balancedness"
 SERIES_EPLB_REARRANGEMENTS = "server_eplb_rearrangements"  # experts moved so far (a count: it grows at each move)
@@ -641,6 +645,7 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
         self._eplb_log: EplbLog | None = None  # a launched EPLB server's balancedness, from its log
         self._rates = CounterRates()
         self._spec_last: tuple[float, float] | None = None  # (draft tokens, accepted) at the last scrape
+        self._window_log: tuple[Path, int] | None = None  # (server log, its size when the window began)
 
     # --- naming -----------------------------------------------------------------------
     def health_url(self) -> str:
@@ -716,11 +721,43 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
         self._load_tokenizer(report)
         report(f"starting vLLM {self.version} on port {self.port}", 0.15)
         self.launch(argv, f"http://{host}:{self.port}/v1", report, env=env, timeout=self.vopts.start_timeout_s)
+        self._read_routing_layout(self.model_dir)  # routed_experts / routing_pass: the served folder's MoE layout
         if self.vopts.enable_eplb and self.server is not None:
             self._eplb_log = EplbLog(Path(self.server.log_path))
         self._read_cache_info()
         self.started = True
         report("ready", 1.0)
+
+    # --- the measured window, from the server's log --------------------------------------
+    def begin_window(self) -> None:
+        path = Path(self.server.log_path) if self.server is not None else None
+        try:
+            self._window_log = (path, path.stat().st_size) if path is not None else None
+        except OSError:
+            self._window_log = None
+
+    def window_warning(self) -> str | None:
+        """The kernels vLLM's JIT monitor saw compiled while the run was measured (a batch size
+        the warm-up did not cover: on an H100 a first wave of 8 waited ~0.9 s on fused_moe_kernel)."""
+        if self._window_log is None:
+            return None
+        path, offset = self._window_log
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                text = f.read(LOG_WINDOW_MAX).decode("utf-8", "replace")
+        except OSError:
+            return None
+        found: dict[str, int] = {}
+        for m in JIT_LINE.finditer(text):
+            found[m["fn"]] = found.get(m["fn"], 0) + 1
+        if not found:
+            return None
+        names = ", ".join(fn + (f" x{n}" if n > 1 else "") for fn, n in list(found.items())[:3])
+        return (
+            f"the server compiled kernels while the run was measured ({names}): the requests that met a new batch "
+            "size waited on the compile; warm up with at least the run's concurrency (--warmup)"
+        )
 
     # --- telemetry and health ---------------------------------------------------------
     def _scrape(self, timeout: float = 2.0) -> str:

@@ -42,6 +42,7 @@ class FakeEngine(Engine):
         super().__init__(options)
         self.fo: FakeOptions = options  # type: ignore[assignment]
         self.sent: list[str] = []
+        self.spans: dict[str, tuple[float, float]] = {}  # request id -> (began, ended), perf_counter
         self.in_process_pid: int | None = None
 
     def start(self, progress: Any = None) -> None:
@@ -63,6 +64,7 @@ class FakeEngine(Engine):
 
     def stream(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[StreamChunk]:
         self.sent.append(request.request_id)
+        began = time.perf_counter()
         yield StreamChunk(text="", tokens=0, prompt_tokens=request.prompt_tokens or 4)
         time.sleep(self._ttft(request))
         for i, chunk in enumerate(self._chunks(request)):
@@ -73,6 +75,7 @@ class FakeEngine(Engine):
             yield chunk
             if i == 0 and self._fails(request):
                 raise RequestFailed("scripted failure")
+        self.spans[request.request_id] = (began, time.perf_counter())
         yield self._usage(request)
 
     def async_capable(self) -> bool:
@@ -82,6 +85,7 @@ class FakeEngine(Engine):
         self, request: GenerationRequest, cancel: threading.Event | None = None
     ) -> AsyncIterator[StreamChunk]:
         self.sent.append(request.request_id)
+        began = time.perf_counter()
         yield StreamChunk(text="", tokens=0, prompt_tokens=request.prompt_tokens or 4)
         await asyncio.sleep(self._ttft(request))
         for i, chunk in enumerate(self._chunks(request)):
@@ -92,6 +96,7 @@ class FakeEngine(Engine):
             yield chunk
             if i == 0 and self._fails(request):
                 raise RequestFailed("scripted failure")
+        self.spans[request.request_id] = (began, time.perf_counter())
         yield self._usage(request)
 
     def _chunks(self, request: GenerationRequest) -> list[StreamChunk]:

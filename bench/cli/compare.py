@@ -27,10 +27,20 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=RunConfig.model_fields["warmup"].default)
     p.add_argument("--base-url", help="use a running vLLM server instead of launching one")
     p.add_argument("--kv-cache-gib", type=float, default=1.0, help="VLLM_CPU_KVCACHE_SPACE (cpu)")
-    p.add_argument("--native-opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="a native engine option (repeatable), e.g. cuda_graphs=true")
-    p.add_argument("--vllm-opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="a vLLM engine option (repeatable), e.g. enforce_eager=false")
+    p.add_argument(
+        "--native-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a native engine option (repeatable), e.g. cuda_graphs=true",
+    )
+    p.add_argument(
+        "--vllm-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a vLLM engine option (repeatable), e.g. enforce_eager=false",
+    )
     p.add_argument("--name", help="name prefix of the two runs (NAME-native, NAME-vllm)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 

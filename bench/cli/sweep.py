@@ -199,7 +199,6 @@ def _print_done(task: SweepTask, printed: set[int], quiet: bool) -> None:
 def _write_outputs(store: Store, sweep_id: int, args: argparse.Namespace) -> None:
     from bench.analysis.sweep_analysis import recommendations
     from bench.report.csv_export import sweep_csv
-    from bench.report.html import html_report
 
     row = store.get_sweep(sweep_id)
     assert row is not None
@@ -218,6 +217,8 @@ def _write_outputs(store: Store, sweep_id: int, args: argparse.Namespace) -> Non
     if args.csv:
         Path(args.csv).write_bytes(sweep_csv(store, sweep_id))
     if args.html:
+        from bench.report.html import html_report  # plotly: only when a report is asked for
+
         Path(args.html).write_bytes(html_report(store, f"sweep:{sweep_id}"))
         print(f"report        {args.html}")
 

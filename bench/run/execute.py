@@ -19,9 +19,9 @@ Modes:
 - ``profile`` (seed 8.1.1 ``profile_inference``): a short concurrency run under the
   engine's profiler; the operator table, the breakdown and the trace file are stored.
 
-Every mode first sends ``warmup`` unrecorded requests one at a time through the sending
-loop's own session (vllm bench's test request); the clock starts after them and the
-first wave leaves together. Engines that see their MoE gates (native) also store expert
+Every mode first sends ``warmup`` unrecorded requests through the sending loop's own
+session, up to the run's concurrency at once (bench.send.core.warm_up); the clock starts
+after them and the first wave leaves together. Engines that see their MoE gates (native) also store expert
 routing counts.
 """
 
@@ -277,6 +277,7 @@ def _measure(
         engine.reset_peak_memory()
         engine.reset_expert_routing()
         engine.reset_communication()
+        engine.begin_window()
         sampler.first_points()  # t = 0: after the warm-up, so server counters start from here
         _name_devices(store, run_id, sampler.device_names)  # the sidebar names them during the run
         if before_start is not None:
@@ -438,13 +439,15 @@ def _finish(job: Job, engine: Engine) -> None:
         prefix_cache_hit_rate=_prefix_cache_hit_rate(store, run_id),
         **_load(cfg),
     )
-    client = "; ".join(w for w in (summary.load_warning, starved(job.client_cpu, summary.duration_s)) if w) or None
+    held = (summary.load_warning, starved(job.client_cpu, summary.duration_s), engine.window_warning())
+    # what held the run up besides the server's own work: the client, or a compile mid-run
+    held_up = "; ".join(w for w in held if w) or None
     if job.host is not None:
         means, busiest = job.host
-        reason = disturbance(means["other_cpu_cores"], means["steal_pct"], client, busiest)
+        reason = disturbance(means["other_cpu_cores"], means["steal_pct"], held_up, busiest)
         summary = dataclasses.replace(summary, **means, disturbance=reason)
-    elif client and client != summary.load_warning:
-        summary = dataclasses.replace(summary, disturbance=client)
+    elif held_up and held_up != summary.load_warning:
+        summary = dataclasses.replace(summary, disturbance=held_up)
     if job.devices:
         summary = dataclasses.replace(summary, **job.devices)
     if job.server_device_peak_gib is not None:

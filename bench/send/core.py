@@ -394,16 +394,26 @@ async def send(
             executor.shutdown(wait=False, cancel_futures=True)
 
 
-async def warm_up(engine: Engine, warmup: Sequence[GenerationRequest], cancel: Any) -> None:
-    """Send the warm-up requests one at a time through the sending loop's own session."""
-    executor = stream_executor(engine, 1)
-    try:
-        for req in warmup:
+async def warm_up(engine: Engine, warmup: Sequence[GenerationRequest], cancel: Any, in_flight: int = 1) -> None:
+    """Send the warm-up requests through the sending loop's own session, up to ``in_flight`` at
+    once (the sender's slots: the run's concurrency, as AIPerf's warm-up and vllm bench serve's
+    ``--num-warmups`` send theirs). So a server meets the run's batch sizes before the clock
+    starts: vLLM compiles a Triton MoE kernel for each new batch size the first time it sees
+    it, which on an H100 held a first wave of 8 for ~0.9 s (docs/benchmarks.md)."""
+    lanes = max(1, min(in_flight, len(warmup)))
+    executor = stream_executor(engine, lanes)
+    pending = iter(warmup)  # shared: each lane takes the next request when its last one ends
+
+    async def lane() -> None:
+        for req in pending:
             if cancel.is_set():
                 return
             res = await _timed(engine, req, cancel, None, executor)
             if res.error and not cancel.is_set():
                 raise MoEBenchError(f"warm-up request failed: {res.error}")
+
+    try:
+        await asyncio.gather(*(lane() for _ in range(lanes)))
     finally:
         if executor is not None:
             executor.shutdown(wait=False)

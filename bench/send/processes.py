@@ -95,7 +95,7 @@ class InProcessSender:
         async def main() -> None:
             await engine.aopen()
             try:
-                await warm_up(engine, warmup, cancel)
+                await warm_up(engine, warmup, cancel, strategy.slots)
                 await engine.aconnect(strategy.slots)
                 if cancel.is_set():
                     return
@@ -226,7 +226,7 @@ def _child_main(
         async def main() -> None:
             await engine.aopen()
             try:
-                await warm_up(engine, warmup, shared.cancel)
+                await warm_up(engine, warmup, shared.cancel, len(slots))
                 await engine.aconnect(len(slots))
                 # This process's heap is small and stays put: no collection pauses mid-stream
                 # (as vllm bench serve freezes its heap).

@@ -232,7 +232,7 @@ class SenderActor:
         self.tickets = LeasedTickets(counter, lease)
         self.engine = client_from_spec(spec)
         await self.engine.aopen()
-        await warm_up(self.engine, warmup, self.cancel)
+        await warm_up(self.engine, warmup, self.cancel, len(slots))
         await self.engine.aconnect(len(slots))
         await self.tickets.prime(len(slots))
         gc.collect()

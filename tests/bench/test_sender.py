@@ -104,6 +104,32 @@ def test_warm_up_is_sent_first_and_not_recorded(store: Store, fake_engine_kind: 
     assert min(r.start_s for r in store.records(snap.run_id)) >= 0  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("async_stream", [True, False])
+def test_warm_up_goes_at_the_runs_concurrency(store: Store, fake_engine_kind: str, async_stream: bool) -> None:
+    """A server meets the run's batch size in the warm-up (vLLM compiles a kernel per new batch
+    size: a first wave that met it cold waited ~0.9 s on an H100), never more than it."""
+    from engines.base import create_engine
+
+    options = {"kind": fake_engine_kind, "async_stream": async_stream, "ttft_s": 0.05}
+    engine = create_engine(options)
+    engine.start()
+    cfg = RunConfig.build(
+        engine=options,
+        requests=4,
+        concurrency=3,
+        warmup=5,
+        workload={"source": "builtin", "output_len": 2},
+    )
+    snap = start_run(cfg, store, engine=engine).wait(30)
+    assert snap.status == "completed", snap.error
+    spans = engine.spans  # type: ignore[attr-defined]
+    warm = sorted(spans[f"warmup{i}"] for i in range(5))
+    most = max(sum(1 for b, e in warm if b <= t < e) for t, _ in warm)
+    assert most == 3  # the first three together, then one in each freed slot
+    first_run = min(b for rid, (b, _) in spans.items() if rid.startswith("r"))
+    assert max(e for _, e in warm) <= first_run  # all warmed up before the clock
+
+
 def test_failed_requests_are_recorded_and_the_run_goes_on(store: Store, fake_engine_kind: str) -> None:
     _, snap = _run(store, fake_engine_kind, engine={"processes": True, "fail_every": 4}, requests=20)
     assert snap.status == "completed", snap.error
