@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.metrics.catalogue import SUMMARY_METRIC_COLUMNS
 from bench.metrics.records import RequestRecord
 from bench.metrics.summary import RunSummary
 
@@ -167,7 +168,8 @@ _SAMPLE_INSERT = (
     f"VALUES ({','.join('?' * len(_SAMPLE_INSERT_COLUMNS))})"
 )
 
-SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
+# The run's identity, then its figures (bench.metrics.catalogue, in its order), then its error.
+RUN_CSV_COLUMNS: tuple[str, ...] = (
     "run_id",
     "name",
     "status",
@@ -179,89 +181,8 @@ SUMMARY_CSV_COLUMNS: tuple[str, ...] = (
     "workload_source",
     "input_len",
     "output_len",
-    "requests",
-    "completed",
-    "failed",
-    "cancelled",
-    "concurrency",
-    "request_rate",
-    "duration_s",
-    "prompt_tokens",
-    "output_tokens",
-    "request_throughput_rps",
-    "output_throughput_tok_s",
-    "total_throughput_tok_s",
-    "goodput_rps",
-    "good_requests",
-    "slo_met",
-    "slos",
-    "ttft_ms_mean",
-    "ttft_ms_p50",
-    "ttft_ms_p90",
-    "ttft_ms_p99",
-    "tpot_ms_mean",
-    "tpot_ms_p50",
-    "tpot_ms_p90",
-    "tpot_ms_p99",
-    "itl_ms_mean",
-    "itl_ms_p50",
-    "itl_ms_p90",
-    "itl_ms_p99",
-    "e2e_ms_mean",
-    "e2e_ms_p50",
-    "e2e_ms_p90",
-    "e2e_ms_p99",
-    "peak_memory_gib",
-    "prefix_cache_hit_rate",
-    "single_chunk_share",
-    "tokens_per_chunk",
-    "usage_mismatches",
-    "send_lag_ms_p50",
-    "send_lag_ms_p99",
-    "other_cpu_cores",
-    "client_cpu_cores",
-    "steal_pct",
-    "disturbance",
-    "device_util_pct",
-    "device_power_w",
-    "device_mem_used_gib",
-    "tpot_limit_ms",
-    "tpot_pct_of_limit",
-    "output_tok_s_limit",
-    "throughput_pct_of_limit",
-    "moe_imbalance_max",
-    "ep_rank_imbalance",
-    "eplb_balancedness_whatif",
-    "itl_token_ms_mean",
-    "itl_token_ms_p50",
-    "itl_token_ms_p90",
-    "itl_token_ms_p99",
-    "spec_acceptance_rate",
-    "spec_acceptance_length",
-    "spec_accepted_per_pos",
-    "spec_drafts",
-    "spec_draft_tokens",
-    "spec_accepted_tokens",
-    "reasoning_tokens",
-    "answer_tokens",
-    "answer_throughput_tok_s",
-    "reasoning_ms_mean",
-    "reasoning_ms_p50",
-    "reasoning_ms_p90",
-    "reasoning_ms_p99",
-    "reasoning_mismatches",
-    "energy_j",
-    "joules_per_output_token",
-    "output_tokens_per_j",
-    "power_avg_w",
-    "power_peak_w",
-    "goodput_per_w",
-    "until_ci",
-    "until_ci_met_at",
-    "ci_value",
-    "ci_half_width_pct",
-    "error",
 )
+SUMMARY_CSV_COLUMNS: tuple[str, ...] = (*RUN_CSV_COLUMNS, *SUMMARY_METRIC_COLUMNS, "error")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from bench.cli.workload_args import add_workload_arguments, workload_overrides
 from bench.config import MODES, RunConfig
+from bench.metrics.catalogue import latency_rows
 from bench.metrics.summary import RunSummary, Spread
 from bench.store import Store
 from bench.sweep.axes import length_pairs, number_list
@@ -296,18 +297,11 @@ def format_summary(summary: RunSummary) -> str:
         "",
         f"{'metric':<10}{'mean':>10}{'p50':>10}{'p90':>10}{'p95':>10}{'p99':>10}{'max':>10}",
     ]
+    # an abbreviation carries its unit ("TTFT ms"); the table's unit is ms throughout
     rows = [
-        ("TTFT ms", summary.ttft_ms),
-        ("TPOT ms", summary.tpot_ms),
-        ("ITL ms", summary.itl_ms),
-        ("E2E ms", summary.e2e_ms),
+        (f"{m.label} {m.unit}" if m.label.isupper() else m.label, getattr(summary, m.name))
+        for m in latency_rows(summary)
     ]
-    if summary.tokens_per_chunk is not None and summary.tokens_per_chunk > 1.05 and summary.itl_token_ms is not None:
-        rows.insert(3, ("ITL/token", summary.itl_token_ms))  # several tokens per chunk: ITL per token too
-    if summary.reasoning_ms is not None:
-        rows.append(("reasoning", summary.reasoning_ms))
-    if summary.send_lag_ms is not None:
-        rows.append(("send lag", summary.send_lag_ms))
     for label, st in rows:
         vals = [st.mean, st.p50, st.p90, st.p95, st.p99, st.max]
         lines.append(f"{label:<10}" + "".join(f"{'-' if v is None else f'{v:.2f}':>10}" for v in vals))

@@ -2,8 +2,8 @@
 
 An SLO is written ``METRIC:STAT<=LIMIT``, e.g. ``ttft_ms:p99<=2000``:
 
-- ``METRIC``: a latency metric of :mod:`bench.metrics` (``ttft_ms``, ``tpot_ms``,
-  ``itl_ms``, ``e2e_ms``, ``itl_token_ms``, ``ttft_any_ms``), in ms. ``ttft_ms`` is the
+- ``METRIC``: a latency metric that :mod:`bench.metrics.catalogue` marks ``slo``
+  (``ttft_ms``, ``tpot_ms``, ...), in ms. ``ttft_ms`` is the
   first *answer* token: on a reasoning model, goodput on it judges when the answer began,
   the thinking before it included; ``ttft_any_ms`` judges the first token of any kind.
 - ``STAT``: ``pNN`` (any percentile, ``p99.9`` too), ``mean`` or ``max``.
@@ -28,9 +28,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from bench.metrics.catalogue import SLO_METRICS
 from bench.metrics.records import RequestRecord, percentile
-
-SLO_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "itl_token_ms", "ttft_any_ms")
 
 # Named sets of SLOs. The MLPerf Inference server scenario for DeepSeek-R1 bounds
 # TTFT at 2 s and TPOT at 80 ms (p99); its interactive scenario at 1.5 s and 15 ms.
@@ -104,17 +103,14 @@ def parse_slos(items: Iterable[str]) -> list[Slo]:
 
 def request_value(rec: RequestRecord, metric: str) -> float | None:
     """The request's own value of ``metric`` for goodput (see the module docstring)."""
-    if metric == "ttft_ms":
-        return rec.ttft_ms
     if metric == "tpot_ms":
         return rec.tpot_ms if rec.tpot_ms is not None else 0.0
     if metric == "itl_ms":
         return rec.itl_mean_ms if rec.itl_mean_ms is not None else 0.0
     if metric == "itl_token_ms":
         return rec.itl_token_mean_ms if rec.itl_token_mean_ms is not None else 0.0
-    if metric == "ttft_any_ms":
-        return rec.ttft_any_ms
-    return rec.e2e_ms
+    value = getattr(rec, metric)  # ttft_ms, ttft_any_ms, e2e_ms, ntpot_ms: the request's own figure
+    return None if value is None else float(value)
 
 
 def is_good(rec: RequestRecord, slos: Sequence[Slo]) -> bool:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from bench.metrics.catalogue import PER_REQUEST_METRICS, STAT_METRICS
 from bench.metrics.client_bound import client_bound_reason
 from bench.metrics.records import (
     BURST_SINGLE_CHUNK_SHARE,
@@ -17,7 +18,8 @@ from bench.metrics.records import (
 )
 from bench.metrics.slo import all_met, good_requests, judge, parse_slos
 
-OPTIONAL_STATS = ("send_lag_ms", "itl_token_ms", "reasoning_ms")  # Stat fields a summary may lack
+BASE_STATS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")  # every summary has these
+OPTIONAL_STATS = tuple(m for m in STAT_METRICS if m not in BASE_STATS)  # Stat fields a summary may lack
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class RunSummary:
     eplb_balancedness_whatif: float | None = None  # vLLM's balancedness EPLB would reach at EP 8 (8 replicas)
     # several tokens per chunk (speculative decoding, MTP): ITL per token (bench.metrics.records)
     itl_token_ms: Stat | None = None
+    ntpot_ms: Stat | None = None  # E2E / output tokens per request (None: a summary from before it)
     # reasoning models: None when no request streamed reasoning
     reasoning_tokens: int | None = None  # client-counted reasoning tokens, completed requests
     answer_tokens: int | None = None  # output tokens less reasoning tokens
@@ -174,7 +177,7 @@ class RunSummary:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunSummary:
-        stats = {k: Stat(**data[k]) for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")}
+        stats = {k: Stat(**data[k]) for k in BASE_STATS}
         for k in OPTIONAL_STATS:
             if data.get(k):
                 stats[k] = Stat(**data[k])
@@ -218,10 +221,8 @@ def summarize(
         request_throughput_rps=rate(len(ok)),
         output_throughput_tok_s=rate(output_tokens),
         total_throughput_tok_s=rate(prompt_tokens + output_tokens),
-        ttft_ms=describe(r.ttft_ms for r in ok),
-        tpot_ms=describe(r.tpot_ms for r in ok),
+        **{name: describe(getattr(r, name) for r in ok) for name in PER_REQUEST_METRICS},
         itl_ms=describe(g for r in ok for g in r.itls_ms),
-        e2e_ms=describe(r.e2e_ms for r in ok),
         peak_memory_gib=peak_memory_gib,
         max_concurrency=max_concurrency,
         usage_mismatches=sum(1 for r in ok if r.usage_mismatch),

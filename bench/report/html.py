@@ -22,7 +22,8 @@ from bench.analysis.sweep_analysis import (
     sweep_table,
     table_columns,
 )
-from bench.metrics.records import METRIC_DEFINITIONS, PERCENTILES
+from bench.metrics.catalogue import DEFINITIONS, METRICS, Metric, latency_rows
+from bench.metrics.records import PERCENTILES
 from bench.metrics.slo import judge_summary
 from bench.report.figures import (
     capacity_figure,
@@ -160,7 +161,7 @@ def _header(page: _Page, meta: Sequence[tuple[str, Any]]) -> None:
 
 def _definitions(page: _Page) -> None:
     page.h2("Metric definitions")
-    items = "".join(f"<dt>{escape_text(k)}</dt><dd>{escape_text(v)}</dd>" for k, v in METRIC_DEFINITIONS.items())
+    items = "".join(f"<dt>{escape_text(k)}</dt><dd>{escape_text(v)}</dd>" for k, v in DEFINITIONS.items())
     page.add(
         f'<div class="card"><dl class="defs">{items}</dl><p class="meta">Latencies are in ms, throughputs per '
         "second of the run's wall-clock duration; a value that was not measured is an empty cell. Sweep tables "
@@ -221,31 +222,15 @@ def _run_report(store: Store, run: RunRow) -> bytes:
             )
         page.h2("Summary")
         flat = s.flat()
-        summary_items = [
-            ("requests", flat.get("requests")), ("completed", flat.get("completed")), ("failed", flat.get("failed")),
-            ("duration (s)", flat.get("duration_s")), ("prompt tokens", flat.get("prompt_tokens")),
-            ("output tokens", flat.get("output_tokens")),
-            ("output throughput (tok/s)", flat.get("output_throughput_tok_s")),
-            ("total throughput (tok/s)", flat.get("total_throughput_tok_s")),
-            ("request throughput (req/s)", flat.get("request_throughput_rps")),
-            ("goodput (req/s)", flat.get("goodput_rps")), ("SLOs met", flat.get("slo_met")),
-            ("peak memory (GiB)", flat.get("peak_memory_gib")),
-            ("usage mismatches (requests)", flat.get("usage_mismatches")),
-        ]  # fmt: skip
+        summary_items = [(_label(METRICS[name]), flat.get(name)) for name in _REPORT_FIGURES]
         summary_items += _serving_items(s, store.artifact(run.id, "energy"))
         page.add(f'<div class="card">{_kv_table(summary_items)}</div>')
         page.h2("Latency percentiles (ms)")
         stats = ["mean", *(f"p{q}" for q in PERCENTILES), "max"]
         lat_rows = []
-        for metric, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E")):
-            st = getattr(s, metric)
-            lat_rows.append({"metric": label, "count": st.count, **{k: getattr(st, k) for k in stats}})
-        for st, label in ((s.itl_token_ms, "ITL per token"), (s.reasoning_ms, "reasoning time")):
-            if st is not None and st.count and (label != "ITL per token" or (s.tokens_per_chunk or 1) > 1.05):
-                lat_rows.append({"metric": label, "count": st.count, **{k: getattr(st, k) for k in stats}})
-        if s.send_lag_ms is not None:
-            st = s.send_lag_ms
-            lat_rows.append({"metric": "send lag", "count": st.count, **{k: getattr(st, k) for k in stats}})
+        for m in latency_rows(s):
+            st = getattr(s, m.name)
+            lat_rows.append({"metric": m.label, "count": st.count, **{k: getattr(st, k) for k in stats}})
         cols = [("metric", "metric"), ("count", "values"), *((k, f"{k} (ms)") for k in stats)]
         page.add(_table(cols, lat_rows))
     page.h2("Output throughput over time")
@@ -254,6 +239,29 @@ def _run_report(store: Store, run: RunRow) -> bytes:
     _moe_section(page, store, run)
     _definitions(page)
     return page.render()
+
+
+# The run's figures at the head of its report, in order (labels and units: bench.metrics.catalogue).
+_REPORT_FIGURES = (
+    "requests",
+    "completed",
+    "failed",
+    "duration_s",
+    "prompt_tokens",
+    "output_tokens",
+    "output_throughput_tok_s",
+    "total_throughput_tok_s",
+    "request_throughput_rps",
+    "goodput_rps",
+    "slo_met",
+    "peak_memory_gib",
+    "usage_mismatches",
+)
+
+
+def _label(m: Metric) -> str:
+    """``output throughput (tok/s)``: a figure's label with its unit (none for counts)."""
+    return f"{m.label} ({m.unit})" if m.unit not in ("", "tok") else m.label
 
 
 def _serving_items(s: Any, energy: Any) -> list[tuple[str, Any]]:

@@ -21,7 +21,7 @@ from bench.store import Store
 from engines.models import TINY_CONFIG
 from tests.bench.test_cli import cli
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 @pytest.mark.parametrize(("name", "batch"), [("h200-latency-bs1.json", 1), ("h200-concurrency-16.json", 16)])
