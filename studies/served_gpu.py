@@ -9,7 +9,9 @@ serves it with ``--load-format dummy``: the same shape with random weights), 128
   batch 1 (one request at a time, 20 requests) and 128 in flight (256 requests);
 - ``native``: the native engine's fast CUDA options (docs/native-engine.md), the same two loads
   (128 in flight with ``batch_size=128 capture_sizes=128``);
-- ``compare``: ``bench compare-engines`` at 128 in flight with both engines' options.
+- ``compare``: ``bench compare-engines`` at 128 in flight with both engines' options;
+- ``routing``, ``ngram-bs1``: vLLM with its routed experts recorded, and with n-gram speculation;
+- ``sweep``: a vLLM sweep over 1, 8, 32 and 128 in flight (12 s a point), as a sweep bundle.
 
 vLLM must be importable by the interpreter that runs this (``MOEBENCH_VLLM_PYTHON`` or this one).
 On a machine without a package index it was installed from a stripped wheel and its missing
@@ -41,8 +43,17 @@ VLLM_OPTS = {"enforce_eager": "false", "start_timeout_s": "400"}
 COMMON = ["--accelerator", "cuda", "--dtype", "bfloat16", "--input-len", "128", "--output-len", "64"]
 LOADS = {
     "latency-bs1": ["--mode", "latency", "--requests", "20"],
-    "concurrency-128": ["--mode", "concurrency", "--concurrency", "128", "--requests", "256", "--warmup", "0"],
+    # a warm-up of 128 at 128 in flight: vLLM compiles its fused-MoE kernel for each new batch size it
+    # meets, and without it the first wave of 128 waited ~1 s on the compile (2026-12-08, H100)
+    "concurrency-128": ["--mode", "concurrency", "--concurrency", "128", "--requests", "256", "--warmup", "128"],
 }
+# vLLM-only parts: expert routing from the server (a non-streamed pass after the measured window),
+# n-gram speculative decoding at batch 1, and a sweep of the in-flight count
+VLLM_PARTS = {
+    "routing": ["--mode", "concurrency", "--concurrency", "8", "--requests", "64", "--warmup", "16",
+                "--engine-opt", "routed_experts=true", "--engine-opt", "routing_pass=16"],
+    "ngram-bs1": ["--mode", "latency", "--requests", "20", "--engine-opt", "speculative_method=ngram"],
+}  # fmt: skip
 
 
 def opts(flag: str, values: dict[str, str]) -> list[str]:
@@ -83,8 +94,10 @@ def figures(store: Store, name: str, out: Path) -> dict[str, Any] | None:
     s = run.summary
     if s is None:
         return {"run_id": run.id, "status": run.status}
-    stat = {k: {q: getattr(getattr(s, k), q, None) for q in ("p50", "p90", "p99")} for k in ("ttft_ms", "tpot_ms",
-                                                                                           "itl_ms", "e2e_ms")}
+    stat = {
+        k: {q: getattr(getattr(s, k), q, None) for q in ("p50", "p90", "p99")}
+        for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+    }
     return {"run_id": run.id, "status": run.status, "output_tok_s": s.output_throughput_tok_s, **stat,
             "device_mem_used_gib": s.device_mem_used_gib, "device_power_w": s.device_power_w,
             "device_util_pct": s.device_util_pct}  # fmt: skip
@@ -114,17 +127,31 @@ def main() -> int:
                 name = f"{card}-{part}-{load}"
                 results["calls"].append(call([*py, "run", *engine, *extra, *argv, "--name", name], args.timeout))
                 names.append(name)
+        elif part in VLLM_PARTS:
+            name = f"{card}-vllm-{part}"
+            engine = ["--engine", "vllm", "--model", "random-v2-lite-shape", *COMMON, *opts("--engine-opt", VLLM_OPTS)]
+            results["calls"].append(call([*py, "run", *engine, *VLLM_PARTS[part], "--name", name], args.timeout))
+            names.append(name)
+        elif part == "sweep":
+            engine = ["--engine", "vllm", "--model", "random-v2-lite-shape", *COMMON, *opts("--engine-opt", VLLM_OPTS)]
+            cmd = [*py, "sweep", *engine, "--mode", "concurrency", "--concurrency", "1,8,32,128", "--duration", "12",
+                   "--requests", "3000", "--warmup", "8", "--name", f"{card}-vllm-sweep"]  # fmt: skip
+            results["calls"].append(call(cmd, args.timeout))
         elif part == "compare":
             name = f"{card}-compare-128"
             cmd = [*py, "compare-engines", "--model", "random-v2-lite-shape", "--accelerator", "cuda", "--dtype",
                    "bfloat16", "--mode", "concurrency", "--concurrency", "128", "--requests", "256", "--input-len",
-                   "128", "--output-len", "64", "--warmup", "0", "--name", name,
+                   "128", "--output-len", "64", "--warmup", "128", "--name", name,
                    *opts("--native-opt", {**NATIVE_FAST, "batch_size": "128", "capture_sizes": "128"}),
                    *opts("--vllm-opt", VLLM_OPTS)]  # fmt: skip
             results["calls"].append(call(cmd, 2 * args.timeout))
             names += [f"{name}-native", f"{name}-vllm"]
     store = Store(db)
     results["runs"] = {n: figures(store, n, out) for n in names}
+    for sweep in store.list_sweeps():
+        (out / f"{sweep.name or f'sweep-{sweep.id}'}.sweep.json").write_text(
+            json.dumps(store.export_sweep_bundle(sweep.id))
+        )
     (out / "served.json").write_text(json.dumps(results, indent=1, default=str))
     print(json.dumps(results["runs"], indent=1, default=str))
     return 0 if all(c["rc"] == 0 for c in results["calls"]) else 1
