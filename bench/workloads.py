@@ -45,6 +45,13 @@ SHAREGPT_MIN_TOKENS = 4  # vllm bench's floor for a prompt and a reply
 
 WorkloadSource = Literal["random", "builtin", "jsonl", "sharegpt", "shared_prefix", "multi_turn", "trace"]
 WORKLOAD_SOURCES: tuple[str, ...] = get_args(WorkloadSource)
+# The sources whose prompts are built to input_len tokens (and follow input_dist / output_dist),
+# with what they build: they need a local tokenizer.
+TOKENIZED_SOURCES: dict[str, str] = {
+    "random": "random prompts",
+    "shared_prefix": "shared-prefix prompts",
+    "multi_turn": "multi-turn prompts",
+}
 LengthDist = Literal["fixed", "uniform", "normal"]
 LENGTH_DISTS: tuple[str, ...] = get_args(LengthDist)
 
@@ -819,13 +826,8 @@ def request_source(
         count = len(rows)  # a trace shorter than the run's request count ends it
         arrivals = offsets(rows, spec.time_scale)
         builder = _TraceBlocks(rows, spec, sampling, tokenizer, prefix)
-    elif spec.source in ("random", "shared_prefix", "multi_turn"):
-        what = {
-            "random": "random prompts",
-            "shared_prefix": "shared-prefix prompts",
-            "multi_turn": "multi-turn prompts",
-        }
-        _need_local_tokenizer(tokenizer, what[spec.source])
+    elif spec.source in TOKENIZED_SOURCES:
+        _need_local_tokenizer(tokenizer, TOKENIZED_SOURCES[spec.source])
         if context_len is not None:
             _check_lengths(spec, sampling, tokenizer, context_len)
         if spec.source == "random":

@@ -38,7 +38,7 @@ from bench.metrics.summary import RunSummary
 from bench.run.manager import start_run
 from bench.run.recorder import SERIES_SERVER_DEVICE_MEM
 from bench.store import RunRow, Store
-from bench.workloads import WorkloadSpec
+from bench.workloads import TOKENIZED_SOURCES, WorkloadSpec
 from engines.errors import ConfigError, MoEBenchError
 from engines.models import random_weights
 
@@ -329,7 +329,6 @@ _WORKLOAD_DEFAULTS: dict[str, Any] = {name: f.default for name, f in WorkloadSpe
 _RUN_DEFAULTS: dict[str, Any] = {
     name: RunConfig.model_fields[name].default for name in ("ignore_eos", "ramp_up_s", "burstiness", "concurrency")
 }
-_TOKENIZED_SOURCES = ("random", "shared_prefix", "multi_turn")  # the sources that read input_len
 
 
 def _length_fields(w: dict[str, Any], side: str) -> dict[str, Any]:
@@ -363,7 +362,7 @@ def workload_key(run: RunRow) -> dict[str, Any]:
     key: dict[str, Any] = {"mode": mode, "source": source}
     if source in ("jsonl", "sharegpt"):
         key["path"] = w.get("path")
-    if source in _TOKENIZED_SOURCES:
+    if source in TOKENIZED_SOURCES:
         key.update(_length_fields(w, "input"))
     if source == "shared_prefix":
         key.update(prefix_len=w["prefix_len"], prefix_groups=w["prefix_groups"])
@@ -372,7 +371,7 @@ def workload_key(run: RunRow) -> dict[str, Any]:
     if source == "sharegpt":
         key.update(sharegpt_output_len=w["sharegpt_output_len"], sharegpt_max_len=w["sharegpt_max_len"])
     if not (source == "sharegpt" and w["sharegpt_output_len"] == "dataset"):
-        key.update(_length_fields(w, "output") if source in _TOKENIZED_SOURCES else {"output_len": w["output_len"]})
+        key.update(_length_fields(w, "output") if source in TOKENIZED_SOURCES else {"output_len": w["output_len"]})
     key["ignore_eos"] = c.get("ignore_eos", _RUN_DEFAULTS["ignore_eos"])
     concurrency = c.get("concurrency", run.concurrency)
     key["concurrency"] = 1 if mode == "latency" else (concurrency or _RUN_DEFAULTS["concurrency"])
