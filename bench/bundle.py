@@ -464,9 +464,33 @@ def with_moe_figures(summary_json: Any, artifacts: Any) -> Any:
 # --- writing ---------------------------------------------------------------------------------------
 
 
+_DEVICE_KINDS = ("cuda", "npu", "mlu")
+
+
+def device_from_telemetry(engine_json: Any, artifacts: dict[str, Any]) -> Any:
+    """A run's engine description with its device named from its own device telemetry, where it
+    recorded only the accelerator kind (a server MoE Bench launched on CUDA before 2026-12-08 said
+    ``cuda``; its NVML telemetry named the card): ``NVIDIA H100 80GB HBM3``, and where the name came
+    from. Anything else is returned as it is."""
+    try:
+        info = json.loads(engine_json) if isinstance(engine_json, str) else None
+    except ValueError:
+        return engine_json
+    devices = (artifacts.get("device_telemetry") or {}).get("devices") if isinstance(artifacts, dict) else None
+    if not isinstance(info, dict) or info.get("device") not in _DEVICE_KINDS or not isinstance(devices, list):
+        return engine_json
+    first = devices[0] if devices and isinstance(devices[0], str) else ""
+    name = first.split(": ", 1)[-1].rsplit(" (", 1)[0].strip()  # "dev0: NVIDIA H100 80GB HBM3 (nvml)"
+    if not name:
+        return engine_json
+    return json.dumps({**info, "device": name, "device_named_by": "the run's device telemetry (on import)"})
+
+
 def _insert_run(conn: Any, checked: CheckedRun, sweep_id: int | None = None, digest: str | None = None) -> int:
     run = {**checked.run, **({"sweep_id": sweep_id} if sweep_id is not None else {}),
            **({"content_hash": digest} if digest else {})}  # fmt: skip
+    if "engine_json" in run:
+        run["engine_json"] = device_from_telemetry(run["engine_json"], checked.artifacts)
     cols = list(run)
     cur = conn.execute(
         f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", [run[c] for c in cols]

@@ -191,3 +191,22 @@ def test_h100_energy_examples_are_the_nvml_counters_delta(store: Store, name: st
     assert s.joules_per_output_token == pytest.approx(s.energy_j / tokens)
     assert 60 < s.power_avg_w < 700  # an H100 SXM's board power: idle ~70 W, limit 700 W
     assert store.artifact(run_id, "energy")["devices"][0]["method"] == "energy counter"
+
+
+def test_h100_vllm_examples_name_their_card_and_engine(store: Store) -> None:
+    """vLLM 0.25.0 served on an H100 through MoE Bench's managed server (2026-12-08): each run says
+    which vLLM and that its weights were random (dummy), and is named for its card from its own
+    NVML telemetry (the launch recorded only 'cuda' then), so the Compare page's H100 column finds it."""
+    from bench.bundle import import_path
+
+    for name in ("h100-vllm-latency-bs1.json", "h100-vllm-concurrency-128.json", "h100-vllm-ngram-bs1.json"):
+        run = store.get_run(import_path(store, EXAMPLES / name).id)
+        assert run is not None and run.engine == "vllm" and run.status == "completed"
+        assert run.engine_info["vllm_version"] == "0.25.0" and run.engine_info["load_format"].startswith("dummy")
+        assert run.engine_info["device"] == "NVIDIA H100 80GB HBM3"
+        assert run.summary is not None and run.summary.failed == 0 and run.summary.energy_j
+    ngram = store.get_run(import_path(store, EXAMPLES / "h100-vllm-ngram-bs1.json").id)
+    assert ngram is not None and ngram.summary is not None and ngram.summary.spec_acceptance_rate is not None
+    sweep = import_path(store, EXAMPLES / "h100-vllm-sweep.sweep.json")
+    points = sorted(r.concurrency or 0 for r in store.sweep_runs(sweep.id))
+    assert points == [1, 8, 32, 128]
