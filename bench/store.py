@@ -9,260 +9,54 @@ a store is opened. Time series are kept long (``t_s, name, value``) so new serie
 
 from __future__ import annotations
 
-import array
 import json
-import math
 import os
 import socket
 import sqlite3
-import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.metrics.catalogue import SUMMARY_METRIC_COLUMNS
 from bench.metrics.records import RequestRecord
 from bench.metrics.summary import RunSummary
-
-SCHEMA_VERSION = 2
-SWEEP_STATUSES = ("running", "completed", "failed", "cancelled", "interrupted")
-STATUSES = ("running", "completed", "failed", "cancelled", "interrupted")
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    name TEXT NOT NULL DEFAULT '',
-    created_at REAL NOT NULL,
-    finished_at REAL,
-    status TEXT NOT NULL,
-    mode TEXT NOT NULL,
-    engine TEXT NOT NULL,
-    model TEXT NOT NULL,
-    accelerator TEXT NOT NULL,
-    concurrency INTEGER,
-    config_json TEXT NOT NULL,
-    engine_json TEXT NOT NULL DEFAULT '{}',
-    summary_json TEXT,
-    error TEXT,
-    pid INTEGER,
-    pid_started REAL,
-    host TEXT,
-    sweep_id INTEGER,
-    sweep_point TEXT
-);
-CREATE TABLE IF NOT EXISTS sweeps (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    kind TEXT NOT NULL,
-    name TEXT NOT NULL DEFAULT '',
-    created_at REAL NOT NULL,
-    finished_at REAL,
-    status TEXT NOT NULL,
-    config_json TEXT NOT NULL,
-    result_json TEXT NOT NULL DEFAULT '{}',
-    error TEXT,
-    pid INTEGER,
-    pid_started REAL,
-    host TEXT
-);
-CREATE TABLE IF NOT EXISTS samples (
-    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-    seq INTEGER NOT NULL,
-    request_id TEXT NOT NULL,
-    start_s REAL NOT NULL,
-    end_s REAL NOT NULL,
-    ttft_ms REAL,
-    tpot_ms REAL,
-    itl_mean_ms REAL,
-    e2e_ms REAL NOT NULL,
-    prompt_tokens INTEGER NOT NULL,
-    output_tokens INTEGER NOT NULL,
-    error TEXT NOT NULL DEFAULT '',
-    chunk_times_json TEXT NOT NULL,
-    usage_output_tokens INTEGER,
-    ttft_any_ms REAL,
-    send_lag_ms REAL,
-    itl_token_mean_ms REAL,
-    reasoning_tokens INTEGER,
-    answer_tokens INTEGER,
-    usage_reasoning_tokens INTEGER,
-    reasoning_ms REAL,
-    chunk_tokens_json TEXT,
-    reasoning_chunks INTEGER,
-    PRIMARY KEY (run_id, seq)
-);
-CREATE TABLE IF NOT EXISTS timeseries (
-    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-    t_s REAL NOT NULL,
-    name TEXT NOT NULL,
-    value REAL
-);
-CREATE INDEX IF NOT EXISTS timeseries_run ON timeseries(run_id, name, t_s);
-CREATE INDEX IF NOT EXISTS samples_run_end ON samples(run_id, end_s);
--- How many samples a run has, kept by add_samples and import_bundle: the live view's count
--- without a COUNT(*) over a million rows.
-CREATE TABLE IF NOT EXISTS sample_counts (
-    run_id INTEGER PRIMARY KEY REFERENCES runs(id) ON DELETE CASCADE,
-    n INTEGER NOT NULL
-);
--- Per-second series rolled up into 10 s and 100 s buckets as they are written (mean of the
--- non-empty values, n of them), so a long run's charts read a bounded number of points.
-CREATE TABLE IF NOT EXISTS timeseries_rollup (
-    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-    level INTEGER NOT NULL,
-    name TEXT NOT NULL,
-    t_s REAL NOT NULL,
-    value REAL NOT NULL,
-    n INTEGER NOT NULL,
-    PRIMARY KEY (run_id, level, name, t_s)
-);
-CREATE TABLE IF NOT EXISTS artifacts (
-    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-    name TEXT NOT NULL,
-    content_json TEXT NOT NULL,
-    PRIMARY KEY (run_id, name)
-);
-"""
-
-REQUEST_CSV_COLUMNS: tuple[str, ...] = (
-    "run_id",
-    "request_id",
-    "start_s",
-    "end_s",
-    "ttft_ms",
-    "tpot_ms",
-    "itl_mean_ms",
-    "e2e_ms",
-    "prompt_tokens",
-    "output_tokens",
-    "usage_output_tokens",
-    "ttft_any_ms",
-    "send_lag_ms",
-    "itl_token_mean_ms",
-    "reasoning_tokens",
-    "answer_tokens",
-    "usage_reasoning_tokens",
-    "reasoning_ms",
-    "error",
-)
-# Sample columns added after schema 2 (ALTER TABLE adds them to older files; NULL in old rows).
-_LATER_SAMPLE_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("itl_token_mean_ms", "REAL"),
-    ("reasoning_tokens", "INTEGER"),
-    ("answer_tokens", "INTEGER"),
-    ("usage_reasoning_tokens", "INTEGER"),
-    ("reasoning_ms", "REAL"),
-    ("chunk_tokens_json", "TEXT"),
-    ("reasoning_chunks", "INTEGER"),
-)
-_SAMPLE_INSERT_COLUMNS: tuple[str, ...] = (
-    "run_id", "seq", "request_id", "start_s", "end_s", "ttft_ms", "tpot_ms", "itl_mean_ms", "e2e_ms",
-    "prompt_tokens", "output_tokens", "error", "chunk_times_json", "usage_output_tokens", "ttft_any_ms",
-    "send_lag_ms", *(c for c, _ in _LATER_SAMPLE_COLUMNS),
-)  # fmt: skip
-_SAMPLE_INSERT = (
-    f"INSERT OR REPLACE INTO samples ({', '.join(_SAMPLE_INSERT_COLUMNS)}) "
-    f"VALUES ({','.join('?' * len(_SAMPLE_INSERT_COLUMNS))})"
+from bench.rows import REQUEST_CSV_COLUMNS, SUMMARY_CSV_COLUMNS, RunRow, SweepRow, sweep_row
+from bench.store_layout import (
+    ARTIFACT_TRACE,
+    LATER_SAMPLE_COLUMNS,
+    ROLLUP_LEVELS,
+    ROLLUP_UPSERT,
+    SAMPLE_INSERT,
+    SCHEMA_SQL,
+    SCHEMA_VERSION,
+    STATUSES,
+    SWEEP_STATUSES,
+    TRACE_MAX_BYTES,
+    TRACES_DIR,
+    pack_times,
+    refuse_foreign,
+    rollup_rows,
+    unpack_times,
 )
 
-# The run's identity, then its figures (bench.metrics.catalogue, in its order), then its error.
-RUN_CSV_COLUMNS: tuple[str, ...] = (
-    "run_id",
-    "name",
-    "status",
-    "created_at",
-    "engine",
-    "model",
-    "accelerator",
-    "mode",
-    "workload_source",
-    "input_len",
-    "output_len",
-)
-SUMMARY_CSV_COLUMNS: tuple[str, ...] = (*RUN_CSV_COLUMNS, *SUMMARY_METRIC_COLUMNS, "error")
-
-
-@dataclass(frozen=True)
-class RunRow:
-    """One run as stored."""
-
-    id: int
-    name: str
-    created_at: float
-    finished_at: float | None
-    status: str
-    mode: str
-    engine: str
-    model: str
-    accelerator: str
-    concurrency: int | None
-    config: dict[str, Any]
-    engine_info: dict[str, Any]
-    summary: RunSummary | None
-    error: str | None
-    sweep_id: int | None = None
-    sweep_point: dict[str, Any] | None = None  # the swept values of this run (and its repeat)
-
-    def summary_row(self) -> dict[str, Any]:
-        """The summary CSV row of this run (empty metrics when it has no summary)."""
-        row: dict[str, Any] = {c: None for c in SUMMARY_CSV_COLUMNS}
-        if self.summary is not None:
-            row.update({k: v for k, v in self.summary.flat().items() if k in row})
-        row.update(
-            run_id=self.id,
-            name=self.name,
-            status=self.status,
-            created_at=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.created_at)),
-            engine=self.engine,
-            model=self.model,
-            accelerator=self.accelerator,
-            mode=self.mode,
-            concurrency=self.concurrency,
-            **_workload_fields(self.config),
-            error=self.error or "",
-        )
-        return row
-
-
-def _workload_fields(config: dict[str, Any]) -> dict[str, Any]:
-    """The workload a run asked for, as the summary CSV shows it: its prompt source and its input
-    and output lengths in tokens (the fixed lengths, or the means of a length distribution)."""
-    w = config.get("workload") if isinstance(config, dict) else None
-    if not isinstance(w, dict):
-        return {}
-    return {"workload_source": w.get("source"), "input_len": w.get("input_len"), "output_len": w.get("output_len")}
-
-
-@dataclass(frozen=True)
-class SweepRow:
-    """A stored sweep or capacity search (its runs: :meth:`Store.sweep_runs`)."""
-
-    id: int
-    kind: str  # "sweep" or "capacity"
-    name: str
-    created_at: float
-    finished_at: float | None
-    status: str
-    config: dict[str, Any]
-    result: dict[str, Any]
-    error: str | None
-
-
-def _sweep_row(r: sqlite3.Row) -> SweepRow:
-    return SweepRow(
-        id=int(r["id"]),
-        kind=r["kind"],
-        name=r["name"],
-        created_at=float(r["created_at"]),
-        finished_at=r["finished_at"],
-        status=r["status"],
-        config=json.loads(r["config_json"]),
-        result=json.loads(r["result_json"] or "{}"),
-        error=r["error"],
-    )
+# Read from bench.store by the pages, the reports and the import (declared in bench.rows and
+# bench.store_layout).
+__all__ = [
+    "ARTIFACT_TRACE",
+    "REQUEST_CSV_COLUMNS",
+    "ROLLUP_UPSERT",
+    "STATUSES",
+    "SUMMARY_CSV_COLUMNS",
+    "SWEEP_STATUSES",
+    "RunRow",
+    "Store",
+    "SweepRow",
+    "pack_times",
+    "rollup_rows",
+    "unpack_times",
+]
 
 
 def _process_started(pid: int) -> float | None:
@@ -272,81 +66,6 @@ def _process_started(pid: int) -> float | None:
         return psutil.Process(pid).create_time()
     except Exception:  # noqa: BLE001 - no such process (or no permission): treat as gone
         return None
-
-
-_OUR_TABLES = frozenset(
-    {"runs", "samples", "timeseries", "artifacts", "sweeps", "sqlite_sequence", "sample_counts", "timeseries_rollup"}
-)
-ARTIFACT_TRACE = "profile_trace"  # {"path": a trace file under the store's traces/ folder}
-TRACES_DIR = "traces"  # beside the store: the only folder a run's trace is served from
-TRACE_MAX_BYTES = 2 * 2**30  # a trace copied in (an imported bundle's, a vLLM server's) is at most this
-
-ROLLUP_LEVELS = (10, 100)  # seconds per bucket of the series' rollups (the raw series is 1 s)
-ROLLUP_UPSERT = (
-    "INSERT INTO timeseries_rollup VALUES (?,?,?,?,?,1) ON CONFLICT(run_id, level, name, t_s) DO UPDATE SET "
-    "value = (value * n + excluded.value) / (n + 1), n = n + 1"
-)
-
-
-def rollup_rows(run_id: int, points: Sequence[tuple[float, str, float | None]]) -> list[tuple[Any, ...]]:
-    """Upsert arguments that fold ``points`` into their 10 s and 100 s buckets (empty values skipped)."""
-    return [
-        (run_id, level, name, math.floor(t / level) * level, value)
-        for t, name, value in points
-        if isinstance(value, int | float) and isinstance(t, int | float) and math.isfinite(t) and math.isfinite(value)
-        for level in ROLLUP_LEVELS
-    ]
-
-
-def pack_times(start_s: float, times: Sequence[float]) -> bytes:
-    """Chunk times as stored: microseconds after the request's start, int32 (``b"i"``) or, for a
-    request longer than 35 minutes, int64 (``b"q"``), little-endian, after a one-byte type code.
-    The same 1 µs resolution as the JSON it replaces, at a quarter of the cost to write."""
-    us = [round((t - start_s) * 1e6) for t in times]
-    code = "i" if not us or (min(us) >= -(2**31) and max(us) < 2**31) else "q"
-    arr = array.array(code, us)
-    if sys.byteorder == "big":
-        arr.byteswap()
-    return code.encode() + arr.tobytes()
-
-
-def unpack_times(start_s: float, stored: bytes | str) -> list[float]:
-    """:func:`pack_times`'s bytes (or the JSON list of seconds that files before them hold) back
-    to seconds since the run's start."""
-    if isinstance(stored, str):
-        return json.loads(stored)
-    arr = array.array(chr(stored[0]))
-    arr.frombytes(stored[1:])
-    if sys.byteorder == "big":
-        arr.byteswap()
-    return [start_s + v / 1e6 for v in arr]
-
-
-def _refuse_foreign(path: Path) -> None:
-    """Refuse, before writing anything (no tables, no WAL), a file that is not a MoE Bench store."""
-    from engines.errors import ConfigError
-
-    if path.exists() and path.is_dir():
-        raise ConfigError(f"database '{path}' is a folder, not a file")
-    if path.exists() and not path.is_file():  # /dev/null, /dev/full, a FIFO: SQLite would write a journal beside it
-        raise ConfigError(f"database '{path}' is not a regular file (a device or a pipe): give a file path")
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-            run_cols = {r[1] for r in con.execute("PRAGMA table_info(runs)")} if "runs" in tables else set()
-        finally:
-            con.close()
-    except sqlite3.DatabaseError as exc:
-        raise ConfigError(f"'{path}' is not a MoE Bench database (SQLite says: {exc})") from exc
-    foreign = sorted(tables - _OUR_TABLES)
-    if foreign or ("runs" in tables and "config_json" not in run_cols):
-        shown = ", ".join(foreign[:5]) or "runs (another application's)"
-        raise ConfigError(
-            f"'{path}' is another application's SQLite file (tables: {shown}); give MoE Bench a file of its own"
-        )
 
 
 class Store:
@@ -360,12 +79,12 @@ class Store:
             from engines.errors import ConfigError
 
             raise ConfigError(f"cannot create the folder of database '{self.path}': {exc.strerror}") from exc
-        _refuse_foreign(self.path)
+        refuse_foreign(self.path)
         self._local = threading.local()
         self._lock = threading.Lock()
         conn = self._conn()
         with self._lock:
-            conn.executescript(_SCHEMA)
+            conn.executescript(SCHEMA_SQL)
             # Files from schema 1 lack the sweep columns of runs (CREATE IF NOT EXISTS keeps the old table).
             have = {r["name"] for r in conn.execute("PRAGMA table_info(runs)").fetchall()}
             for col, decl in (("sweep_id", "INTEGER"), ("sweep_point", "TEXT"), ("content_hash", "TEXT")):
@@ -374,7 +93,7 @@ class Store:
             if "content_hash" not in {r["name"] for r in conn.execute("PRAGMA table_info(sweeps)").fetchall()}:
                 conn.execute("ALTER TABLE sweeps ADD COLUMN content_hash TEXT")
             have = {r["name"] for r in conn.execute("PRAGMA table_info(samples)").fetchall()}
-            for col, decl in _LATER_SAMPLE_COLUMNS:
+            for col, decl in LATER_SAMPLE_COLUMNS:
                 if col not in have:
                     conn.execute(f"ALTER TABLE samples ADD COLUMN {col} {decl}")
             conn.execute("CREATE INDEX IF NOT EXISTS runs_sweep ON runs(sweep_id)")
@@ -654,7 +373,7 @@ class Store:
                         f"SELECT COUNT(*) FROM samples WHERE run_id=? AND seq IN ({','.join('?' * len(part))})",
                         [run_id, *part],
                     ).fetchone()[0]
-                conn.executemany(_SAMPLE_INSERT, rows)
+                conn.executemany(SAMPLE_INSERT, rows)
                 conn.execute("UPDATE sample_counts SET n = n + ? WHERE run_id=?", (len(set(seqs)) - again, run_id))
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -943,12 +662,12 @@ class Store:
 
     def get_sweep(self, sweep_id: int) -> SweepRow | None:
         r = self._conn().execute("SELECT * FROM sweeps WHERE id=?", (sweep_id,)).fetchone()
-        return _sweep_row(r) if r else None
+        return sweep_row(r) if r else None
 
     def list_sweeps(self, limit: int | None = None) -> list[SweepRow]:
         """Newest first."""
         sql = "SELECT * FROM sweeps ORDER BY id DESC" + (" LIMIT ?" if limit else "")
-        return [_sweep_row(r) for r in self._conn().execute(sql, (limit,) if limit else ()).fetchall()]
+        return [sweep_row(r) for r in self._conn().execute(sql, (limit,) if limit else ()).fetchall()]
 
     def sweep_runs(self, sweep_id: int) -> list[RunRow]:
         """The runs of a sweep, in the order they were made."""

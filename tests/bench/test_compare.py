@@ -36,7 +36,8 @@ from bench.bundle import import_bundle_file
 from bench.config import RunConfig
 from bench.metrics.records import RequestRecord
 from bench.metrics.summary import summarize
-from bench.store import RunRow, Store
+from bench.rows import RunRow
+from bench.store import Store
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -40,8 +40,16 @@ def test_v2_runner_only_from_0_32(version: str | None, v2: bool) -> None:
 def test_random_checkpoint_has_the_preset_config_and_no_weights(tmp_path: Path, monkeypatch) -> None:
     tok = tmp_path / "tiny"
     tok.mkdir()
-    (tok / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"], "model_type":
-                                                 "deepseek_v3", "hidden_size": 128, "moebench_tiny_version": "2"}))
+    (tok / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["DeepseekV3ForCausalLM"],
+                "model_type": "deepseek_v3",
+                "hidden_size": 128,
+                "moebench_tiny_version": "2",
+            }
+        )
+    )
     (tok / "tokenizer.json").write_text("{}")
     (tok / "model.safetensors").write_bytes(b"x")
     monkeypatch.setenv("MOEBENCH_DATA_DIR", str(tmp_path / "data"))
