@@ -252,6 +252,83 @@ def _vllm_tpot(latency: float | None, ttft: float | None, output_len: int) -> fl
     return (latency - ttft) / (output_len - 1)
 
 
+def _vllm_samples(
+    ttfts: list[float | None],
+    itls: list[list[float]],
+    lat: list[float | None],
+    starts: list[float | None],
+    ok: list[bool],
+    in_lens: list[int],
+    out_lens: list[int],
+    errors: list[Any],
+) -> list[dict[str, Any]]:
+    """The per-request rows of a ``--save-detailed`` result: chunk times rebuilt from TTFT and the ITL gaps."""
+    n = len(ok)
+    samples: list[dict[str, Any]] = []
+    t0 = min(starts) if starts else 0.0
+    for i in range(n):
+        start = starts[i] - t0
+        ttft = ttfts[i]
+        chunks: list[float] = []
+        if ok[i] and ttft is not None:
+            t = start + ttft
+            chunks = [t]
+            for g in itls[i]:
+                t += g
+                chunks.append(t)
+        gaps = itls[i] if ok[i] else []
+        samples.append(
+            _sample(
+                i,
+                f"vllm-{i}",
+                start,
+                (lat[i] or 0.0) * 1000.0,  # vLLM times no failed request: 0.0, as it writes
+                chunks,
+                in_lens[i],
+                out_lens[i] if ok[i] else 0,
+                "" if ok[i] else str(errors[i] or "failed"),
+                ttft_ms=ttft * 1000.0 if ok[i] and ttft is not None else None,
+                ttft_any_ms=ttft * 1000.0 if ok[i] and ttft is not None else None,
+                tpot_ms=None if not ok[i] or (tp := _vllm_tpot(lat[i], ttft, out_lens[i])) is None else tp * 1000,
+                itl_mean_ms=sum(gaps) / len(gaps) * 1000.0 if gaps else None,
+                itl_token_mean_ms=sum(gaps) / len(gaps) * 1000.0 if gaps else None,
+            )
+        )
+    return samples
+
+
+def _vllm_config(
+    doc: dict[str, Any],
+    num_prompts: int | None,
+    max_conc: int | None,
+    rate: float | None,
+    burst: float | None,
+    detailed: bool,
+) -> dict[str, Any]:
+    """What a vllm bench serve result says of its run's settings."""
+    return {
+        "requests": num_prompts,
+        "concurrency": max_conc,
+        "request_rate": rate,
+        "burstiness": burst,
+        "per_request": "rows from --save-detailed" if detailed else "none (saved without --save-detailed)",
+        "source_settings": {
+            k: doc[k]
+            for k in (
+                "backend",
+                "endpoint_type",
+                "label",
+                "model_id",
+                "tokenizer_id",
+                "ramp_up_strategy",
+                "ramp_up_start_rps",
+                "ramp_up_end_rps",
+            )
+            if isinstance(doc.get(k), str | int | float)
+        },
+    }
+
+
 def _vllm(doc: dict[str, Any], path: Path) -> dict[str, Any]:
     f = _File("vllm bench serve", path)
     completed = f.count(doc.get("completed"), "completed")
@@ -340,35 +417,7 @@ def _vllm(doc: dict[str, Any], path: Path) -> dict[str, Any]:
 
     samples: list[dict[str, Any]] = []
     if ttfts is not None and itls is not None and lat is not None and starts is not None and ok is not None:
-        t0 = min(starts) if starts else 0.0
-        for i in range(n):
-            start = starts[i] - t0
-            ttft = ttfts[i]
-            chunks: list[float] = []
-            if ok[i] and ttft is not None:
-                t = start + ttft
-                chunks = [t]
-                for g in itls[i]:
-                    t += g
-                    chunks.append(t)
-            gaps = itls[i] if ok[i] else []
-            samples.append(
-                _sample(
-                    i,
-                    f"vllm-{i}",
-                    start,
-                    (lat[i] or 0.0) * 1000.0,  # vLLM times no failed request: 0.0, as it writes
-                    chunks,
-                    in_lens[i],
-                    out_lens[i] if ok[i] else 0,
-                    "" if ok[i] else str(lists["errors"][i] or "failed"),
-                    ttft_ms=ttft * 1000.0 if ok[i] and ttft is not None else None,
-                    ttft_any_ms=ttft * 1000.0 if ok[i] and ttft is not None else None,
-                    tpot_ms=None if not ok[i] or (tp := _vllm_tpot(lat[i], ttft, out_lens[i])) is None else tp * 1000,
-                    itl_mean_ms=sum(gaps) / len(gaps) * 1000.0 if gaps else None,
-                    itl_token_mean_ms=sum(gaps) / len(gaps) * 1000.0 if gaps else None,
-                )
-            )
+        samples = _vllm_samples(ttfts, itls, lat, starts, ok, in_lens, out_lens, lists.get("errors") or [])
     created = _created(f, doc.get("date"), lambda d: time.mktime(time.strptime(str(d), "%Y%m%d-%H%M%S")))
     backend = _text(doc.get("backend") or doc.get("endpoint_type"), "openai")
     return _bundle(
@@ -380,27 +429,7 @@ def _vllm(doc: dict[str, Any], path: Path) -> dict[str, Any]:
         created=created,
         finished_at=created[0] + duration,
         concurrency=max_conc,
-        config={
-            "requests": num_prompts,
-            "concurrency": max_conc,
-            "request_rate": rate,
-            "burstiness": burst,
-            "per_request": "rows from --save-detailed" if samples else "none (saved without --save-detailed)",
-            "source_settings": {
-                k: doc[k]
-                for k in (
-                    "backend",
-                    "endpoint_type",
-                    "label",
-                    "model_id",
-                    "tokenizer_id",
-                    "ramp_up_strategy",
-                    "ramp_up_start_rps",
-                    "ramp_up_end_rps",
-                )
-                if isinstance(doc.get(k), str | int | float)
-            },
-        },
+        config=_vllm_config(doc, num_prompts, max_conc, rate, burst, bool(samples)),
         engine_info={"backend": backend},
         summary=summary,
         samples=samples,
