@@ -71,6 +71,15 @@ def run_arguments(sweep: bool = False) -> argparse.ArgumentParser:
     """The flags that define a run (a parent parser). With ``sweep``, ``--concurrency``,
     ``--request-rate``, ``--input-len`` and ``--output-len`` take lists (see :func:`number_list`)."""
     r = argparse.ArgumentParser(add_help=False)
+    _engine_arguments(r)
+    _load_arguments(r, sweep)
+    _telemetry_arguments(r)
+    _prompt_arguments(r, sweep)
+    return r
+
+
+def _engine_arguments(r: argparse.ArgumentParser) -> None:
+    """Which engine, model and accelerator, and the engine's options."""
     r.add_argument("--engine", default="native", help="engine kind (see `engines`)")
     r.add_argument("--model", default="tiny-deepseek-v3", help="preset name or local checkpoint folder")
     r.add_argument("--accelerator", default="cpu", help="cpu | cuda | npu | mlu")
@@ -85,6 +94,10 @@ def run_arguments(sweep: bool = False) -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="an engine option (repeatable), e.g. max_num_seqs=64 or enable_prefix_caching=true; see `engines`",
     )
+
+
+def _load_arguments(r: argparse.ArgumentParser, sweep: bool) -> None:
+    """How the requests are sent: mode, count, in-flight cap or rate, senders, duration, SLOs."""
     r.add_argument("--mode", default="concurrency", choices=MODES)
     r.add_argument(
         "--requests",
@@ -147,6 +160,10 @@ def run_arguments(sweep: bool = False) -> argparse.ArgumentParser:
         metavar="METRIC:STAT:PCT",
         help=_help("until_ci", extra="; e.g. ttft_ms:p50:5%%, tpot_ms:p99:10%%"),
     )
+
+
+def _telemetry_arguments(r: argparse.ArgumentParser) -> None:
+    """What is read beside the requests: the server's metrics, device telemetry."""
     r.add_argument(
         "--no-server-metrics",
         action="store_true",
@@ -165,6 +182,10 @@ def run_arguments(sweep: bool = False) -> argparse.ArgumentParser:
         action="store_true",
         help="do not read this host's accelerator telemetry (NVML on cuda, npu-smi on npu, cnmon on mlu)",
     )
+
+
+def _prompt_arguments(r: argparse.ArgumentParser, sweep: bool) -> None:
+    """The warm-up, the prompts and their lengths, sampling, the run's name."""
     r.add_argument(
         "--warmup", type=int, default=None, help=_help("warmup", extra=f"; default {_default('warmup')} in every mode")
     )
@@ -196,7 +217,6 @@ def run_arguments(sweep: bool = False) -> argparse.ArgumentParser:
     r.add_argument("--no-ignore-eos", action="store_true", help="allow stopping at EOS (outputs may be shorter)")
     r.add_argument("--seed", type=int, default=_default("seed", WorkloadSpec), help=_help("seed", WorkloadSpec))
     r.add_argument("--name", default=_default("name"), help=_help("name"))
-    return r
 
 
 def run_config_data(args: argparse.Namespace) -> dict[str, Any]:
