@@ -1,0 +1,72 @@
+"""What a demo sees, issue 45's last list: labels, placeholders and final figures that are true (AppTest)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.bundle import import_file
+from bench.metrics.summary import summarize
+from bench.store import Store
+from dashboard import profile_data, ui
+from engines.settings import get_settings
+from tests.dashboard.synthetic import synthetic_records
+from tests.dashboard.test_compare_page import _no_exception, _texts
+
+ROOT = Path(__file__).resolve().parents[2]
+PEERS = ROOT / "tests" / "data" / "peers"
+
+
+def _results_table(at: Any) -> Any:
+    return next(df for df in at.dataframe if "setup" in df.value.columns)
+
+
+def test_a_missing_figure_in_the_results_table_is_a_dash_not_none(
+    app_test: Callable[..., Any], fresh_data_dir: Path
+) -> None:
+    """Goodput showed a literal "None" for the runs without an SLO (Streamlit's default for a missing cell)."""
+    store = Store(get_settings().db_path)
+    profile_data.import_examples(store)
+    records = synthetic_records(20)
+    slo = store.create_run(mode="concurrency", engine="native", model="m", accelerator="cpu", config={}, concurrency=4)
+    store.add_samples(slo, list(enumerate(records)))
+    store.finish_run(slo, "completed", summary=summarize(records, max_concurrency=4, slos=["ttft_ms:p99<=25"]))
+    at = app_test(ui.PAGE_RESULTS)
+    _no_exception(at)
+    table = _results_table(at)
+    shown = table.value.set_index("run_id")
+    assert "goodput_rps" in list(table.proto.column_order)
+    assert shown.loc[slo, "goodput_rps"] > 0
+    without = shown.drop(index=slo)["goodput_rps"]
+    assert len(without) and without.isna().all()  # missing, not 0 and not the text "None"
+    assert table.proto.placeholder == "–"  # what the grid draws for a missing cell
+    store.close()
+
+
+def test_a_peer_run_has_one_engine_label_everywhere(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+    """guidellm's file says openai_http, vllm bench serve's and AIPerf's say openai: one engine, one label."""
+    store = Store(get_settings().db_path)
+    ids = [import_file(store, PEERS / n)[1] for n in ("vllm-bench-serve-detailed.json", "guidellm-concurrent.json")]
+    ids.append(import_file(store, PEERS / "aiperf-concurrency.json")[1])
+    assert {store.get_run(i).engine for i in ids} == {"openai", "openai_http"}  # as the files name them
+    at = app_test(ui.PAGE_RESULTS)
+    _no_exception(at)
+    assert at.multiselect(key="r.engine").options == ["openai"]
+    table = _results_table(at).value
+    assert set(table["engine"]) == {"openai"}
+    assert not any("openai_http" in str(v) for v in table["setup"]), list(table["setup"])
+    labels = at.multiselect(key="r.selected").options
+    assert len(labels) == 3 and not any("openai_http" in o for o in labels), labels
+    # Run details and the Replay page name it the same way.
+    guidellm = ids[1]
+    at.multiselect(key="r.selected").set_value([guidellm]).run()
+    _no_exception(at)
+    assert not any("openai_http" in t for t in _texts(at, "markdown")), _texts(at, "markdown")
+    at.switch_page(ui.PAGE_REPLAY).run()
+    at.selectbox(key="rp.run").set_value(guidellm).run()
+    _no_exception(at)
+    heads = [t for t in _texts(at, "markdown") if "replay" in t]
+    assert heads and all("· openai ·" in t and "openai_http" not in t for t in heads), heads
+    assert not any("openai_http" in t for t in _texts(at, "info"))
+    store.close()
