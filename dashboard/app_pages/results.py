@@ -29,12 +29,17 @@ def _import_examples() -> None:
     st.session_state["r.flash"] = ("success", f"Imported {len(imported)} example run(s): {', '.join(imported)}.")
 
 
-def _import_uploads() -> None:
+# The uploader's key changes after a successful import: a new widget, so the files imported leave it.
+st.session_state.setdefault("r.import.n", 0)
+upload_key = f"r.import.upload-{st.session_state['r.import.n']}"
+
+
+def _import_uploads(key: str) -> None:
     """Import the uploaded files (each a MoE Bench bundle, or a vllm bench serve / AIPerf / guidellm
     result: bench.peers), saved together in one folder so an AIPerf JSON finds its .jsonl beside it."""
     from bench.bundle import import_file
 
-    files = st.session_state.get("r.import.upload") or []
+    files = st.session_state.get(key) or []
     if not any(not f.name.endswith(".jsonl") for f in files):
         st.session_state["r.flash"] = ("error", "Choose a result file to import first (a .jsonl goes with its .json).")
         return
@@ -52,6 +57,7 @@ def _import_uploads() -> None:
         st.session_state["r.flash"] = ("error", f"{exc}{kept}")
         return
     st.session_state["r.flash"] = ("success", "Imported " + ("; ".join(done) or "nothing") + ".")
+    st.session_state["r.import.n"] += 1  # an empty uploader next run (a failed import keeps the files to retry)
 
 
 with st.expander("Import results: a MoE Bench bundle, or another tool's result file", icon=":material/upload_file:"):
@@ -60,10 +66,12 @@ with st.expander("Import results: a MoE Bench bundle, or another tool's result f
         "benchmarks JSON, or a MoE Bench run or sweep bundle",
         type=["json", "jsonl"],
         accept_multiple_files=True,
-        key="r.import.upload",
+        key=upload_key,
         disabled=services.viewer(),
     )
-    st.button("Import", key="r.btn.import-files", on_click=_import_uploads, disabled=services.viewer())
+    st.button(
+        "Import", key="r.btn.import-files", on_click=_import_uploads, args=(upload_key,), disabled=services.viewer()
+    )
     st.caption("Each file becomes a run labelled with the tool that made it; what a tool's file lacks stays empty.")
 
 if df.empty:

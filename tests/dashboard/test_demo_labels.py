@@ -70,3 +70,29 @@ def test_a_peer_run_has_one_engine_label_everywhere(app_test: Callable[..., Any]
     assert heads and all("· openai ·" in t and "openai_http" not in t for t in heads), heads
     assert not any("openai_http" in t for t in _texts(at, "info"))
     store.close()
+
+
+def _uploader_key(at: Any) -> str:
+    (uploader,) = at.get("file_uploader")
+    return str(uploader.proto.id).split("-", 2)[2]  # "$$ID-<hash>-<key>": the key the page gave it
+
+
+def test_files_imported_through_the_uploader_leave_it(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+    """An imported file stayed in the uploader: a second Import would import it again."""
+    from streamlit.runtime.uploaded_file_manager import UploadedFile, UploadedFileRec
+
+    at = app_test(ui.PAGE_RESULTS)
+    _no_exception(at)
+    key = _uploader_key(at)
+    name = "vllm-bench-serve-detailed.json"
+    rec = UploadedFileRec(file_id="f1", name=name, type="application/json", data=(PEERS / name).read_bytes())
+    at.session_state[key] = [UploadedFile(rec, None)]  # what a browser's upload puts there
+    at.button(key="r.btn.import-files").click().run()
+    _no_exception(at)
+    assert any(t.startswith(f"Imported {name} as run #") for t in _texts(at, "success")), _texts(at, "success")
+    store = Store(get_settings().db_path)
+    assert len(store.list_runs()) == 1
+    store.close()
+    after = _uploader_key(at)
+    assert after != key  # a new, empty uploader: the browser drops the files it showed
+    assert not at.session_state[after]
