@@ -31,7 +31,7 @@ def _import_examples() -> None:
 
 # The uploader's key changes after a successful import: a new widget, so the files imported leave it.
 st.session_state.setdefault("r.import.n", 0)
-upload_key = f"r.import.upload-{st.session_state['r.import.n']}"
+upload_key = f"r.import.{st.session_state['r.import.n']}.upload"  # ui.init_state leaves *.upload alone
 
 
 def _import_uploads(key: str) -> None:
