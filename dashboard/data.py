@@ -95,6 +95,7 @@ class RunRecording:
     config: dict[str, Any]
     concurrency: int | None
     peak_memory_gib: float | None
+    summary: RunSummary | None = None  # the run's stored summary: what the last frame shows
 
 
 def load_recording(store: Store, run_id: int) -> RunRecording:
@@ -112,7 +113,7 @@ def load_recording(store: Store, run_id: int) -> RunRecording:
     duration = max(duration, float(samples["end_s"].max()), float(ts["t_s"].max()) if not ts.empty else 0.0)
     return RunRecording(
         run_id, samples, ts, records, duration, run.config, run.concurrency,
-        run.summary.peak_memory_gib if run.summary is not None else None,
+        run.summary.peak_memory_gib if run.summary is not None else None, run.summary,
     )  # fmt: skip
 
 
@@ -132,7 +133,9 @@ class ReplayFrame:
 def replay_frame(rec: RunRecording, t_s: float, window: int = LIVE_WINDOW) -> ReplayFrame:
     """The run as it stood at ``t_s`` seconds: the requests finished by then (the newest
     ``window`` of them drawn), the series sampled by then, and the summary of those requests.
-    Nothing is interpolated: every point drawn is one the run recorded."""
+    Nothing is interpolated: every point drawn is one the run recorded. The last frame shows the
+    run's stored summary, figure for figure (a summary of the records over the replay's clock
+    would divide by the last request's end, not by the run's measured duration)."""
     from bench.metrics.summary import summarize
 
     t_s = max(0.0, min(t_s, rec.duration_s))
@@ -141,7 +144,9 @@ def replay_frame(rec: RunRecording, t_s: float, window: int = LIVE_WINDOW) -> Re
     in_flight = int(((rec.samples["start_s"] <= t_s) & (rec.samples["end_s"] > t_s)).sum())
     ts = rec.timeseries[rec.timeseries["t_s"] <= t_s]
     summary = None
-    if done_n:
+    if t_s >= rec.duration_s and rec.summary is not None:
+        summary = rec.summary
+    elif done_n:
         summary = summarize(
             rec.records[:done_n],
             duration_s=t_s,

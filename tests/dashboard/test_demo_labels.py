@@ -9,7 +9,7 @@ from typing import Any
 from bench.bundle import import_file
 from bench.metrics.summary import summarize
 from bench.store import Store
-from dashboard import profile_data, ui
+from dashboard import data, profile_data, ui
 from engines.settings import get_settings
 from tests.dashboard.synthetic import synthetic_records
 from tests.dashboard.test_compare_page import _no_exception, _texts
@@ -96,3 +96,29 @@ def test_files_imported_through_the_uploader_leave_it(app_test: Callable[..., An
     after = _uploader_key(at)
     assert after != key  # a new, empty uploader: the browser drops the files it showed
     assert not at.session_state[after]
+
+
+def test_the_replays_last_frame_shows_the_stored_summary(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+    """Replay ended at 6,154 tok/s on the run stored with 6,158: the last frame summarised the records
+    over the replay's clock (to the last request's end), not the run's measured duration."""
+    store = Store(get_settings().db_path)
+    profile_data.import_examples(store)
+    at = app_test(ui.PAGE_REPLAY)
+    _no_exception(at)
+    run = store.get_run(at.session_state["rp.run"])
+    assert run is not None and run.summary is not None and run.name == "h100-fast-concurrency-128"
+    rec = data.load_recording(store, run.id)
+    end = data.replay_frame(rec, rec.duration_s)
+    assert end.finished and end.summary is not None
+    assert end.summary.as_dict() == run.summary.as_dict()  # every figure, as stored
+    at.session_state["rp.state"] = "paused"
+    at.session_state["rp.pos"] = rec.duration_s
+    at.run()
+    _no_exception(at)
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["Output throughput"] == data.fmt_unit(run.summary.output_throughput_tok_s, "tok/s") == "6,158 tok/s"
+    assert shown["TTFT p50"] == data.fmt_unit(run.summary.ttft_ms.p50, "ms")
+    # Before the end, the figures are those of the requests finished by then, over the time so far.
+    mid = data.replay_frame(rec, rec.duration_s * 0.75)
+    assert mid.summary is not None and mid.summary.duration_s == rec.duration_s * 0.75
+    store.close()
