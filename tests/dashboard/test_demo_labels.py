@@ -122,3 +122,26 @@ def test_the_replays_last_frame_shows_the_stored_summary(app_test: Callable[...,
     mid = data.replay_frame(rec, rec.duration_s * 0.75)
     assert mid.summary is not None and mid.summary.duration_s == rec.duration_s * 0.75
     store.close()
+
+
+def test_the_greedy_check_says_what_ran_and_what_it_found(store: Store) -> None:
+    """ "greedy tokens equal the baseline's on 0 of 1" read as a failed check; a check not run, or one
+    on float32 (where a difference is real), said the same bf16 excuse or nothing plain."""
+    from dataclasses import replace
+
+    from bench.analysis import tuning
+
+    assert tuning.import_saved(store)
+    row = next(r for r in tuning.tuning_rows(store) if r.config != "baseline" and r.dtype == "bfloat16")
+
+    def said(**change: Any) -> str:
+        return tuning.conditions(tuning.Headline(replace(row, **change), None, None, None))
+
+    assert "greedy tokens checked on 4 check prompts: the same as the baseline's" in said(greedy_match="4/4")
+    bf16 = said(greedy_match="0/1 (first difference at token 0)")
+    assert "greedy tokens checked on 1 check prompt: 1 differs from the baseline's, the first at token 0" in bf16
+    assert "expected in bfloat16 on random weights" in bf16 and "0 of 1" not in bf16
+    f32 = said(greedy_match="2/4 (first difference at token 17)", dtype="float32")
+    assert f32.endswith("checked on 4 check prompts: 2 differ from the baseline's, the first at token 17.")
+    for none in (None, "0/0", "-"):
+        assert "no greedy-token check was run for this row" in said(greedy_match=none)
