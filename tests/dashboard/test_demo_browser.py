@@ -102,3 +102,74 @@ def test_the_results_table_and_its_filters_show_whole_words_at_1600_px(tmp_path:
             page.screenshot(path=str(tmp_path / "results-1600.png"))
         finally:
             browser.close()
+
+
+# Every annotation's box (by its index in layout.annotations) and every axis tick label's, as drawn.
+BOXES = """() => {
+  const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+  const notes = {};
+  document.querySelectorAll('g.annotation').forEach(g => { notes[g.getAttribute('data-index')] = box(g); });
+  const ticks = [...document.querySelectorAll('g.xtick text, g.ytick text')].map(box);
+  return {notes, ticks};
+}"""
+
+
+def _overlap(a: list[float], b: list[float]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def _drawn(page: Any, fig: Any, width: int) -> dict[str, Any]:
+    page.evaluate(
+        "([spec, w]) => { const d = document.getElementById('c'); d.innerHTML = '';"
+        " return Plotly.newPlot(d, spec.data, {...spec.layout, width: w}); }",
+        [fig.to_plotly_json(), width],
+    )
+    return page.evaluate(BOXES)
+
+
+def test_the_replay_badge_percentile_labels_and_limit_label_never_cover_each_other(tmp_path: Path) -> None:
+    """The p99 label hid under the "replay" badge; the hardware limit's label ran over the TPOT axis's
+    ticks. The Replay page's own charts of the tuned H100 run's last frame, drawn by plotly.js."""
+    import json
+
+    import plotly
+    from playwright.sync_api import sync_playwright
+
+    from bench.metrics.run_limits import RunLimits
+    from dashboard import charts
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing (make browser installs it)")
+    store = Store(tmp_path / "db.sqlite")
+    profile_data.import_examples(store)
+    run = next(r for r in store.list_runs() if r.name == "h100-fast-concurrency-128")
+    rec = data.load_recording(store, run.id)
+    frame = data.replay_frame(rec, rec.duration_s)
+    limits = data.run_limits(store, run, frame.summary)
+    assert isinstance(limits, RunLimits)
+    figs = data.live_figures(frame.live, frame.summary, None, limits.reached(frame.summary))
+    for fig in figs.values():
+        charts.mark_replay(fig, f"replay · run #{run.id}")
+    store.close()
+    js = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page: Any = browser.new_page(viewport={"width": 1000, "height": 600})
+            page.set_content('<div id="c"></div>')
+            page.add_script_tag(path=str(js))
+            for width in (560, 760):  # a chart of the page's two columns at 1,280 and 1,600 px
+                for key, fig in figs.items():
+                    got = _drawn(page, fig, width)
+                    names = {str(i): a.name or a.text for i, a in enumerate(fig.layout.annotations)}
+                    boxes = got["notes"]
+                    badge = next(str(i) for i, a in enumerate(fig.layout.annotations) if a.text.startswith("replay ·"))
+                    for i, b in boxes.items():
+                        assert i == badge or not _overlap(boxes[badge], b), (key, width, names[i], "under the badge")
+                    for i, n in names.items():
+                        if n == "limit":
+                            hit = [t for t in got["ticks"] if _overlap(boxes[i], t)]
+                            assert not hit, (key, width, "the limit's label covers tick labels", json.dumps(hit))
+            assert any(a.name == "limit" for a in figs["tpot"].layout.annotations)  # the case the issue saw
+        finally:
+            browser.close()
