@@ -318,10 +318,13 @@ DASHES: tuple[str, ...] = ("solid", "dot", "dash", "dashdot")
 
 
 def mark_replay(fig: go.Figure, text: str) -> go.Figure:
-    """Label a chart drawn from a stored run played back, so it is never taken for a live one."""
+    """Label a chart drawn from a stored run played back, so it is never taken for a live one. The badge
+    sits in a row of its own above the plot's percentile labels and legend (the p99 label hid under it)."""
+    fig.update_layout(margin={"t": 76})
     fig.add_annotation(
-        text=text, showarrow=False, x=1.0, y=1.0, xref="paper", yref="paper", xanchor="right", yanchor="bottom",
-        yshift=24, font={"size": 11, "color": "#7C3AED"}, bgcolor="#F5F3FF", bordercolor="#C4B5FD", borderpad=3,
+        text=text, name="replay", showarrow=False, x=1.0, y=1.0, xref="paper", yref="paper", xanchor="right",
+        yanchor="bottom", yshift=42, font={"size": 11, "color": "#7C3AED"}, bgcolor="#F5F3FF",
+        bordercolor="#C4B5FD", borderpad=3,
     )  # fmt: skip
     return fig
 

@@ -95,6 +95,7 @@ class RunRecording:
     config: dict[str, Any]
     concurrency: int | None
     peak_memory_gib: float | None
+    summary: RunSummary | None = None  # the run's stored summary: what the last frame shows
 
 
 def load_recording(store: Store, run_id: int) -> RunRecording:
@@ -112,7 +113,7 @@ def load_recording(store: Store, run_id: int) -> RunRecording:
     duration = max(duration, float(samples["end_s"].max()), float(ts["t_s"].max()) if not ts.empty else 0.0)
     return RunRecording(
         run_id, samples, ts, records, duration, run.config, run.concurrency,
-        run.summary.peak_memory_gib if run.summary is not None else None,
+        run.summary.peak_memory_gib if run.summary is not None else None, run.summary,
     )  # fmt: skip
 
 
@@ -132,7 +133,9 @@ class ReplayFrame:
 def replay_frame(rec: RunRecording, t_s: float, window: int = LIVE_WINDOW) -> ReplayFrame:
     """The run as it stood at ``t_s`` seconds: the requests finished by then (the newest
     ``window`` of them drawn), the series sampled by then, and the summary of those requests.
-    Nothing is interpolated: every point drawn is one the run recorded."""
+    Nothing is interpolated: every point drawn is one the run recorded. The last frame shows the
+    run's stored summary, figure for figure (a summary of the records over the replay's clock
+    would divide by the last request's end, not by the run's measured duration)."""
     from bench.metrics.summary import summarize
 
     t_s = max(0.0, min(t_s, rec.duration_s))
@@ -141,7 +144,9 @@ def replay_frame(rec: RunRecording, t_s: float, window: int = LIVE_WINDOW) -> Re
     in_flight = int(((rec.samples["start_s"] <= t_s) & (rec.samples["end_s"] > t_s)).sum())
     ts = rec.timeseries[rec.timeseries["t_s"] <= t_s]
     summary = None
-    if done_n:
+    if t_s >= rec.duration_s and rec.summary is not None:
+        summary = rec.summary
+    elif done_n:
         summary = summarize(
             rec.records[:done_n],
             duration_s=t_s,
@@ -405,6 +410,7 @@ RUN_COLUMNS: tuple[str, ...] = (
     "eplb_balancedness_whatif",
     "error",
     "disturbance",
+    "note",
     "sweep_id",
     "sweep",
 )
@@ -450,12 +456,23 @@ def spread_frame(rows: Sequence[Spread]) -> pd.DataFrame:
     )  # fmt: skip
 
 
+# Another tool's name for one of MoE Bench's engine kinds (guidellm calls an OpenAI-compatible server
+# ``openai_http``; MoE Bench, AIPerf and vllm bench serve call it ``openai``): one engine, one label.
+ENGINE_ALIASES: dict[str, str] = {"openai_http": "openai"}
+
+
+def engine_name(engine: str) -> str:
+    """The label the dashboard shows for a stored run's engine (:data:`ENGINE_ALIASES`)."""
+    return ENGINE_ALIASES.get(engine, engine)
+
+
 def run_label(run: RunRow) -> str:
     """A short, unique label with the engine, the load and the lengths:
     ``#12 vllm · concurrency c=16 · 128→64 tok`` (the device too when it is not the CPU)."""
     where = "" if run.accelerator == "cpu" else f" · {run.engine_info.get('device') or run.accelerator}"
     tool = run.config.get("source_tool")
-    engine = f"{str(tool).split()[0]}→{run.engine}" if tool else run.engine  # another tool's result (bench.peers)
+    engine = engine_name(run.engine)
+    engine = f"{str(tool).split()[0]}→{engine}" if tool else engine  # another tool's result (bench.peers)
     return f"#{run.id} {engine} · {workload_text(run.mode, run.concurrency, run.config)}{where}"
 
 
@@ -552,7 +569,7 @@ def run_conditions(run: RunRow) -> str:
     words = native_tuning(run)
     ep = expert_parallel(run)
     if words is None:
-        how = f"{run.engine} engine"
+        how = f"{engine_name(run.engine)} engine"
     elif words:
         captured = any(w in ("CUDA graphs", "torch.compile") for w in words)
         how = "native engine, tuned: " + ", ".join(words) + (" (shapes compiled and captured before the clock)"
@@ -584,6 +601,14 @@ def unlike_runs_note(chosen: pd.DataFrame) -> str | None:
     )
 
 
+def run_note(error: str | None, disturbance: str | None) -> str:
+    """The compact table's one note on a run: why it failed, else what disturbed it, else ''. The
+    kind comes first (``failed: ...`` / ``disturbed: ...``), so a cell cut at its width still says it."""
+    if error:
+        return f"failed: {error}"
+    return f"disturbed: {disturbance}" if disturbance else ""
+
+
 def runs_frame(runs: Sequence[RunRow], sweeps: Mapping[int, str] | None = None) -> pd.DataFrame:
     """One row per run with its key metrics (empty cells where a run has no summary); ``sweep_id``
     and ``sweep`` (the label from ``sweeps``, id -> label) for the runs a sweep made."""
@@ -605,14 +630,16 @@ def runs_frame(runs: Sequence[RunRow], sweeps: Mapping[int, str] | None = None) 
                     x
                     for x in (
                         # another tool's result: its name first (bench.peers), then the engine it drove
-                        f"{run.config['source_tool']}: {run.engine}" if run.config.get("source_tool") else run.engine,
+                        f"{run.config['source_tool']}: {engine_name(run.engine)}"
+                        if run.config.get("source_tool")
+                        else run.engine,
                         run.model,
                         str(run.engine_info.get("device") or run.accelerator),
                         tuning_tag(run),
                     )
                     if x
                 ),
-                "engine": run.engine,
+                "engine": engine_name(run.engine),
                 "model": run.model,
                 "accelerator": run.accelerator,
                 "device": str(run.engine_info.get("device", "")),
@@ -623,6 +650,7 @@ def runs_frame(runs: Sequence[RunRow], sweeps: Mapping[int, str] | None = None) 
                 **{c: flat.get(c) for c in RUN_METRIC_COLUMNS},
                 "error": run.error or "",
                 "disturbance": flat.get("disturbance") or "",
+                "note": run_note(run.error, flat.get("disturbance")),
                 "sweep_id": run.sweep_id,
                 "sweep": (sweeps.get(run.sweep_id) or f"sweep #{run.sweep_id}") if run.sweep_id is not None else "",
             }
@@ -674,6 +702,85 @@ def sort_runs(df: pd.DataFrame, how: str) -> pd.DataFrame:
     col, ascending = SORTS.get(how, SORTS["newest first"])
     by = [col, "run_id"] if col == "created" else [col]
     return df.sort_values(by, ascending=ascending, na_position="last", kind="stable")
+
+
+@dataclass(frozen=True)
+class TableColumn:
+    """One column of the Results table: its header, its width in pixels (the header fits in it,
+    a test measures it in the dashboard's font), its kind and number format, its tooltip."""
+
+    label: str
+    width: int
+    kind: str = "number"  # number | text | datetime
+    format: str | None = None
+    help: str | None = None
+
+
+_LATENCY_HELP = "{m} of the run's requests, in milliseconds"
+# Every column the Results table can show. Units stay in each header (or, for the latencies, in each
+# cell: "159.7 ms"), so the compact table fits a 1,600 px screen with its sidebar open.
+RESULTS_COLUMNS: dict[str, TableColumn] = {
+    "run_id": TableColumn("run", 44, format="%d"),
+    "created": TableColumn("created", 86, "datetime", "MM-DD HH:mm"),
+    "status": TableColumn("status", 82, "text"),
+    "setup": TableColumn("engine · model · device", 166, "text"),
+    "workload": TableColumn("workload", 130, "text", help="mode, concurrency or rate, prompt → output tokens"),
+    "mode": TableColumn("mode", 96, "text"),
+    "sweep": TableColumn("sweep", 120, "text", help="The sweep or capacity search that made the run"),
+    "engine": TableColumn("engine", 72, "text"),
+    "model": TableColumn("model", 130, "text"),
+    "accelerator": TableColumn("accelerator", 92, "text"),
+    "concurrency": TableColumn("concurrency", 96, format="%d"),
+    "requests": TableColumn("requests", 76, format="%d"),
+    "output_throughput_tok_s": TableColumn("output tok/s", 90, format="%.1f", help="output tokens / duration"),
+    "request_throughput_rps": TableColumn("requests/s", 84, format="%.2f"),
+    "goodput_rps": TableColumn(
+        "goodput", 84, format="%.2f req/s", help="requests that met every SLO / duration (– : the run had no SLO)"
+    ),
+    "ttft_ms_p50": TableColumn("TTFT p50", 76, format="%.1f ms", help=_LATENCY_HELP.format(m="TTFT p50")),
+    "ttft_ms_p99": TableColumn("TTFT p99", 80, format="%.1f ms", help=_LATENCY_HELP.format(m="TTFT p99")),
+    "tpot_ms_p50": TableColumn("TPOT p50", 80, format="%.2f ms", help=_LATENCY_HELP.format(m="TPOT p50")),
+    "e2e_ms_p50": TableColumn("E2E p50", 84, format="%.1f ms", help=_LATENCY_HELP.format(m="E2E p50")),
+    "e2e_ms_p99": TableColumn("E2E p99", 80, format="%.1f ms", help=_LATENCY_HELP.format(m="E2E p99")),
+    "e2e_ms_mean": TableColumn("E2E mean", 84, format="%.1f ms", help=_LATENCY_HELP.format(m="E2E mean")),
+    "peak_memory_gib": TableColumn("peak GiB", 76, format="%.3f"),
+    "duration_s": TableColumn("duration (s)", 88, format="%.2f"),
+    "completed": TableColumn("completed", 84, format="%d"),
+    "failed": TableColumn("failed", 60, format="%d"),
+    "device": TableColumn("device", 130, "text"),
+    "name": TableColumn("name", 130, "text"),
+    "note": TableColumn(
+        "note", 100, "text", help="Why the run failed, or what else loaded the host during it (hover for all of it)"
+    ),
+    "disturbance": TableColumn(
+        "disturbed", 110, "text", help="What else loaded the host during the run (hover a cell for all of it)"
+    ),
+    "error": TableColumn("error", 110, "text", help="Why the run failed (all of it in Run details)"),
+}
+# The compact table (engine, model and device in one column; failure or disturbance in one note).
+RESULTS_COMPACT: tuple[str, ...] = (
+    "run_id", "created", "status", "setup", "workload", "output_throughput_tok_s", "goodput_rps",
+    "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "e2e_ms_p99", "note",
+)  # fmt: skip
+RESULTS_FULL: tuple[str, ...] = (
+    "run_id", "created", "status", "mode", "workload", "sweep", "engine", "model", "accelerator",
+    "concurrency", "requests", "output_throughput_tok_s", "request_throughput_rps", "goodput_rps", "ttft_ms_p50",
+    "ttft_ms_p99", "tpot_ms_p50", "e2e_ms_p50", "e2e_ms_p99", "e2e_ms_mean", "peak_memory_gib", "duration_s",
+    "completed", "failed", "device", "name", "disturbance", "error",
+)  # fmt: skip
+MISSING = "–"  # what a table cell shows for a figure a run does not have
+
+
+def results_columns(view: pd.DataFrame, full: bool) -> list[str]:
+    """The Results table's columns for the runs in ``view``: a column no listed run has a value in
+    (sweep, goodput, note, disturbance, error) is left out."""
+    order = list(RESULTS_FULL if full else RESULTS_COMPACT)
+    for col in ("sweep", "note", "disturbance", "error"):
+        if col in order and view[col].eq("").all():
+            order.remove(col)
+    if view["goodput_rps"].isna().all():
+        order.remove("goodput_rps")  # no listed run has SLOs: no goodput to show
+    return order
 
 
 # --- summary tables ---------------------------------------------------------------------------

@@ -251,17 +251,25 @@ def headlines(rows: Sequence[TuningRow]) -> dict[str, Headline]:
 
 
 def _greedy_words(row: TuningRow) -> str:
-    """The greedy-token check in words a reader without the study follows."""
-    head, _, _ = (row.greedy_match or "").partition(" ")
+    """The greedy-token check in words a reader without the study follows: what ran and what it found."""
+    head, _, tail = (row.greedy_match or "").partition(" ")
     got, _, of = head.partition("/")
-    if not (got.isdigit() and of.isdigit()):
-        return "no greedy check recorded"
-    if got == of:
-        return f"its greedy tokens equal the baseline's on all {of} check prompt(s)"
-    return (
-        f"its greedy tokens equal the baseline's on {got} of {of} check prompt(s): in bf16 on random weights any "
-        "kernel change flips near-tied tokens, so this check cannot judge a kernel (the float32 checks can)"
-    )
+    if not (got.isdigit() and of.isdigit()) or int(of) == 0:
+        return "no greedy-token check was run for this row"
+    n, same = int(of), int(got)
+    prompts = f"{n} check prompt" + ("s" if n != 1 else "")
+    if same == n:
+        return f"greedy tokens checked on {prompts}: the same as the baseline's"
+    where = re.search(r"token (\d+)", tail)
+    first = f", the first at token {where.group(1)}" if where else ""
+    differ = n - same
+    said = f"greedy tokens checked on {prompts}: {differ} differ{'s' * (differ == 1)} from the baseline's{first}"
+    if row.dtype in ("bfloat16", "float16") and random_weights(row.model):
+        return said + (
+            f" (expected in {row.dtype} on random weights: any kernel change flips near-tied tokens, so this check "
+            "cannot judge a kernel; the float32 checks can)"
+        )
+    return said
 
 
 def conditions(h: Headline) -> str:

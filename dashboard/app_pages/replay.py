@@ -160,7 +160,7 @@ def _player() -> None:
         st.rerun()  # the end: redraw once with Play offered again, then no more refreshes
     frame = data.replay_frame(recording, t)
     st.markdown(
-        f"#### :violet-badge[:material/replay: replay] Run #{run.id} · {run.engine} · "
+        f"#### :violet-badge[:material/replay: replay] Run #{run.id} · {data.engine_name(run.engine)} · "
         f"{data.workload_text(run.mode, run.concurrency, run.config)}"
     )
     st.caption(

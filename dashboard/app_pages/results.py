@@ -29,12 +29,17 @@ def _import_examples() -> None:
     st.session_state["r.flash"] = ("success", f"Imported {len(imported)} example run(s): {', '.join(imported)}.")
 
 
-def _import_uploads() -> None:
+# The uploader's key changes after a successful import: a new widget, so the files imported leave it.
+st.session_state.setdefault("r.import.n", 0)
+upload_key = f"r.import.{st.session_state['r.import.n']}.upload"  # ui.init_state leaves *.upload alone
+
+
+def _import_uploads(key: str) -> None:
     """Import the uploaded files (each a MoE Bench bundle, or a vllm bench serve / AIPerf / guidellm
     result: bench.peers), saved together in one folder so an AIPerf JSON finds its .jsonl beside it."""
     from bench.bundle import import_file
 
-    files = st.session_state.get("r.import.upload") or []
+    files = st.session_state.get(key) or []
     if not any(not f.name.endswith(".jsonl") for f in files):
         st.session_state["r.flash"] = ("error", "Choose a result file to import first (a .jsonl goes with its .json).")
         return
@@ -52,6 +57,7 @@ def _import_uploads() -> None:
         st.session_state["r.flash"] = ("error", f"{exc}{kept}")
         return
     st.session_state["r.flash"] = ("success", "Imported " + ("; ".join(done) or "nothing") + ".")
+    st.session_state["r.import.n"] += 1  # an empty uploader next run (a failed import keeps the files to retry)
 
 
 with st.expander("Import results: a MoE Bench bundle, or another tool's result file", icon=":material/upload_file:"):
@@ -60,10 +66,12 @@ with st.expander("Import results: a MoE Bench bundle, or another tool's result f
         "benchmarks JSON, or a MoE Bench run or sweep bundle",
         type=["json", "jsonl"],
         accept_multiple_files=True,
-        key="r.import.upload",
+        key=upload_key,
         disabled=services.viewer(),
     )
-    st.button("Import", key="r.btn.import-files", on_click=_import_uploads, disabled=services.viewer())
+    st.button(
+        "Import", key="r.btn.import-files", on_click=_import_uploads, args=(upload_key,), disabled=services.viewer()
+    )
     st.caption("Each file becomes a run labelled with the tool that made it; what a tool's file lacks stays empty.")
 
 if df.empty:
@@ -118,11 +126,13 @@ def _sweep_choice(v: int | str) -> str:
 
 
 with st.container(border=True):
-    f1, f2, f3, f4, f5, f6, f7 = st.columns([1, 1, 1, 1, 1.3, 1.3, 1.2])
+    # Two rows, so a chosen value ("completed", "concurrency") shows whole in its chip at 1,600 px.
+    f1, f2, f3, f4 = st.columns(4)
     statuses = f1.multiselect("Status", _options("status"), key="r.status", placeholder="all")
     engines = f2.multiselect("Engine", _options("engine"), key="r.engine", placeholder="all")
     accs = f3.multiselect("Accelerator", _options("accelerator"), key="r.accelerator", placeholder="all")
     modes = f4.multiselect("Mode", _options("mode"), key="r.mode", placeholder="all")
+    f5, f6, f7 = st.columns([2, 1, 1])
     sweep_filter = f5.selectbox(
         "Sweep",
         sweep_choices,
@@ -153,63 +163,25 @@ st.caption(
     + (f" · {int(in_view.sum())} tuning-ablation runs folded" if in_view.any() and not shown_tuning else "")
 )
 
-# The compact table fits a 1600 px screen (engine, model and device in one column; peak memory and
-# the rest under "All columns" and Run details).
-COMPACT = [
-    "run_id", "created", "status", "disturbance", "setup", "workload",
-    "output_throughput_tok_s", "goodput_rps", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "e2e_ms_p99", "error",
-]  # fmt: skip
-FULL = [
-    "run_id", "created", "status", "disturbance", "mode", "workload", "sweep", "engine", "model", "accelerator",
-    "concurrency", "requests",
-    "output_throughput_tok_s", "request_throughput_rps", "goodput_rps", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50",
-    "e2e_ms_p50", "e2e_ms_p99", "e2e_ms_mean", "peak_memory_gib", "duration_s", "completed", "failed",
-    "device", "name", "error",
-]  # fmt: skip
 all_columns = st.toggle("All columns", key="r.all-columns", help="Every figure of the runs (wider than one screen)")
-table_order = list(FULL if all_columns else COMPACT)
-if view["sweep"].eq("").all() and "sweep" in table_order:
-    table_order.remove("sweep")  # no listed run belongs to a sweep: no empty column
-if view["disturbance"].eq("").all():
-    table_order.remove("disturbance")  # no listed run was disturbed
-if view["goodput_rps"].isna().all():
-    table_order.remove("goodput_rps")  # no listed run has SLOs: no goodput to show
-if view["error"].eq("").all():
-    table_order.remove("error")
-num = st.column_config.NumberColumn
+KINDS = {
+    "text": st.column_config.TextColumn,
+    "datetime": st.column_config.DatetimeColumn,
+    "number": st.column_config.NumberColumn,
+}
+column_config = {
+    col: KINDS[spec.kind](
+        spec.label, width=spec.width, help=spec.help, **({"format": spec.format} if spec.format else {})
+    )
+    for col, spec in data.RESULTS_COLUMNS.items()
+}
 st.dataframe(
     view.drop(columns=["label", "sweep_id"]),
     hide_index=True,
     key="r.table",
-    column_order=table_order,
-    column_config={
-        "run_id": num("run", format="%d", width=44),
-        "created": st.column_config.DatetimeColumn("created", format="MM-DD HH:mm", width=88),
-        "status": st.column_config.TextColumn("status", width=80),
-        "setup": st.column_config.TextColumn("engine · model · device", width=210),
-        "engine": st.column_config.TextColumn("engine", width=64),
-        "workload": st.column_config.TextColumn(
-            "workload", width=160, help="mode, concurrency or rate, prompt → output tokens"
-        ),
-        "model": st.column_config.TextColumn("model", width=130),
-        "device": st.column_config.TextColumn("device", width=110),
-        "duration_s": num("duration (s)", format="%.2f"),
-        "output_throughput_tok_s": num("output tok/s", format="%.1f", help="output tokens / duration", width=78),
-        "request_throughput_rps": num("requests/s", format="%.2f"),
-        "goodput_rps": num("goodput req/s", format="%.2f", help="requests that met every SLO / duration", width=80),
-        "sweep": st.column_config.TextColumn("sweep", help="The sweep or capacity search that made the run"),
-        "ttft_ms_p50": num("TTFT p50 ms", format="%.1f", width=76),
-        "ttft_ms_p99": num("TTFT p99 ms", format="%.1f", width=76),
-        "tpot_ms_p50": num("TPOT p50 ms", format="%.2f", width=76),
-        "e2e_ms_p50": num("E2E p50 ms", format="%.1f"),
-        "e2e_ms_p99": num("E2E p99 ms", format="%.1f", width=76),
-        "e2e_ms_mean": num("E2E mean ms", format="%.1f"),
-        "peak_memory_gib": num("peak GiB", format="%.3f", width=70),
-        "error": st.column_config.TextColumn("error", width=110, help="Why the run failed (all of it in Run details)"),
-        "disturbance": st.column_config.TextColumn(
-            "disturbed", width=76, help="What else loaded the host during the run (hover a cell for all of it)"
-        ),
-    },
+    column_order=data.results_columns(view, all_columns),
+    column_config=column_config,
+    placeholder=data.MISSING,  # a figure a run does not have (goodput without SLOs): "–", never "None"
 )
 
 labels = dict(zip(view["run_id"].tolist(), view["label"].tolist(), strict=True))
