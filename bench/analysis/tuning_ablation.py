@@ -10,7 +10,7 @@ out, greedy, exact lengths.
 
 Per row: ms per decode step (the gaps between a sequence's tokens, ITL, p50 with p90/p99;
 TPOT p50 beside it), output tokens/s, TTFT p50/p99, torch's
-peak memory, the warm-up time, the HBM limit at that batch (:mod:`bench.metrics.run_limits`) and
+peak memory, the warm-up time, the memory-bound limit at that batch (:mod:`bench.metrics.run_limits`) and
 whether the greedy tokens of four fixed prompts equal the baseline's generated alone (the
 first position where they differ otherwise: batched bf16 kernels may round differently).
 
@@ -395,7 +395,7 @@ def stall_text(row: dict[str, Any]) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     """The study's table (studies/native-tuning.md): one row per configuration and batch."""
     head = (
-        "| config | batch | ms/step p50 (p99) | output tok/s | TTFT p50 ms | peak GiB | warm-up s | HBM limit ms "
+        "| config | batch | ms/step p50 (p99) | output tok/s | TTFT p50 ms | peak GiB | warm-up s | memory limit ms "
         "| greedy = baseline | logits max abs diff (step 0 / agreeing steps) |\n"
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     )
