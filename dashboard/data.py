@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from bench.analysis.tuning import RUN_NAME as tuning_run_name
-from bench.metrics.records import METRIC_DEFINITIONS
+from bench.metrics.catalogue import DEFINITIONS, METRICS, latency_rows
 from bench.metrics.run_limits import RunLimits, for_run_or_reason
 from bench.metrics.slo import Slo, SloError, parse_slos
 from bench.metrics.summary import RunSummary, Spread
@@ -785,69 +785,56 @@ def results_columns(view: pd.DataFrame, full: bool) -> list[str]:
 
 # --- summary tables ---------------------------------------------------------------------------
 
-LATENCY_ROWS: tuple[tuple[str, str], ...] = (
-    ("ttft_ms", "TTFT"),
-    ("tpot_ms", "TPOT"),
-    ("itl_ms", "ITL"),
-    ("e2e_ms", "E2E"),
-)
-
 
 def latency_table(summary: RunSummary) -> pd.DataFrame:
-    """Rows TTFT/TPOT/ITL/E2E (and send lag, where measured); columns count, mean, p50, p90, p95, p99 (ms)."""
+    """The catalogue's latency rows (TTFT, TPOT, ITL, ITL per token where chunks held several tokens,
+    E2E, reasoning time and send lag where measured); columns count, mean, p50, p90, p95, p99 (ms)."""
     rows = []
-    keys = list(LATENCY_ROWS)
-    if summary.itl_token_ms is not None and (summary.tokens_per_chunk or 1.0) > 1.05:
-        keys.insert(3, ("itl_token_ms", "ITL per token"))  # several tokens per chunk
-    if summary.reasoning_ms is not None:
-        keys.append(("reasoning_ms", "reasoning time"))
-    if summary.send_lag_ms is not None:
-        keys.append(("send_lag_ms", "send lag"))
-    for key, label in keys:
-        st = getattr(summary, key)
+    for m in latency_rows(summary):
+        st = getattr(summary, m.name)
         rows.append(
             {
-                "metric": label,
+                "metric": m.label,
                 "count": st.count,
                 "mean (ms)": st.mean,
                 "p50 (ms)": st.p50,
                 "p90 (ms)": st.p90,
                 "p95 (ms)": st.p95,
                 "p99 (ms)": st.p99,
-                "definition": METRIC_DEFINITIONS[key],
+                "definition": m.definition,
             }
         )
     return pd.DataFrame(rows)
 
 
+def _figure(summary: RunSummary, name: str) -> tuple[str, Any, str, str]:
+    """A throughput-table row of one catalogue figure: its label, value, unit and definition."""
+    m = METRICS[name]
+    return m.label, getattr(summary, name), m.unit, m.definition
+
+
 def throughput_table(summary: RunSummary) -> pd.DataFrame:
     """Run totals and throughputs, one row per figure with its unit."""
     rows = [
-        ("requests", summary.requests, "", ""),
-        ("completed", summary.completed, "", ""),
-        ("failed", summary.failed, "", ""),
-        *([("cancelled", summary.cancelled, "", METRIC_DEFINITIONS["cancelled"])] if summary.cancelled else []),
-        ("duration", summary.duration_s, "s", METRIC_DEFINITIONS["duration_s"]),
+        *(_figure(summary, n) for n in ("requests", "completed", "failed")),
+        *([_figure(summary, "cancelled")] if summary.cancelled else []),
+        _figure(summary, "duration_s"),
+        *([_figure(summary, "request_rate")] if summary.request_rate is not None else []),
         *(
-            [("target request rate", summary.request_rate, "req/s", METRIC_DEFINITIONS["request_rate"])]
-            if summary.request_rate is not None
-            else []
+            _figure(summary, n)
+            for n in (
+                "prompt_tokens",
+                "output_tokens",
+                "request_throughput_rps",
+                "output_throughput_tok_s",
+                "total_throughput_tok_s",
+                "peak_memory_gib",
+            )
         ),
-        ("prompt tokens", summary.prompt_tokens, "tokens", ""),
-        ("output tokens", summary.output_tokens, "tokens", ""),
-        ("request throughput", summary.request_throughput_rps, "req/s", METRIC_DEFINITIONS["request_throughput_rps"]),
-        (
-            "output throughput",
-            summary.output_throughput_tok_s,
-            "tokens/s",
-            METRIC_DEFINITIONS["output_throughput_tok_s"],
-        ),
-        ("total throughput", summary.total_throughput_tok_s, "tokens/s", METRIC_DEFINITIONS["total_throughput_tok_s"]),
-        ("peak memory", summary.peak_memory_gib, "GiB", METRIC_DEFINITIONS["peak_memory_gib"]),
         *(
             [
-                ("goodput", summary.goodput_rps, "req/s", METRIC_DEFINITIONS["goodput_rps"]),
-                ("met every SLO", summary.good_requests, "requests", ""),
+                _figure(summary, "goodput_rps"),
+                _figure(summary, "good_requests"),
                 ("SLOs " + " ".join(summary.slos), "met" if summary.slo_met else "NOT met", "", ""),
             ]
             if summary.slos
@@ -875,7 +862,7 @@ def throughput_table(summary: RunSummary) -> pd.DataFrame:
 
 def serving_rows(summary: RunSummary) -> list[tuple[str, Any, str, str]]:
     """Throughput-table rows for speculative decoding, reasoning and energy, where the run has them."""
-    d = METRIC_DEFINITIONS
+    d = DEFINITIONS
     rows: list[tuple[str, Any, str, str]] = []
     if summary.spec_acceptance_rate is not None:
         per = " ".join(f"{v:.0%}" for v in summary.spec_accepted_per_pos or ())
