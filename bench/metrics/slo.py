@@ -109,7 +109,7 @@ def request_value(rec: RequestRecord, metric: str) -> float | None:
         return rec.itl_mean_ms if rec.itl_mean_ms is not None else 0.0
     if metric == "itl_token_ms":
         return rec.itl_token_mean_ms if rec.itl_token_mean_ms is not None else 0.0
-    value = getattr(rec, metric)  # ttft_ms, ttft_any_ms, e2e_ms, ntpot_ms: the request's own figure
+    value = getattr(rec, metric)  # the request's own figure (TTFT, E2E, NTPOT ...)
     return None if value is None else float(value)
 
 
