@@ -314,8 +314,13 @@ def _closest(points: Sequence[PointResult], slos: Sequence[Slo]) -> str:
         worst = max(verdicts, key=lambda v: v.margin or 0.0)
         assert worst.margin is not None
         if best is None or worst.margin < best[0]:
-            label = worst.slo.label.split(" ≤")[0]
-            best = (worst.margin, p, f"{label} {fmt_ms(worst.value)}, {worst.margin - 1:.0%} over")
+            label = worst.slo.figure
+            shown = fmt_ms(worst.value) if worst.slo.unit == "ms" else f"{worst.value:.4g} {worst.slo.unit}"
+            best = (
+                worst.margin,
+                p,
+                f"{label} {shown}, {worst.margin - 1:.0%} {'short' if worst.slo.at_least else 'over'}",
+            )
     if best is None:
         return ""
     return f"; closest: {point_label(best[1].point)} ({best[2]})"

@@ -150,8 +150,9 @@ def _load_arguments(r: argparse.ArgumentParser, sweep: bool) -> None:
         "--slo",
         action="append",
         default=[],
-        metavar="METRIC:STAT<=MS",
-        help="a service-level objective (repeatable), e.g. ttft_ms:p99<=2000, or a preset: mlperf-server "
+        metavar="METRIC:STAT<=LIMIT",
+        help="a service-level objective (repeatable), e.g. ttft_ms:p99<=2000 or interactivity_tok_s:p10>=20 (tok/s "
+        "per user), or a preset: mlperf-server "
         "(TTFT p99 2000 ms, TPOT p99 80 ms) or interactive (1500 ms, 15 ms); the run reports goodput",
     )
     r.add_argument(

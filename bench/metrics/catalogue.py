@@ -36,6 +36,7 @@ class Metric:
     # its run statistics are those of RequestRecord.<name> over the completed requests (others pool
     # their own values: every ITL gap, the reasoning requests' times, every request's send lag)
     per_request: bool = False
+    better: Literal["lower", "higher"] = "lower"  # which way is good (an SLO bounds it <= or >=)
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -375,6 +376,20 @@ CATALOGUE: tuple[Metric, ...] = (
         per_request=True,
     ),
     Metric(
+        "interactivity_tok_s",
+        "tok/s per user",
+        "tok/s",
+        "Interactivity: the output tokens per second one user sees after the first, 1000 / TPOT, per request "
+        "(requests with two or more output tokens); higher is better, so the users served worst are its low "
+        "percentiles: interactivity_tok_s:p10>=20 asks that nine requests in ten stream at 20 tok/s or more "
+        "(InferenceMAX's and vLLM's tok/s per user).",
+        level="request",
+        stats=("mean", "p50", "p90", "p99"),
+        slo=True,
+        per_request=True,
+        better="higher",
+    ),
+    Metric(
         "spec_acceptance_rate",
         "acceptance",
         "fraction",
@@ -573,3 +588,14 @@ def latency_rows(summary: Any) -> list[Metric]:
         rows.insert(3, METRICS["itl_token_ms"])
     rows += [METRICS[n] for n in ("reasoning_ms", "send_lag_ms") if getattr(summary, n, None) is not None]
     return rows
+
+
+def definitions_table() -> str:
+    """docs/metrics.md's "Metric definitions" table, in the catalogue's order (tests/test_readme.py
+    checks the page against it): ``python -m bench.metrics.catalogue`` prints it."""
+    rows = "\n".join(f"| `{m.name}` | {m.definition} |" for m in CATALOGUE)
+    return f"| metric | definition |\n| --- | --- |\n{rows}"
+
+
+if __name__ == "__main__":
+    print(definitions_table())

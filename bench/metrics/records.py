@@ -107,6 +107,12 @@ class RequestRecord:
         return self.e2e_ms / n if n > 0 else None
 
     @property
+    def interactivity_tok_s(self) -> float | None:
+        """1000 / TPOT: the tokens per second this request streamed after its first (None without a TPOT)."""
+        tpot = self.tpot_ms
+        return 1000.0 / tpot if tpot is not None and tpot > 0 else None
+
+    @property
     def tpot_ms(self) -> float | None:
         """(last output chunk - first output chunk) / (output tokens - 1): E2E - TTFT over N - 1, with
         the first token of any kind (a reasoning model's thinking is output too, as vllm bench counts it)."""

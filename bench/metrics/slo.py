@@ -24,11 +24,12 @@ Two things are judged against a set of SLOs:
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from bench.metrics.catalogue import SLO_METRICS
+from bench.metrics.catalogue import METRICS, SLO_METRICS
 from bench.metrics.records import RequestRecord, percentile
 
 # Named sets of SLOs. The MLPerf Inference server scenario for DeepSeek-R1 bounds
@@ -38,7 +39,9 @@ SLO_PRESETS: dict[str, tuple[str, ...]] = {
     "interactive": ("ttft_ms:p99<=1500", "tpot_ms:p99<=15"),
 }
 
-_SLO_RE = re.compile(r"^\s*([a-z][a-z0-9_]*)\s*:\s*(p\d+(?:\.\d+)?|mean|max)\s*<=\s*([0-9]+(?:\.[0-9]+)?)\s*(ms)?\s*$")
+_SLO_RE = re.compile(
+    r"^\s*([a-z][a-z0-9_/]*)\s*:\s*(p\d+(?:\.\d+)?|mean|max|min)\s*(<=|>=)\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|tok/s)?\s*$"
+)
 
 
 class SloError(ValueError):
@@ -47,20 +50,37 @@ class SloError(ValueError):
 
 @dataclass(frozen=True)
 class Slo:
-    """One objective: ``stat`` of ``metric`` at most ``limit_ms``."""
+    """One objective: ``stat`` of ``metric`` at most ``limit_ms`` (in the metric's unit: ms for a
+    latency), or at least it for a metric where higher is better (``at_least``: tok/s per user)."""
 
     metric: str
-    stat: str  # "p99", "p99.9", "mean" or "max"
+    stat: str  # "p99", "p99.9", "mean", "max" or "min"
     limit_ms: float
+    at_least: bool = False
 
     @property
     def text(self) -> str:
-        return f"{self.metric}:{self.stat}<={self.limit_ms:g}"
+        return f"{self.metric}:{self.stat}{'>=' if self.at_least else '<='}{self.limit_ms:g}"
+
+    @property
+    def unit(self) -> str:
+        return METRICS[self.metric].unit
+
+    @property
+    def figure(self) -> str:
+        """The bounded figure: ``TTFT p99``, ``tok/s per user p10``."""
+        m = METRICS[self.metric]
+        name = m.label if m.unit != "ms" else self.metric.removesuffix("_ms").upper()
+        return f"{name} {self.stat}"
 
     @property
     def label(self) -> str:
-        """Short form for charts and tables: ``TTFT p99 ≤ 2000 ms``."""
-        return f"{self.metric.removesuffix('_ms').upper()} {self.stat} ≤ {self.limit_ms:g} ms"
+        """Short form for charts and tables: ``TTFT p99 ≤ 2000 ms``, ``tok/s per user p10 ≥ 20 tok/s``."""
+        return f"{self.figure} {'≥' if self.at_least else '≤'} {self.limit_ms:g} {self.unit}"
+
+    def met(self, value: float) -> bool:
+        """Whether ``value`` is within this objective."""
+        return value >= self.limit_ms if self.at_least else value <= self.limit_ms
 
     def measure(self, values: Sequence[float]) -> float | None:
         """This SLO's statistic over ``values`` (None without values)."""
@@ -70,6 +90,8 @@ class Slo:
             return sum(values) / len(values)
         if self.stat == "max":
             return max(values)
+        if self.stat == "min":
+            return min(values)
         return percentile(values, float(self.stat[1:]))
 
 
@@ -77,17 +99,24 @@ def parse_slo(text: str) -> Slo:
     """``"ttft_ms:p99<=2000"`` -> :class:`Slo`; :class:`SloError` with the reason otherwise."""
     m = _SLO_RE.match(text.lower())
     if m is None:
-        raise SloError(f"SLO '{text}' is not METRIC:STAT<=LIMIT (e.g. ttft_ms:p99<=2000)")
-    metric, stat, limit = m.group(1), m.group(2), float(m.group(3))
-    if not metric.endswith("_ms"):
+        raise SloError(
+            f"SLO '{text}' is not METRIC:STAT<=LIMIT or METRIC:STAT>=LIMIT (e.g. ttft_ms:p99<=2000, "
+            "interactivity_tok_s:p10>=20)"
+        )
+    metric, stat, op, limit = m.group(1), m.group(2), m.group(3), float(m.group(4))
+    if metric not in SLO_METRICS and f"{metric}_ms" in SLO_METRICS:
         metric += "_ms"  # "ttft:p99<=2000" reads as ttft_ms
     if metric not in SLO_METRICS:
         raise SloError(f"SLO '{text}': unknown metric '{metric}'; one of {', '.join(SLO_METRICS)}")
+    at_least = METRICS[metric].better == "higher"
+    if (op == ">=") != at_least:
+        want = ">=" if at_least else "<="
+        raise SloError(f"SLO '{text}': {metric} is bounded with {want} ({'higher' if at_least else 'lower'} is better)")
     if stat.startswith("p") and not 0 < float(stat[1:]) <= 100:
         raise SloError(f"SLO '{text}': the percentile must be in (0, 100]")
     if limit <= 0:
         raise SloError(f"SLO '{text}': the limit must be above 0 ms")
-    return Slo(metric, stat, limit)
+    return Slo(metric, stat, limit, at_least)
 
 
 def parse_slos(items: Iterable[str]) -> list[Slo]:
@@ -105,6 +134,8 @@ def request_value(rec: RequestRecord, metric: str) -> float | None:
     """The request's own value of ``metric`` for goodput (see the module docstring)."""
     if metric == "tpot_ms":
         return rec.tpot_ms if rec.tpot_ms is not None else 0.0
+    if metric == "interactivity_tok_s":  # a one-token answer meets it, as it meets a TPOT bound
+        return rec.interactivity_tok_s if rec.interactivity_tok_s is not None else math.inf
     if metric == "itl_ms":
         return rec.itl_mean_ms if rec.itl_mean_ms is not None else 0.0
     if metric == "itl_token_ms":
@@ -119,7 +150,7 @@ def is_good(rec: RequestRecord, slos: Sequence[Slo]) -> bool:
         return False
     for slo in slos:
         v = request_value(rec, slo.metric)
-        if v is None or v > slo.limit_ms:
+        if v is None or not slo.met(v):
             return False
     return True
 
@@ -137,16 +168,21 @@ class Verdict:
 
     @property
     def ok(self) -> bool:
-        return self.value is not None and self.value <= self.slo.limit_ms
+        return self.value is not None and self.slo.met(self.value)
 
     @property
     def margin(self) -> float | None:
-        """value / limit: below 1 passes; 1.5 is 50 % over."""
-        return None if self.value is None else self.value / self.slo.limit_ms
+        """How far from the limit, as value / limit for a bound from above (below 1 passes; 1.5 is 50 %
+        over) and limit / value for one from below, so that below 1 passes either way."""
+        if self.value is None:
+            return None
+        if self.slo.at_least:
+            return self.slo.limit_ms / self.value if self.value > 0 else float("inf")
+        return self.value / self.slo.limit_ms
 
     @property
     def text(self) -> str:
-        shown = "no data" if self.value is None else f"{self.value:.4g} ms"
+        shown = "no data" if self.value is None else f"{self.value:.4g} {METRICS[self.slo.metric].unit}"
         return f"{self.slo.label}: {shown} {'ok' if self.ok else 'FAILED'}"
 
 

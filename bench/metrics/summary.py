@@ -70,6 +70,7 @@ class RunSummary:
     # several tokens per chunk (speculative decoding, MTP): ITL per token (bench.metrics.records)
     itl_token_ms: Stat | None = None
     ntpot_ms: Stat | None = None  # E2E / output tokens per request (None: a summary from before it)
+    interactivity_tok_s: Stat | None = None  # 1000 / TPOT per request: tok/s per user
     # reasoning models: None when no request streamed reasoning
     reasoning_tokens: int | None = None  # client-counted reasoning tokens, completed requests
     answer_tokens: int | None = None  # output tokens less reasoning tokens

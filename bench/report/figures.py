@@ -376,7 +376,7 @@ def capacity_figure(sweep: SweepRow, runs: Sequence[RunRow]) -> go.Figure:
                             "line": {"color": "white", "width": 1}},
                     customdata=[f"probe {d[0]}: {escape_text(load_value_text(axis, d[1]['value']))}<br>"
                                 f"{escape_text(d[1].get('why') or '')}" for d in sel],
-                    hovertemplate=f"%{{customdata}}<br>{escape_text(slo.label.split(' ≤')[0])} %{{y:,.4g}} ms"
+                    hovertemplate=f"%{{customdata}}<br>{escape_text(slo.figure)} %{{y:,.4g}} {slo.unit}"
                     "<extra></extra>",
                 ),
                 row=row, col=1,
@@ -387,9 +387,7 @@ def capacity_figure(sweep: SweepRow, runs: Sequence[RunRow]) -> go.Figure:
             annotation_text=escape_text(slo.label), annotation_position="top left",
             annotation_font={"color": SLO_COLOR, "size": 12}, annotation_bgcolor="rgba(255,255,255,0.85)",
         )  # fmt: skip
-        fig.update_yaxes(
-            title_text=f"{escape_text(slo.label.split(' ≤')[0])} (ms)", range=[0, top * 1.2], row=row, col=1
-        )
+        fig.update_yaxes(title_text=f"{escape_text(slo.figure)} ({slo.unit})", range=[0, top * 1.2], row=row, col=1)
         if lo is not None and hi is not None:
             fig.add_vrect(
                 x0=float(lo), x1=float(hi), row=row, col=1, name="bracket", fillcolor=PASS_COLOR, opacity=0.1,

@@ -77,3 +77,23 @@ def test_itl_per_token_shows_only_when_chunks_hold_several_tokens() -> None:
     assert "itl_token_ms" not in [m.name for m in latency_rows(one)]
     multi = RequestRecord("r0", 0.0, 1.0, chunk_times_s=[0.1, 0.5, 1.0], output_tokens=8, chunk_tokens=[1, 4, 3])
     assert "itl_token_ms" in [m.name for m in latency_rows(summarize([multi]))]
+
+
+def test_interactivity_is_tokens_per_second_per_user_bounded_from_below() -> None:
+    recs = [_rec(0, 1.0, 11), _rec(1, 0.21, 11), _rec(2, 0.3, 1)]
+    # TPOT = (last chunk - first chunk) / 10: 0.09 s and 0.018 s -> 11.1 and 55.6 tok/s per user
+    assert recs[0].interactivity_tok_s == pytest.approx(1000 / recs[0].tpot_ms)  # type: ignore[operator]
+    assert recs[2].interactivity_tok_s is None  # one token: no TPOT, no rate after the first
+    s = summarize(recs)
+    assert s.interactivity_tok_s is not None and s.interactivity_tok_s.count == 2
+    slo = parse_slos(["interactivity_tok_s:p50>=20"])[0]
+    assert slo.at_least and slo.text == "interactivity_tok_s:p50>=20" and slo.label.endswith("≥ 20 tok/s")
+    assert good_requests(recs, [slo]) == 2  # 55.6 and the one-token answer meet it; 11.1 does not
+    verdict = judge(recs, [slo])[0]
+    assert verdict.ok == (s.interactivity_tok_s.p50 >= 20)  # type: ignore[operator]
+    from bench.metrics.slo import SloError
+
+    with pytest.raises(SloError, match="bounded with >="):
+        parse_slos(["interactivity_tok_s:p50<=20"])
+    with pytest.raises(SloError, match="bounded with <="):
+        parse_slos(["ttft_ms:p99>=20"])
