@@ -124,6 +124,22 @@ CATALOGUE: tuple[Metric, ...] = (
         "(Prompt + output tokens of completed requests) / duration_s.",
     ),
     Metric(
+        "accelerators",
+        "accelerators",
+        "",
+        "The accelerators the engine ran on, as the run recorded its deployment: a launched server's tensor x "
+        "pipeline x data-parallel sizes, the native engine's expert-parallel processes (else 1), 1 for a CPU run; "
+        "empty for a server reached by URL (its deployment is not known here).",
+    ),
+    Metric(
+        "output_tok_s_per_accelerator",
+        "output tok/s per accelerator",
+        "tok/s",
+        "output_throughput_tok_s / accelerators (InferenceMAX's and vLLM's output tok/s per GPU); empty when the "
+        "accelerators are not known.",
+        better="higher",
+    ),
+    Metric(
         "goodput_rps",
         "goodput",
         "req/s",

@@ -40,6 +40,8 @@ class RunSummary:
     itl_ms: Stat
     e2e_ms: Stat
     peak_memory_gib: float | None = None
+    accelerators: int | None = None  # the engine's accelerators (bench.metrics.deployment)
+    output_tok_s_per_accelerator: float | None = None  # output_throughput_tok_s / accelerators
     max_concurrency: int | None = None
     usage_mismatches: int = 0
     send_lag_ms: Stat | None = None
