@@ -168,7 +168,8 @@ def find_stalls(records: list[RequestRecord], step_p50: float | None, floor_ms: 
     return [{**h, "sequences": len(h["sequences"])} for h in found[:20]]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """``python -m bench tune``'s flags."""
     ap = argparse.ArgumentParser(
         prog="python -m bench tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -196,19 +197,145 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--table", nargs="*", metavar="RESULTS", help="print the table of results.json files (later rows win) and stop"
     )
+    return ap
+
+
+def _print_tables(paths: list[str]) -> None:
+    """The table of results.json files (later rows win; each round a row of its own)."""
+    merged: dict[tuple[str, int, int | None], dict[str, Any]] = {}
+    for path in paths:
+        for r in json.loads(Path(path).read_text())["rows"]:
+            key = (r["config"], r["batch"], r.get("round"))
+            if "error" not in r or key not in merged:
+                merged[key] = r
+    print(table(list(merged.values())))
+    if any("round" in r for r in merged.values()):
+        print("\n" + rounds_table(list(merged.values())))
+
+
+def _measure_row(
+    engine: Any,
+    store: Store,
+    args: argparse.Namespace,
+    engine_opts: dict[str, Any],
+    name: str,
+    batch: int,
+    changes: dict[str, Any],
+    tag: dict[str, Any],
+    prompts: list[list[int]],
+    ref: list[list[int]],
+    ref_logits: Any,
+) -> dict[str, Any]:
+    """One row of the ablation: the engine retuned to ``changes`` at ``batch``, warmed up, checked
+    against the baseline's greedy tokens and logits, then one measured run; a failure is the row's
+    one-line ``error`` (the ablation goes on)."""
+    row: dict[str, Any] = {"config": name, "batch": batch, **tag, "options": changes}
+    try:
+        engine.retune(
+            **{
+                **{k: None for k in ("experts_impl", "attn_impl")},
+                "cache": "dynamic",
+                "compile": "off",
+                "inference_mode": True,
+                "cudnn_benchmark": False,
+                "cuda_graphs": False,
+                "mla": "expand",
+                "router": "transformers",
+                **changes,
+                "batch_size": batch,
+                "batch_wait_ms": 200.0,
+                "capture_sizes": str(batch),
+            }
+        )  # fmt: skip  (the row's own batch shape only)
+        row["tuning"] = engine.tuning()
+        if row["tuning"].get("cuda_graphs_pipelined") is False:  # MOEBENCH_GRAPH_PIPELINE=off
+            row["config"] = f"{name}_sync"  # the step-by-step graph loop: rows of its own
+        t = time.perf_counter()
+        warm = _generate_all(engine, prompts[:batch], args.output_len)  # compile/capture happen here
+        row["warmup_s"] = time.perf_counter() - t
+        row["greedy_match"] = _match(warm[:CHECK_PROMPTS], ref[: min(batch, CHECK_PROMPTS)])
+        n = min(batch, CHECK_PROMPTS)
+        row.update(_logits_check(_step_logits(engine, prompts[:n], LOGIT_STEPS), ref_logits[:n]))
+        cfg = RunConfig.build(
+            engine={
+                **engine_opts,
+                "record_routing": False,
+                **changes,
+                "batch_size": batch,
+                "capture_sizes": str(batch),
+            },
+            mode="concurrency",
+            workload={"source": "random", "input_len": args.input_len, "output_len": args.output_len},
+            requests=batch if batch > 1 else 3,  # batch 1: three requests one after another
+            concurrency=batch,
+            warmup=0,
+            name=run_name(row["config"], batch, tag.get("round")),
+        )
+        formed = len(engine._batcher.batches) if engine._batcher is not None else 0
+        captured = engine.tuning().get("cuda_graphs_captured")
+        snap = start_run(cfg, store, engine=engine).wait(600)
+        if engine._batcher is not None:  # how the run's requests were batched (a stall's suspects)
+            row["run_batches"] = list(engine._batcher.batches[formed:])
+        if captured is not None:  # graphs captured during the measured run (each one a stall)
+            row["run_captures"] = engine.tuning()["cuda_graphs_captured"] - captured
+        if getattr(engine._graphed, "compile_mode", "off") != "off":  # a "compiled" row that is not, wholly
+            sizes = set(row.get("run_batches") or [batch])  # the measured run's batch shapes
+            row["uncompiled_shapes"] = sum(b in sizes for b, _ in engine._graphed.uncompiled)
+        s = snap.summary
+        if snap.status != "completed" or s is None:
+            raise RuntimeError(snap.error or snap.status)
+        run = store.get_run(snap.run_id)  # type: ignore[arg-type]
+        lim = for_run_or_reason(run.config, run.engine_info, s, run.accelerator) if run else "no run"
+        row.update(
+            run_id=snap.run_id,
+            tpot_ms_p50=s.tpot_ms.p50,
+            step_ms_p50=s.itl_ms.p50,  # the gaps between a sequence's tokens: one decode step each
+            step_ms_p90=s.itl_ms.p90,
+            step_ms_p99=s.itl_ms.p99,
+            output_tok_s=s.output_throughput_tok_s,
+            ttft_ms_p50=s.ttft_ms.p50,
+            ttft_ms_p99=s.ttft_ms.p99,
+            peak_memory_gib=s.peak_memory_gib,
+            device_util_pct=s.device_util_pct,
+            hbm_limit_ms=None if isinstance(lim, str) else lim.tpot_limit_ms,
+            limit_pct=None if isinstance(lim, str) else lim.tpot_pct,
+        )
+        row["stalls"] = find_stalls(store.records(snap.run_id), s.itl_ms.p50)
+        gc_found = store.artifact(snap.run_id, ARTIFACT_GC) or {}
+        row["gc"] = {k: gc_found.get(k) for k in ("collections", "max_ms", "max_generation", "frozen_objects")}
+        store.put_artifact(snap.run_id, ARTIFACT_TUNING_CHECK, {k: row.get(k) for k in CHECK_FIELDS})
+    except BaseException as exc:  # one row's reason; the ablation goes on
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        row["error"] = f"{type(exc).__name__}: {first}"
+        try:
+            import torch
+
+            torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001
+            pass
+    return row
+
+
+def _export_bundles(store: Store, out: Path, run_ids: list[int]) -> None:
+    """The measured runs as bundles, in OUT/bundles.tar.gz."""
+    with tarfile.open(out / "bundles.tar.gz", "w:gz") as tar:
+        for run_id in run_ids:
+            run = store.get_run(run_id)
+            path = out / f"{run.name if run else run_id}.json"
+            path.write_text(json.dumps(store.export_bundle(run_id)))
+            tar.add(path, arcname=path.name)
+            path.unlink()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error(f"--rounds must be at least 1 (got {args.rounds})")
     if args.table:
-        merged: dict[tuple[str, int, int | None], dict[str, Any]] = {}
-        for path in args.table:
-            for r in json.loads(Path(path).read_text())["rows"]:
-                key = (r["config"], r["batch"], r.get("round"))  # each round a row of its own
-                if "error" not in r or key not in merged:
-                    merged[key] = r
-        print(table(list(merged.values())))
-        if any("round" in r for r in merged.values()):
-            print("\n" + rounds_table(list(merged.values())))
+        _print_tables(args.table)
         return 0
     started = time.monotonic()
     out = Path(args.out)
@@ -244,110 +371,21 @@ def main(argv: list[str] | None = None) -> int:
     plan = [(name, batch) for name in configs for batch in only.get(name, batches)]
     for round_ in range(1, args.rounds + 1):
         for name, batch in plan if round_ % 2 else plan[::-1]:  # ABBA: every other round reversed
-            changes = configs[name]
             tag = {"round": round_} if args.rounds > 1 else {}
             if time.monotonic() - started > args.budget_s:
                 rows.append({"config": name, "batch": batch, **tag, "error": "not run: past the time budget"})
                 continue
-            row: dict[str, Any] = {"config": name, "batch": batch, **tag, "options": changes}
-            try:
-                engine.retune(
-                    **{
-                        **{k: None for k in ("experts_impl", "attn_impl")},
-                        "cache": "dynamic",
-                        "compile": "off",
-                        "inference_mode": True,
-                        "cudnn_benchmark": False,
-                        "cuda_graphs": False,
-                        "mla": "expand",
-                        "router": "transformers",
-                        **changes,
-                        "batch_size": batch,
-                        "batch_wait_ms": 200.0,
-                        "capture_sizes": str(batch),
-                    }
-                )  # fmt: skip  (the row's own batch shape only)
-                row["tuning"] = engine.tuning()
-                if row["tuning"].get("cuda_graphs_pipelined") is False:  # MOEBENCH_GRAPH_PIPELINE=off
-                    row["config"] = f"{name}_sync"  # the step-by-step graph loop: rows of its own
-                t = time.perf_counter()
-                warm = _generate_all(engine, prompts[:batch], args.output_len)  # compile/capture happen here
-                row["warmup_s"] = time.perf_counter() - t
-                row["greedy_match"] = _match(warm[:CHECK_PROMPTS], ref[: min(batch, CHECK_PROMPTS)])
-                n = min(batch, CHECK_PROMPTS)
-                row.update(_logits_check(_step_logits(engine, prompts[:n], LOGIT_STEPS), ref_logits[:n]))
-                cfg = RunConfig.build(
-                    engine={
-                        **engine_opts,
-                        "record_routing": False,
-                        **changes,
-                        "batch_size": batch,
-                        "capture_sizes": str(batch),
-                    },
-                    mode="concurrency",
-                    workload={"source": "random", "input_len": args.input_len, "output_len": args.output_len},
-                    requests=batch if batch > 1 else 3,  # batch 1: three requests one after another
-                    concurrency=batch,
-                    warmup=0,
-                    name=run_name(row["config"], batch, tag.get("round")),
-                )
-                formed = len(engine._batcher.batches) if engine._batcher is not None else 0
-                captured = engine.tuning().get("cuda_graphs_captured")
-                snap = start_run(cfg, store, engine=engine).wait(600)
-                if engine._batcher is not None:  # how the run's requests were batched (a stall's suspects)
-                    row["run_batches"] = list(engine._batcher.batches[formed:])
-                if captured is not None:  # graphs captured during the measured run (each one a stall)
-                    row["run_captures"] = engine.tuning()["cuda_graphs_captured"] - captured
-                if getattr(engine._graphed, "compile_mode", "off") != "off":  # a "compiled" row that is not, wholly
-                    sizes = set(row.get("run_batches") or [batch])  # the measured run's batch shapes
-                    row["uncompiled_shapes"] = sum(b in sizes for b, _ in engine._graphed.uncompiled)
-                s = snap.summary
-                if snap.status != "completed" or s is None:
-                    raise RuntimeError(snap.error or snap.status)
-                run_ids.append(snap.run_id)  # type: ignore[arg-type]
-                run = store.get_run(snap.run_id)  # type: ignore[arg-type]
-                lim = for_run_or_reason(run.config, run.engine_info, s, run.accelerator) if run else "no run"
-                row.update(
-                    run_id=snap.run_id,
-                    tpot_ms_p50=s.tpot_ms.p50,
-                    step_ms_p50=s.itl_ms.p50,  # the gaps between a sequence's tokens: one decode step each
-                    step_ms_p90=s.itl_ms.p90,
-                    step_ms_p99=s.itl_ms.p99,
-                    output_tok_s=s.output_throughput_tok_s,
-                    ttft_ms_p50=s.ttft_ms.p50,
-                    ttft_ms_p99=s.ttft_ms.p99,
-                    peak_memory_gib=s.peak_memory_gib,
-                    device_util_pct=s.device_util_pct,
-                    hbm_limit_ms=None if isinstance(lim, str) else lim.tpot_limit_ms,
-                    limit_pct=None if isinstance(lim, str) else lim.tpot_pct,
-                )
-                row["stalls"] = find_stalls(store.records(snap.run_id), s.itl_ms.p50)
-                gc_found = store.artifact(snap.run_id, ARTIFACT_GC) or {}
-                row["gc"] = {k: gc_found.get(k) for k in ("collections", "max_ms", "max_generation", "frozen_objects")}
-                store.put_artifact(snap.run_id, ARTIFACT_TUNING_CHECK, {k: row.get(k) for k in CHECK_FIELDS})
-            except BaseException as exc:  # one row's reason; the ablation goes on
-                if isinstance(exc, KeyboardInterrupt):
-                    raise
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-                row["error"] = f"{type(exc).__name__}: {first}"
-                try:
-                    import torch
-
-                    torch.cuda.empty_cache()
-                except Exception:  # noqa: BLE001
-                    pass
+            row = _measure_row(
+                engine, store, args, engine_opts, name, batch, configs[name], tag, prompts, ref, ref_logits
+            )
+            if "run_id" in row:
+                run_ids.append(row["run_id"])
             rows.append(row)
             print(row_line(row), flush=True)
             # written after every row: a run killed by its time limit keeps what it measured (runs: tuning.sqlite)
             (out / "results.json").write_text(json.dumps({"engine": info, "rows": rows}, indent=1, default=str))
     engine.stop()
-    with tarfile.open(out / "bundles.tar.gz", "w:gz") as tar:
-        for run_id in run_ids:
-            run = store.get_run(run_id)
-            path = out / f"{run.name if run else run_id}.json"
-            path.write_text(json.dumps(store.export_bundle(run_id)))
-            tar.add(path, arcname=path.name)
-            path.unlink()
+    _export_bundles(store, out, run_ids)
     print("\n" + table(rows))
     if args.rounds > 1:
         print("\n" + rounds_table(rows))
