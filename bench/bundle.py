@@ -28,7 +28,7 @@ from bench.config import RunConfig
 from bench.metrics.summary import RunSummary
 from bench.peers import PEER_TOOLS, peer_bundle
 from bench.store import Store
-from bench.store_layout import ARTIFACT_TRACE, ROLLUP_UPSERT, STATUSES, SWEEP_STATUSES, rollup_rows
+from bench.store.layout import ARTIFACT_TRACE, ROLLUP_UPSERT, STATUSES, SWEEP_STATUSES, rollup_rows
 from engines.errors import MoEBenchError
 
 RUN_FORMAT = "moebench-run/1"

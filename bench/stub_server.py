@@ -222,32 +222,7 @@ def make_app(
     itl_s, ttft_s, load_s = itl_ms / 1000.0, ttft_ms / 1000.0, load_ms / 1000.0
     in_flight = 0
     per_chunk = max(1, int(tokens_per_chunk))
-    # speculative-decoding counters as /metrics exports them (see the module docstring)
-    spec = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "pos": [0] * max(0, per_chunk - 1)}
-
-    def count_step(k: int) -> None:
-        spec["drafts"] += 1
-        spec["draft_tokens"] += per_chunk - 1
-        spec["accepted"] += k - 1
-        for p in range(k - 1):
-            spec["pos"][p] += 1
-
-    def metrics_text() -> str:
-        lab = f'engine="0",model_name="{model}"'
-        lines = []
-        for key, name in (
-            ("drafts", "num_drafts"),
-            ("draft_tokens", "num_draft_tokens"),
-            ("accepted", "num_accepted_tokens"),
-        ):
-            lines += [
-                f"# TYPE vllm:spec_decode_{name} counter",
-                f"vllm:spec_decode_{name}_total{{{lab}}} {float(spec[key])}",
-            ]
-        lines.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter")
-        for p, v in enumerate(spec["pos"]):
-            lines.append(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{p}"}} {float(v)}')
-        return "\n".join(lines) + "\n"
+    spec = _SpecCounters(model, per_chunk)
 
     models_body = json.dumps(
         {
@@ -267,28 +242,14 @@ def make_app(
         return web.Response(body=models_body, content_type="application/json")
 
     async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text=metrics_text() if per_chunk > 1 else "", content_type="text/plain")
+        return web.Response(text=spec.text() if per_chunk > 1 else "", content_type="text/plain")
 
     async def generate(request: web.Request, chat: bool) -> web.StreamResponse:
         try:
-            body = json.loads(await request.read())
-        except ValueError:
-            return error(400, "the request body is not JSON")
-        if not isinstance(body, dict):
-            return error(400, "the request body is not a JSON object")
+            body, n, prompt_tokens = _read_request(await request.read(), chat)
+        except ValueError as exc:
+            return error(400, str(exc))
         name = str(body.get("model") or model)
-        if chat:
-            raw_n = body.get("max_completion_tokens") or body.get("max_tokens")
-            prompt_tokens = _chat_prompt_tokens(body.get("messages"))
-        else:
-            raw_n = body.get("max_tokens")
-            prompt_tokens = _prompt_tokens(body.get("prompt"))
-        try:
-            n = DEFAULT_MAX_TOKENS if raw_n is None else int(raw_n)
-        except (TypeError, ValueError):
-            return error(400, f"max_tokens must be an integer, got {raw_n!r}")
-        if n < 1:
-            return error(400, "max_tokens must be at least 1")
         ev = events_for(chat, name)
         usage: dict[str, Any] = {
             "prompt_tokens": prompt_tokens,
@@ -304,18 +265,7 @@ def make_app(
             else None
         )
         if not body.get("stream"):
-            text = WORD * n
-            choice: dict[str, Any] = (
-                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
-                if chat
-                else {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
-            )
-            obj = {**ev.base, "object": "chat.completion" if chat else "text_completion"}
-            if routed is not None and routed_experts == "vllm":
-                choice["routed_experts"] = routed
-            elif routed is not None:
-                obj["sglext"] = {"routed_experts": routed}
-            return web.json_response({**obj, "choices": [choice], "usage": usage})
+            return web.json_response(_whole_answer(ev, chat, n, usage, routed, routed_experts))
         nonlocal in_flight
         resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
@@ -327,7 +277,7 @@ def make_app(
                 await resp.write(ev.first)
             token, write = ev.token, resp.write
             if per_chunk > 1 or thinking:
-                events = _shaped_events(ev, n, per_chunk, thinking, count_step if per_chunk > 1 else None)
+                events = _shaped_events(ev, n, per_chunk, thinking, spec.count_step if per_chunk > 1 else None)
                 for i, event in enumerate(events):
                     await write(event)
                     if i < len(events) - 1 and (itl_s > 0 or load_s > 0):
@@ -362,6 +312,84 @@ def make_app(
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     return app
+
+
+class _SpecCounters:
+    """The speculative-decoding counters a stub that sends several tokens per chunk exports on
+    /metrics, as vLLM names them (see the module docstring)."""
+
+    def __init__(self, model: str, per_chunk: int) -> None:
+        self.model, self.per_chunk = model, per_chunk
+        self.counts = {"drafts": 0, "draft_tokens": 0, "accepted": 0}
+        self.pos = [0] * max(0, per_chunk - 1)
+
+    def count_step(self, k: int) -> None:
+        """One decoding step that sent ``k`` tokens: one draft of per_chunk - 1, k - 1 accepted."""
+        self.counts["drafts"] += 1
+        self.counts["draft_tokens"] += self.per_chunk - 1
+        self.counts["accepted"] += k - 1
+        for p in range(k - 1):
+            self.pos[p] += 1
+
+    def text(self) -> str:
+        lab = f'engine="0",model_name="{self.model}"'
+        lines = []
+        for key, name in (
+            ("drafts", "num_drafts"),
+            ("draft_tokens", "num_draft_tokens"),
+            ("accepted", "num_accepted_tokens"),
+        ):
+            lines += [
+                f"# TYPE vllm:spec_decode_{name} counter",
+                f"vllm:spec_decode_{name}_total{{{lab}}} {float(self.counts[key])}",
+            ]
+        lines.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter")
+        for p, v in enumerate(self.pos):
+            lines.append(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{p}"}} {float(v)}')
+        return "\n".join(lines) + "\n"
+
+
+def _read_request(raw: bytes, chat: bool) -> tuple[dict[str, Any], int, int]:
+    """A completion request's body, its output tokens (max_tokens) and its prompt's tokens;
+    ValueError with the one-line reason a server would answer 400 with."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise ValueError("the request body is not JSON") from None
+    if not isinstance(body, dict):
+        raise ValueError("the request body is not a JSON object")
+    if chat:
+        raw_n = body.get("max_completion_tokens") or body.get("max_tokens")
+        prompt_tokens = _chat_prompt_tokens(body.get("messages"))
+    else:
+        raw_n = body.get("max_tokens")
+        prompt_tokens = _prompt_tokens(body.get("prompt"))
+    try:
+        n = DEFAULT_MAX_TOKENS if raw_n is None else int(raw_n)
+    except (TypeError, ValueError):
+        raise ValueError(f"max_tokens must be an integer, got {raw_n!r}") from None
+    if n < 1:
+        raise ValueError("max_tokens must be at least 1")
+    return body, n, prompt_tokens
+
+
+def _whole_answer(
+    ev: Events, chat: bool, n: int, usage: dict[str, Any], routed: Any, routed_experts: str | None
+) -> dict[str, Any]:
+    """A non-streamed answer of ``n`` tokens (routed experts where asked: vLLM's in the choice,
+    SGLang's in ``sglext``)."""
+    text = WORD * n
+    choice: dict[str, Any] = (
+        {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+        if chat
+        else {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+    )
+    obj = {**ev.base, "object": "chat.completion" if chat else "text_completion"}
+    if routed is not None and routed_experts == "vllm":
+        choice["routed_experts"] = routed
+    elif routed is not None:
+        obj["sglext"] = {"routed_experts": routed}
+    return {**obj, "choices": [choice], "usage": usage}
 
 
 def _shaped_events(ev: Events, n: int, per_chunk: int, thinking: int, step: Any) -> list[bytes]:

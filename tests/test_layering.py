@@ -261,7 +261,7 @@ def test_planted_floor_violation_is_found(tmp_path: Path) -> None:
             "engines/__init__.py": "",
             "engines/base.py": "import bench.store\n",
             "bench/__init__.py": "",
-            "bench/store.py": "from studies import tool\n",
+            "bench/store/__init__.py": "from studies import tool\n",
             "studies/__init__.py": "",
             "studies/tool.py": "from bench.store import Store\n",
         },

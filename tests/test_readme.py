@@ -14,7 +14,7 @@ from pathlib import Path
 
 from bench.metrics.records import METRIC_DEFINITIONS
 from bench.report.csv_export import SWEEP_CSV_LEAD_COLUMNS
-from bench.rows import REQUEST_CSV_COLUMNS, SUMMARY_CSV_COLUMNS
+from bench.store.rows import REQUEST_CSV_COLUMNS, SUMMARY_CSV_COLUMNS
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")

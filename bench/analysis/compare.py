@@ -35,10 +35,10 @@ from typing import Any
 
 from bench.config import RunConfig
 from bench.metrics.summary import RunSummary
-from bench.rows import RunRow
 from bench.run.manager import start_run
 from bench.run.recorder import SERIES_SERVER_DEVICE_MEM
 from bench.store import Store
+from bench.store.rows import RunRow
 from bench.workloads import TOKENIZED_SOURCES, WorkloadSpec
 from engines.errors import ConfigError, MoEBenchError
 from engines.models import random_weights

@@ -11,7 +11,7 @@ from typing import Any
 
 from bench.metrics.slo import Slo, judge_summary, parse_slos
 from bench.metrics.summary import RunSummary
-from bench.rows import SweepRow
+from bench.store.rows import SweepRow
 from bench.sweep.spec import PointResult
 
 LOAD_AXES: tuple[str, ...] = ("request_rate", "concurrency")

@@ -24,9 +24,9 @@ from typing import Any
 
 from bench.bundle import import_bundle_file
 from bench.metrics.run_limits import for_run_or_reason
-from bench.rows import RunRow
 from bench.run.task import BackgroundTask
 from bench.store import Store
+from bench.store.rows import RunRow
 from engines.models import random_weights
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -28,9 +28,9 @@ from bench.cli.common import (
     run_config_data,
 )
 from bench.report.csv_export import requests_csv, summary_csv
-from bench.rows import RunRow
 from bench.run.job import Job
 from bench.store import Store
+from bench.store.rows import RunRow
 from bench.sweep.spec import CapacitySpec, SweepSpec, sweep_points
 from bench.sweep.task import SweepTask
 from engines.errors import ConfigError

@@ -8,8 +8,8 @@ import io
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from bench.rows import REQUEST_CSV_COLUMNS, SUMMARY_CSV_COLUMNS, RunRow
 from bench.store import Store
+from bench.store.rows import REQUEST_CSV_COLUMNS, SUMMARY_CSV_COLUMNS, RunRow
 from engines.errors import MoEBenchError
 
 SWEEP_CSV_LEAD_COLUMNS: tuple[str, ...] = (

@@ -30,7 +30,7 @@ from bench.analysis.sweep_analysis import (
 from bench.metrics.moe import EpWhatIf
 from bench.metrics.slo import Slo
 from bench.report.style import COLORS, P50_COLOR, P99_COLOR, PRIMARY, register_template
-from bench.rows import RunRow, SweepRow
+from bench.store.rows import RunRow, SweepRow
 from bench.sweep.spec import PointResult
 
 # --- look: the shared palette and template (bench/report/style.py), with the report's own colours

@@ -26,8 +26,8 @@ import numpy as np
 
 from bench.metrics.records import PERCENTILES, RequestRecord, Stat, describe
 from bench.metrics.summary import RunSummary
-from bench.rows import REQUEST_CSV_COLUMNS, RunRow
 from bench.store import Store
+from bench.store.rows import REQUEST_CSV_COLUMNS, RunRow
 from engines.errors import MoEBenchError
 
 # Each per-request column's Arrow type and unit (None: no unit), in REQUEST_CSV_COLUMNS order.

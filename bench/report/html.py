@@ -33,8 +33,8 @@ from bench.report.figures import (
     pareto_figure,
     run_throughput_figure,
 )
-from bench.rows import RunRow, SweepRow
 from bench.store import Store
+from bench.store.rows import RunRow, SweepRow
 from bench.sweep.spec import sweep_points
 from engines.errors import MoEBenchError
 

@@ -33,8 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from bench.config import RunConfig
 from bench.metrics.summary import RunSummary
-from bench.rows import RunRow
 from bench.store import Store
+from bench.store.rows import RunRow
 from engines.errors import ConfigError
 
 AXES: tuple[str, ...] = ("input_len", "output_len", "concurrency", "request_rate")  # + engine.<option>

@@ -11,10 +11,10 @@ from typing import Any, ClassVar
 
 from bench.config import RunConfig
 from bench.metrics.slo import judge_summary, parse_slos
-from bench.rows import RunRow
 from bench.run.job import Job
 from bench.run.task import BackgroundTask, error_reason
 from bench.store import Store
+from bench.store.rows import RunRow
 from bench.sweep.spec import CapacitySpec, PointResult, SweepSpec, axis_label, point_key
 from engines.base import Engine
 from engines.errors import ConfigError, MoEBenchError

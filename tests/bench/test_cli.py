@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from bench.config import RunConfig
-from bench.rows import REQUEST_CSV_COLUMNS, SUMMARY_CSV_COLUMNS
 from bench.send.schedule import arrival_offsets
 from bench.store import Store
+from bench.store.rows import REQUEST_CSV_COLUMNS, SUMMARY_CSV_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[2]
 

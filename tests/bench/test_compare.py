@@ -36,8 +36,8 @@ from bench.bundle import import_bundle_file
 from bench.config import RunConfig
 from bench.metrics.records import RequestRecord
 from bench.metrics.summary import summarize
-from bench.rows import RunRow
 from bench.store import Store
+from bench.store.rows import RunRow
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

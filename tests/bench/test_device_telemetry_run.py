@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.rows import SUMMARY_CSV_COLUMNS
 from bench.run.artifacts import ARTIFACT_DEVICE_TELEMETRY
 from bench.store import Store
+from bench.store.rows import SUMMARY_CSV_COLUMNS
 from engines.telemetry import GIB, parse_exporter_text, parse_npu_smi_info
 from tests.bench.test_cli import cli
 from tests.engines.test_telemetry import DATA, exporter, sample, write_tool  # noqa: F401 - exporter is a fixture

@@ -19,9 +19,9 @@ from bench.cli.main import main
 from bench.config import RunConfig
 from bench.report.csv_export import requests_csv
 from bench.report.formats import REQUEST_COLUMN_TYPES, vllm_result
-from bench.rows import REQUEST_CSV_COLUMNS
 from bench.run.manager import start_run
 from bench.store import Store
+from bench.store.rows import REQUEST_CSV_COLUMNS
 from engines.vllm import vllm_python
 
 # What `vllm bench serve --save-result --save-detailed` writes for a text model (vLLM 0.32,

@@ -24,9 +24,9 @@ from bench.report.figures import (
     run_throughput_figure,
 )
 from bench.report.html import html_report, parse_target
-from bench.rows import SUMMARY_CSV_COLUMNS
 from bench.run.recorder import SERIES_OUTPUT_TOK_S
 from bench.store import Store
+from bench.store.rows import SUMMARY_CSV_COLUMNS
 from bench.sweep.spec import CapacitySpec, PointResult, SweepSpec, sweep_points
 from engines.errors import MoEBenchError
 

@@ -17,8 +17,8 @@ from bench.bundle import import_run
 from bench.metrics.records import RequestRecord
 from bench.metrics.summary import summarize
 from bench.report.csv_export import requests_csv, summary_csv
-from bench.rows import REQUEST_CSV_COLUMNS, SUMMARY_CSV_COLUMNS
 from bench.store import Store
+from bench.store.rows import REQUEST_CSV_COLUMNS, SUMMARY_CSV_COLUMNS
 
 
 def _rec(i: int, err: str | None = None) -> RequestRecord:

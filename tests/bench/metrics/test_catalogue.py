@@ -18,9 +18,9 @@ from bench.metrics.slo import good_requests, judge, parse_slos
 from bench.metrics.summary import RunSummary, summarize
 from bench.report.csv_export import summary_csv
 from bench.report.html import html_report
-from bench.rows import SUMMARY_CSV_COLUMNS
 from bench.run.manager import start_run
 from bench.store import Store
+from bench.store.rows import SUMMARY_CSV_COLUMNS
 
 DOC = (Path(__file__).resolve().parents[3] / "docs" / "metrics.md").read_text(encoding="utf-8")
 

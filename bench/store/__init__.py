@@ -22,8 +22,7 @@ from typing import Any
 
 from bench.metrics.records import RequestRecord
 from bench.metrics.summary import RunSummary
-from bench.rows import REQUEST_CSV_COLUMNS, SUMMARY_CSV_COLUMNS, RunRow, SweepRow, sweep_row
-from bench.store_layout import (
+from bench.store.layout import (
     ARTIFACT_TRACE,
     LATER_SAMPLE_COLUMNS,
     ROLLUP_LEVELS,
@@ -40,9 +39,10 @@ from bench.store_layout import (
     rollup_rows,
     unpack_times,
 )
+from bench.store.rows import REQUEST_CSV_COLUMNS, SUMMARY_CSV_COLUMNS, RunRow, SweepRow, sweep_row
 
-# Read from bench.store by the pages, the reports and the import (declared in bench.rows and
-# bench.store_layout).
+# Read from bench.store by the pages, the reports and the import (declared in bench.store.rows and
+# bench.store.layout).
 __all__ = [
     "ARTIFACT_TRACE",
     "REQUEST_CSV_COLUMNS",
