@@ -68,6 +68,11 @@ class Settings:
     # does not. Either way a run whose sending loop waited for a CPU says so.
     # Env: MOEBENCH_SENDER_PRIORITY.
     sender_priority: str = "realtime"
+    # Rental prices per accelerator-hour (US dollars) that override the defaults of
+    # bench/metrics/cost.py (each with its source there), as CARD=DOLLARS pairs: "h100=2.5,h200=3.2"
+    # (cards: h100, h200, ascend-910b, mlu590, cpu, or a kind such as cuda for an unnamed device).
+    # Env: MOEBENCH_ACCELERATOR_PRICES.
+    accelerator_prices: str = ""
 
     def dashboard_secret(self) -> str | None:
         """The dashboard's access token: the variable, else the first line of the file; None when unset.

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from bench.analysis.serving import run_serving
+from bench.metrics.cost import Price, price_table
 from bench.store import Store
 from bench.store.rows import REQUEST_CSV_COLUMNS, SUMMARY_CSV_COLUMNS, RunRow
 from engines.errors import MoEBenchError
@@ -22,14 +24,46 @@ SWEEP_CSV_LEAD_COLUMNS: tuple[str, ...] = (
 )  # each swept engine option's ``engine.<option>`` column goes between request_rate and repeat
 
 
+# The serving figures each row ends with (bench.analysis.serving, bench.metrics.cost; docs/reports.md).
+SWEEP_CSV_SERVING_COLUMNS: tuple[str, ...] = (
+    "tok_s_per_user_p50",
+    "tok_s_per_user_from",
+    "card",
+    "price_usd_per_accelerator_hour",
+    "usd_per_million_output_tokens",
+    "joules_per_million_output_tokens",
+)
+
+
 def sweep_csv_columns(engine_options: Sequence[str] = ()) -> tuple[str, ...]:
     """The sweep CSV's columns: the lead (engine options before ``repeat``), then the summary
-    CSV's (:data:`bench.store.SUMMARY_CSV_COLUMNS`) minus the two the lead already has."""
+    CSV's (:data:`bench.store.SUMMARY_CSV_COLUMNS`) minus the two the lead already has, then
+    :data:`SWEEP_CSV_SERVING_COLUMNS`."""
     lead = [*SWEEP_CSV_LEAD_COLUMNS[:-1], *(f"engine.{o.removeprefix('engine.')}" for o in engine_options), "repeat"]
-    return (*lead, *(c for c in SUMMARY_CSV_COLUMNS if c not in lead))
+    return (*lead, *(c for c in SUMMARY_CSV_COLUMNS if c not in lead), *SWEEP_CSV_SERVING_COLUMNS)
 
 
-def _sweep_csv_row(sweep_id: int, run: RunRow, engine_keys: Sequence[str]) -> dict[str, Any]:
+def _serving_columns(run: RunRow, prices: Mapping[str, Price]) -> dict[str, Any]:
+    """The run's serving figures (:func:`bench.analysis.serving.run_serving`): tok/s per user, and the
+    accelerators and output tok/s per accelerator where the summary predates them (the same count from
+    the recorded deployment), $ and J per million output tokens."""
+    f = run_serving(run)
+    price = prices.get(f.card)
+    return {
+        "accelerators": f.accelerators,
+        "output_tok_s_per_accelerator": f.per_accelerator_tok_s,
+        "tok_s_per_user_p50": f.per_user_tok_s,
+        "tok_s_per_user_from": f.per_user_from or None,
+        "card": f.card,
+        "price_usd_per_accelerator_hour": price.usd_per_hour if price else None,
+        "usd_per_million_output_tokens": f.usd_per_million(prices),
+        "joules_per_million_output_tokens": f.joules_per_million,
+    }
+
+
+def _sweep_csv_row(
+    sweep_id: int, run: RunRow, engine_keys: Sequence[str], prices: Mapping[str, Price]
+) -> dict[str, Any]:
     point = dict(run.sweep_point or {})
     if "rate" in point:  # a capacity probe on the rate axis
         point["request_rate"] = point.pop("rate")
@@ -47,19 +81,23 @@ def _sweep_csv_row(sweep_id: int, run: RunRow, engine_keys: Sequence[str]) -> di
     engine = run.config.get("engine") or {}
     for key in engine_keys:
         row[key] = point.get(key, engine.get(key.removeprefix("engine.")))
+    if run.status == "completed" and run.summary is not None:
+        row.update(_serving_columns(run, prices))
     return row
 
 
-def sweep_csv(store: Store, sweep_id: int) -> bytes:
+def sweep_csv(store: Store, sweep_id: int, prices: Mapping[str, Price] | None = None) -> bytes:
     """One row per run of a sweep or capacity search, in run order (columns:
     :func:`sweep_csv_columns`): the sweep id, the point (a value not swept is the run's own;
-    ``input_len``/``output_len`` only for random prompts), the repeat, then the run's summary."""
+    ``input_len``/``output_len`` only for random prompts), the repeat, then the run's summary, then
+    its serving figures at ``prices`` (default: :func:`bench.metrics.cost.price_table`)."""
     if store.get_sweep(sweep_id) is None:
         raise MoEBenchError(f"no sweep {sweep_id} in {store.path}")
     runs = store.sweep_runs(sweep_id)
     engine_keys = sorted({k for r in runs for k in (r.sweep_point or {}) if k.startswith("engine.")})
     columns = sweep_csv_columns(engine_keys)
-    return rows_to_csv(columns, [_sweep_csv_row(sweep_id, r, engine_keys) for r in runs])
+    table = price_table() if prices is None else prices
+    return rows_to_csv(columns, [_sweep_csv_row(sweep_id, r, engine_keys, table) for r in runs])
 
 
 # --- the HTML report ------------------------------------------------------------------------------------

@@ -1,32 +1,42 @@
 """Figures of sweeps, capacity searches and runs (plotly; no Streamlit): :func:`latency_throughput_figure`
-(TTFT or TPOT p50/p99 against output tok/s, with SLO lines and the knee), :func:`pareto_figure` (tok/s one
-user sees against tok/s overall), :func:`goodput_figure` (req/s against the load), :func:`capacity_figure`
-(a capacity search's probes and the bracket it proved), :func:`run_throughput_figure`. The CLI's HTML
+(TTFT or TPOT p50/p99 against output tok/s, with SLO lines and the knee), :func:`serving_pareto_figure`
+(output tok/s per accelerator against tok/s per user, sweeps overlaid), :func:`goodput_figure` (req/s
+against the load), :func:`capacity_figure` (a capacity search's probes and the bracket it proved),
+:func:`run_throughput_figure`. The CLI's HTML
 report and the dashboard's Sweep page draw the same figures."""
 
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import plotly.graph_objects as go
 
+from bench.analysis.serving import (
+    DEFAULT_TARGET_TOK_S_PER_USER,
+    FROM_INTERACTIVITY,
+    ServingCurve,
+    ServingPoint,
+    best_at_target,
+    name_curves,
+)
 from bench.analysis.sweep_analysis import (
     as_slos,
     axis_title,
+    fmt_num,
     knee_of_line,
     line_label,
     load_axis_of,
     load_value_text,
-    pareto_front,
-    per_user_tok_s,
     point_label,
     short_label,
     split_lines,
     spread_err,
     varying_keys,
 )
+from bench.metrics.catalogue import METRICS
+from bench.metrics.cost import Price
 from bench.metrics.moe import EpWhatIf
 from bench.metrics.slo import Slo
 from bench.report.style import COLORS, P50_COLOR, P99_COLOR, PRIMARY, register_template
@@ -216,55 +226,117 @@ def latency_throughput_figure(
     return fig
 
 
-def pareto_figure(points: Sequence[PointResult]) -> go.Figure:
-    """Output tok/s one user sees (1000 / mean TPOT) against output tok/s overall; the Pareto
-    front (:func:`pareto_front`) highlighted and joined, the other points grey, every point
-    labelled with its swept values."""
-    title = "Per-user speed (1000 / mean TPOT) vs total throughput"
-    height = 480
-    data = [
-        (x, y, p)
-        for p in points
-        if (x := p.mean("output_throughput_tok_s")) is not None and (y := per_user_tok_s(p)) is not None
-    ]
-    if not data:
-        return _empty(title, "no point with a measured TPOT and output throughput", height)
-    front = pareto_front(points)
-    front_ids = {id(p) for p in front}
+def serving_pareto_figure(
+    curves: Sequence[ServingCurve],
+    target_tok_s_per_user: float | None = DEFAULT_TARGET_TOK_S_PER_USER,
+    prices: Mapping[str, Price] | None = None,
+    names: Sequence[str] | None = None,
+) -> go.Figure:
+    """Output tok/s per accelerator against tok/s per user (interactivity), InferenceMAX's and vLLM's
+    ``plot_pareto`` chart: one colour per curve (a sweep: engine, card and options in the legend), its
+    Pareto front joined and filled, the other points open, the knee of throughput vs load ringed, the
+    interactivity target a dashed vertical line and each curve's best point at it starred. The hover
+    gives $ and J per million output tokens (:mod:`bench.metrics.cost`; the price is an assumption
+    and says so). Labels and units from the metric catalogue."""
+    x_metric, y_metric = METRICS["interactivity_tok_s"], METRICS["output_tok_s_per_accelerator"]
+    title = f"{y_metric.label[:1].upper()}{y_metric.label[1:]} vs {x_metric.label} (interactivity)"
+    height = 500
+    prices = prices or {}
+    drawn = [c for c in curves if c.points]
+    if not drawn:
+        notes = "; ".join(n for c in curves for n in c.notes[:2])
+        why = "no point with a measured TPOT and a known accelerator count" + (f": {notes}" if notes else "")
+        return _empty(title, why, height)
+    labels = list(names) if names is not None else name_curves(curves)
+    label_of = {id(c): n for c, n in zip(curves, labels, strict=True)}
     fig = _figure(title, height)
-    others = [d for d in data if id(d[2]) not in front_ids]
-    varying = varying_keys([d[2] for d in data])
-    hover = "%{customdata}<br>%{x:,.4g} output tok/s overall<br>%{y:,.4g} tok/s per user<extra></extra>"
-    if others:
-        fig.add_trace(
+    for i, c in enumerate(drawn):
+        color = COLORS[i % len(COLORS)]
+        name = escape_text(label_of[id(c)])
+        hover = [_serving_hover(p, prices) for p in c.points]
+        hover_of = {id(p): h for p, h in zip(c.points, hover, strict=True)}
+        fig.add_trace(  # every point, open: the front's own markers are drawn over them, filled
             go.Scatter(
-                x=[d[0] for d in others], y=[d[1] for d in others], mode="markers+text", name="other points",
-                text=[escape_text(short_label(d[2].point, varying)) for d in others], textposition="bottom center",
-                textfont={"size": 10, "color": "#6B7280"}, cliponaxis=False,
-                marker={"size": 9, "color": OTHER_COLOR, "line": {"color": "white", "width": 1}},
-                customdata=_hover_labels([d[2] for d in others]), hovertemplate=hover,
+                x=[p.per_user_tok_s for p in c.points], y=[p.per_accelerator_tok_s for p in c.points],
+                mode="markers", name=name, legendgroup=f"curve{i}", showlegend=False,
+                marker={"size": 9, "color": "white", "symbol": "circle", "line": {"color": color, "width": 2}},
+                customdata=hover, hovertemplate=f"<b>{name}</b><br>%{{customdata}}<extra></extra>",
             )
         )  # fmt: skip
-    fx = [p.mean("output_throughput_tok_s") or 0.0 for p in front]
-    fy = [per_user_tok_s(p) for p in front]
-    x_top = max(d[0] for d in data)
-    # Labels alternate above and below the front, so neighbours do not print over each other, and
-    # lean left in the right quarter, so none runs off the chart.
-    where = [f"{'top' if i % 2 == 0 else 'bottom'} {'left' if x > 0.75 * x_top else 'right'}" for i, x in enumerate(fx)]
-    fig.add_trace(
-        go.Scatter(
-            x=fx, y=fy, mode="lines+markers+text", name="Pareto front", line={"color": PRIMARY, "width": 2},
-            text=[escape_text(short_label(p.point, varying)) for p in front], textposition=where,
-            textfont={"size": 11, "color": PRIMARY}, cliponaxis=False,
-            marker={"size": 12, "color": PRIMARY, "line": {"color": "white", "width": 2}},
-            customdata=_hover_labels(front), hovertemplate=hover,
-        )
-    )  # fmt: skip
-    y_top = max(d[1] for d in data)
-    fig.update_xaxes(title="output throughput, all users (tokens/s)", range=[0, x_top * 1.15 or 1.0])
-    fig.update_yaxes(title="per-user speed (tokens/s)", range=[0, y_top * 1.2 or 1.0])
+        fig.add_trace(
+            go.Scatter(
+                x=[p.per_user_tok_s for p in c.front], y=[p.per_accelerator_tok_s for p in c.front],
+                mode="lines+markers+text", name=name, legendgroup=f"curve{i}",
+                line={"color": color, "width": 2.5}, text=[escape_text(p.label) for p in c.front],
+                textposition="top right", textfont={"size": 11, "color": color}, cliponaxis=False,
+                marker={"size": 11, "color": color, "line": {"color": "white", "width": 1.5}},
+                customdata=[hover_of[id(p)] for p in c.front],
+                hovertemplate=f"<b>{name}</b> · Pareto front<br>%{{customdata}}<extra></extra>",
+            )
+        )  # fmt: skip
+        if c.knee is not None:
+            fig.add_trace(
+                go.Scatter(
+                    x=[c.knee.per_user_tok_s], y=[c.knee.per_accelerator_tok_s], mode="markers", name="knee",
+                    legendgroup="knee", legendrank=2000, showlegend=not any(t.name == "knee" for t in fig.data),
+                    marker={"symbol": "circle-open", "size": 24, "color": KNEE_COLOR, "line": {"width": 3}},
+                    customdata=[escape_text(c.knee.label)],
+                    hovertemplate=f"knee of throughput vs load: {name}, %{{customdata}}<extra></extra>",
+                )
+            )  # fmt: skip
+        best = best_at_target(c, target_tok_s_per_user) if target_tok_s_per_user else None
+        if best is not None:
+            fig.add_trace(
+                go.Scatter(
+                    x=[best.per_user_tok_s], y=[best.per_accelerator_tok_s], mode="markers",
+                    name=f"best at ≥ {target_tok_s_per_user:g} tok/s per user", legendgroup="best", legendrank=2001,
+                    showlegend=not any(t.legendgroup == "best" for t in fig.data),
+                    marker={"symbol": "star", "size": 18, "color": KNEE_COLOR, "line": {"color": color, "width": 1.5}},
+                    customdata=[_serving_hover(best, prices)],
+                    hovertemplate=f"<b>best at the target</b>: {name}<br>%{{customdata}}<extra></extra>",
+                )
+            )  # fmt: skip
+    xs = [p.per_user_tok_s for c in drawn for p in c.points]
+    ys = [p.per_accelerator_tok_s for c in drawn for p in c.points]
+    x_top = max([*xs, target_tok_s_per_user or 0.0]) * 1.15
+    if target_tok_s_per_user:
+        fig.add_vline(
+            x=target_tok_s_per_user, line={"color": SLO_COLOR, "dash": "dash", "width": 1.5},
+            annotation_text=f"target ≥ {target_tok_s_per_user:g} tok/s per user", annotation_position="top right",
+            annotation_font={"color": SLO_COLOR, "size": 12}, annotation_bgcolor="rgba(255,255,255,0.85)",
+        )  # fmt: skip
+    derived = any(c.derived for c in drawn)
+    x_title = f"{x_metric.label} ({x_metric.unit}), p50" + (
+        "; 1000 / TPOT p50 for runs stored before interactivity_tok_s" if derived else ""
+    )
+    fig.update_xaxes(title=x_title, range=[0, x_top or 1.0])
+    fig.update_yaxes(title=f"{y_metric.label} ({y_metric.unit})", range=[0, max(ys) * 1.18 or 1.0])
     _legend_below(fig, height)
     return fig
+
+
+def _serving_hover(p: ServingPoint, prices: Mapping[str, Price]) -> str:
+    """A point's hover: its values, where tok/s per user came from, $ and J per million output tokens."""
+    origin = "interactivity p50" if p.per_user_from == FROM_INTERACTIVITY else "1000 / TPOT p50 (derived)"
+    usd = p.usd_per_million(prices)
+    price = prices.get(p.card)
+    cost = (
+        f"${usd:.3g} per M output tokens at ${price.usd_per_hour:.2f}/accelerator-hour "
+        f"({'assumption' if price.assumption else 'list price'})"
+        if usd is not None and price is not None
+        else f"$ per M: no price for '{p.card}'"
+    )
+    energy = (
+        f"{p.joules_per_million:,.4g} J per M output tokens"
+        if p.joules_per_million is not None
+        else ("energy not measured")
+    )
+    runs = ", ".join(str(i) for i in p.run_ids)
+    return (
+        f"{escape_text(p.label)}<br>{fmt_num(p.per_user_tok_s)} tok/s per user ({origin})<br>"
+        f"{fmt_num(p.per_accelerator_tok_s)} output tok/s per accelerator × {p.accelerators} = "
+        f"{fmt_num(p.output_tok_s)} tok/s<br>{escape_text(cost)}<br>{energy}<br>run {runs}"
+    )
 
 
 def goodput_figure(points: Sequence[PointResult], load_axis: str | None = None) -> go.Figure:

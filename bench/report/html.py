@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import plotly.graph_objects as go
 
+from bench.analysis.serving import (
+    DEFAULT_TARGET_TOK_S_PER_USER,
+    SERVING_TABLE_COLUMNS,
+    name_curves,
+    serving_rows,
+    sweep_curve,
+    target_caption,
+)
 from bench.analysis.sweep_analysis import (
     as_slos,
     axis_title,
@@ -23,6 +31,7 @@ from bench.analysis.sweep_analysis import (
     table_columns,
 )
 from bench.metrics.catalogue import DEFINITIONS, METRICS, Metric, latency_rows
+from bench.metrics.cost import Price, price_table
 from bench.metrics.records import PERCENTILES
 from bench.metrics.slo import judge_summary
 from bench.report.figures import (
@@ -30,12 +39,12 @@ from bench.report.figures import (
     escape_text,
     goodput_figure,
     latency_throughput_figure,
-    pareto_figure,
     run_throughput_figure,
+    serving_pareto_figure,
 )
 from bench.store import Store
 from bench.store.rows import RunRow, SweepRow
-from bench.sweep.spec import sweep_points
+from bench.sweep.spec import PointResult, sweep_points
 from engines.errors import MoEBenchError
 
 _TARGET_RUN = re.compile(r"(?:run:)?(\d+)")
@@ -359,7 +368,47 @@ def _sweep_config_items(sweep: SweepRow, first: RunRow | None) -> list[tuple[str
     return [(k, v) for k, v in items if v not in (None, [], {})]
 
 
-def _sweep_report(store: Store, sweep: SweepRow) -> bytes:
+def _serving_section(
+    page: _Page,
+    store: Store,
+    sweep: SweepRow,
+    points: Sequence[PointResult],
+    overlay: Sequence[int],
+    target_tok_s_per_user: float,
+    prices: Mapping[str, Price] | None,
+) -> None:
+    """Output tok/s per accelerator against tok/s per user, this sweep and the ``overlay`` sweeps, with
+    the best throughput at the target, the table of $ and J per million output tokens and the notes."""
+    table = price_table() if prices is None else prices
+    curves = [sweep_curve(sweep, points)]
+    for other_id in overlay:
+        other = store.get_sweep(int(other_id))
+        if other is None:
+            raise MoEBenchError(f"no sweep {other_id} in {store.path} to overlay")
+        if other.id != sweep.id:
+            curves.append(sweep_curve(other, sweep_points(store, other.id)))
+    names = name_curves(curves, {k: v.name for k, v in table.items()})
+    page.h2("Throughput per accelerator vs interactivity")
+    page.figure(serving_pareto_figure(curves, target_tok_s_per_user or None, table, names))
+    notes = [n for c in curves for n in c.notes]
+    caption = target_caption(curves, names, target_tok_s_per_user, table) if target_tok_s_per_user > 0 else ""
+    page.add(
+        f'<div class="card"><p>{escape_text(caption)}</p>'
+        + "".join(f'<p class="meta">{escape_text(n)}</p>' for n in notes)
+        + '<p class="meta">Prices per accelerator-hour are assumptions (bench/metrics/cost.py; '
+        "MOEBENCH_ACCELERATOR_PRICES overrides them); J per million output tokens only where the run measured "
+        "its energy.</p></div>"
+    )
+    page.add(_table(SERVING_TABLE_COLUMNS, serving_rows(curves, names, table)))
+
+
+def _sweep_report(
+    store: Store,
+    sweep: SweepRow,
+    overlay: Sequence[int] = (),
+    target_tok_s_per_user: float = DEFAULT_TARGET_TOK_S_PER_USER,
+    prices: Mapping[str, Price] | None = None,
+) -> bytes:
     runs = store.sweep_runs(sweep.id)
     what = "Capacity search" if sweep.kind == "capacity" else "Sweep"
     page = _Page(f"{what} {sweep.id}: {sweep.name}" if sweep.name else f"{what} {sweep.id}")
@@ -418,8 +467,8 @@ def _sweep_report(store: Store, sweep: SweepRow) -> bytes:
         page.h2("Charts")
         page.figure(latency_throughput_figure(points, slos, "ttft_ms", axis))
         page.figure(latency_throughput_figure(points, slos, "tpot_ms", axis))
-        page.figure(pareto_figure(points))
         page.figure(goodput_figure(points, axis))
+        _serving_section(page, store, sweep, points, overlay, target_tok_s_per_user, prices)
         page.h2("Points")
         rows = sweep_table(points, slos)
         cols = [c for c in table_columns(rows) if c[0] != "disturbed" or any(r.get("disturbed") for r in rows)]
@@ -428,11 +477,20 @@ def _sweep_report(store: Store, sweep: SweepRow) -> bytes:
     return page.render()
 
 
-def html_report(store: Store, target: str) -> bytes:
+def html_report(
+    store: Store,
+    target: str,
+    overlay: Sequence[int] = (),
+    target_tok_s_per_user: float = DEFAULT_TARGET_TOK_S_PER_USER,
+    prices: Mapping[str, Price] | None = None,
+) -> bytes:
     """A self-contained HTML report (UTF-8 bytes) of a run (``"12"``, ``"run:12"``) or of a sweep
     or capacity search (``"sweep:3"``, ``"s3"``): the configuration, the recommendations or
     the capacity verdict, the figures, the tables and the metric definitions; for a run, its
-    summary, latency percentiles and per-second output tok/s. plotly.js is inlined once, so
+    summary, latency percentiles and per-second output tok/s. A sweep's output tok/s per
+    accelerator against tok/s per user overlays the ``overlay`` sweeps and names the best
+    throughput at ``target_tok_s_per_user``, with $ per million output tokens at ``prices``
+    (default: :func:`bench.metrics.cost.price_table`). plotly.js is inlined once, so
     the file opens offline. Every text from the data is HTML-escaped.
     Raises :class:`MoEBenchError` for a bad or unknown target."""
     kind, ident = parse_target(target)
@@ -444,4 +502,4 @@ def html_report(store: Store, target: str) -> bytes:
     sweep = store.get_sweep(ident)
     if sweep is None:
         raise MoEBenchError(f"no sweep or capacity search {ident} in {store.path}")
-    return _sweep_report(store, sweep)
+    return _sweep_report(store, sweep, overlay, target_tok_s_per_user, prices)

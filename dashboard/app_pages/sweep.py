@@ -13,12 +13,27 @@ import argparse
 import time
 from typing import Any
 
+import pandas as pd
 import streamlit as st
 
+from bench.analysis.serving import (
+    DEFAULT_TARGET_TOK_S_PER_USER,
+    SERVING_TABLE_COLUMNS,
+    name_curves,
+    serving_rows,
+    sweep_curve,
+    target_caption,
+)
 from bench.analysis.sweep_analysis import point_label, recommendations, sweep_slos, sweep_table, table_columns
 from bench.config import RunConfig, field_bounds
+from bench.metrics.cost import Price, price_table
 from bench.report.csv_export import sweep_csv
-from bench.report.figures import capacity_figure, goodput_figure, latency_throughput_figure, pareto_figure
+from bench.report.figures import (
+    capacity_figure,
+    goodput_figure,
+    latency_throughput_figure,
+    serving_pareto_figure,
+)
 from bench.report.html import html_report
 from bench.store import SweepRow
 from bench.sweep.axes import length_pairs, number_list
@@ -65,6 +80,8 @@ DEFAULTS: dict[str, Any] = {
     "w.cap_errors": 0.0,
     "w.name": "",
     "w.server_metrics": False,
+    "w.target": DEFAULT_TARGET_TOK_S_PER_USER,
+    "w.overlay": [],
 }
 PICKS = (
     ("best", ":material/workspace_premium:", "Best throughput within the SLOs"),
@@ -379,7 +396,7 @@ def _header(sweep: SweepRow, runs: int) -> None:
     sid = sweep.id
     d1.download_button(
         "Sweep CSV",
-        data=lambda: sweep_csv(store, sid),
+        data=lambda: sweep_csv(store, sid, _page_prices()),
         file_name=f"moebench-sweep-{sid}.csv",
         mime="text/csv",
         icon=":material/download:",
@@ -390,7 +407,7 @@ def _header(sweep: SweepRow, runs: int) -> None:
     )
     d2.download_button(
         "HTML report",
-        data=lambda: html_report(store, f"sweep:{sid}"),
+        data=lambda: html_report(store, f"sweep:{sid}", _overlay_ids(sweep), float(ss["w.target"]), _page_prices()),
         file_name=f"moebench-sweep-{sid}.html",
         mime="text/html",
         icon=":material/description:",
@@ -501,6 +518,98 @@ def _column(header: str) -> Any:
     return st.column_config.Column(label, help=header)
 
 
+def _overlay_ids(sweep: SweepRow) -> list[int]:
+    """The other stored sweeps chosen to overlay on the serving chart (still stored, not this one)."""
+    stored = {s.id for s in store.list_sweeps(limit=200)}
+    return [int(i) for i in ss.get("w.overlay", []) if int(i) in stored and int(i) != sweep.id]
+
+
+def _page_prices() -> dict[str, Price]:
+    """The price table with the prices set on this page (a card with no default and 0 set: no price)."""
+    base = price_table()
+    given = {k.removeprefix("w.price."): float(v) for k, v in ss.items() if str(k).startswith("w.price.")}
+    return price_table({c: v for c, v in given.items() if v > 0 or c in base})
+
+
+def _price_inputs(cards: list[str]) -> None:
+    """A number input per card on the chart (defaults and their sources: bench.metrics.cost)."""
+    base = price_table()
+    for col, card in zip(st.columns(max(1, len(cards))), cards, strict=False):
+        known = base.get(card)
+        col.number_input(
+            f"$ per {known.name if known else card}-hour",
+            min_value=0.0,
+            max_value=1000.0,
+            step=0.1,
+            value=known.usd_per_hour if known else 0.0,
+            key=f"w.price.{card}",
+            format="%.3f",
+            help=(
+                f"An assumption, not a measurement. Default {known.text}"
+                if known
+                else f"No default price for '{card}' (the run did not name its device): 0 leaves $ per M empty"
+            ),
+        )
+
+
+def _serving(sweep: SweepRow, points: list[Any]) -> None:
+    """Output tok/s per accelerator against tok/s per user: this sweep and the chosen ones overlaid, the
+    interactivity target, the best throughput at it, and a table of $ and J per million output tokens."""
+    st.markdown("##### Throughput per accelerator vs interactivity")
+    others = [s for s in store.list_sweeps(limit=200) if s.id != sweep.id]
+    ss["w.overlay"] = [i for i in ss.get("w.overlay", []) if i in {s.id for s in others}]
+    c1, c2 = st.columns([3, 1])
+    c1.multiselect(
+        "Overlay other sweeps",
+        [s.id for s in others],
+        key="w.overlay",
+        format_func=lambda i: next((data.sweep_label(s) for s in others if s.id == i), f"sweep #{i}"),
+        help="Draw other stored sweeps on the same axes (engines, cards, options), each with its Pareto front",
+    )
+    c2.number_input(
+        "Target (tok/s per user)",
+        min_value=0.0,
+        max_value=10000.0,
+        step=5.0,
+        key="w.target",
+        help="The interactivity each user must see; the caption names each sweep's best throughput at it",
+    )
+    curves = [sweep_curve(sweep, points)]
+    for other_id in _overlay_ids(sweep):
+        other = store.get_sweep(other_id)
+        if other is not None:
+            curves.append(sweep_curve(other, sweep_points(store, other_id)))
+    _price_inputs(sorted({c.card for c in curves if c.card}))
+    prices = _page_prices()
+    target = float(ss["w.target"])
+    names = name_curves(curves, {k: v.name for k, v in prices.items()})
+    left, right = st.columns([3, 2])
+    with left:
+        ui.chart(serving_pareto_figure(curves, target or None, prices, names), "w.chart.serving")
+    with right:
+        rows = serving_rows(curves, names, prices)
+        headers = dict(SERVING_TABLE_COLUMNS)
+        frame = pd.DataFrame(
+            [{headers[k]: (", ".join(map(str, v)) if isinstance(v, list) else v) for k, v in r.items()} for r in rows]
+        )
+        st.dataframe(
+            frame,
+            hide_index=True,
+            key="w.serving_table",
+            width="stretch",
+            column_config={
+                "tok/s per user": st.column_config.NumberColumn(format="%.1f"),
+                "output tok/s per accelerator": st.column_config.NumberColumn(format="%.0f"),
+                "$ per M output tokens": st.column_config.NumberColumn(format="%.4f", help="An assumed price"),
+                "J per M output tokens": st.column_config.NumberColumn(format="%.0f"),
+            },
+        )
+    if target:
+        st.caption(target_caption(curves, names, target, prices))
+    for note in (n for c in curves for n in c.notes):
+        st.caption(note)
+
+
 def _sweep_body(sweep: SweepRow, live: bool) -> None:
     points = sweep_points(store, sweep.id)
     slos = sweep_slos(sweep)
@@ -515,10 +624,10 @@ def _sweep_body(sweep: SweepRow, live: bool) -> None:
     left, right = st.columns(2)
     with left:
         ui.chart(latency_throughput_figure(points, slos, "ttft_ms"), "w.chart.ttft")
-        ui.chart(goodput_figure(points), "w.chart.goodput")
     with right:
         ui.chart(latency_throughput_figure(points, slos, "tpot_ms"), "w.chart.tpot")
-        ui.chart(pareto_figure(points), "w.chart.pareto")
+    _serving(sweep, points)
+    ui.chart(goodput_figure(points), "w.chart.goodput")
     t1, t2 = st.columns([4, 1], vertical_alignment="bottom")
     t1.markdown("##### Points")
     every = t2.toggle("All columns", key="w.table_all", help="Also the p50s, the request rate and the repeats")

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from bench.analysis.serving import serving_curve
 from bench.analysis.sweep_analysis import knee, load_axis_of, pareto_front, recommendations, sweep_slos, sweep_table
 from bench.metrics.records import RequestRecord
 from bench.metrics.summary import summarize
@@ -20,8 +21,8 @@ from bench.report.figures import (
     capacity_figure,
     goodput_figure,
     latency_throughput_figure,
-    pareto_figure,
     run_throughput_figure,
+    serving_pareto_figure,
 )
 from bench.report.html import html_report, parse_target
 from bench.run.recorder import SERIES_OUTPUT_TOK_S
@@ -179,15 +180,17 @@ def test_pareto_front_by_hand(store: Store) -> None:
         _run(store, sid, {"concurrency": c, "repeat": 0}, tput=tput, tpot=tpot)
     points = _points(store, sid)
     assert [p.point["concurrency"] for p in pareto_front(points)] == [1, 4, 16]
-    fig = pareto_figure(points)
-    front = next(t for t in fig.data if t.name == "Pareto front")
-    others = next(t for t in fig.data if t.name == "other points")
-    assert list(front.x) == pytest.approx([100.0, 300.0, 500.0])
-    assert list(front.y) == pytest.approx([100.0, 50.0, 20.0])
-    assert front.mode == "lines+markers+text" and front.cliponaxis is False
-    assert sorted(others.text) == ["c=2", "c=8"]
-    assert fig.layout.xaxis.range[1] > 500 and fig.layout.yaxis.range[1] > 100  # room for the labels
-    assert "tokens/s" in fig.layout.xaxis.title.text and "tokens/s" in fig.layout.yaxis.title.text
+    # The serving chart of the same points (one accelerator: the CPU host), tok/s per user on x: the same front.
+    curve = serving_curve(points, "s")
+    fig = serving_pareto_figure([curve], 20.0, {}, ["s"])
+    (front,) = [t for t in fig.data if t.mode == "lines+markers+text"]
+    (every,) = [t for t in fig.data if t.showlegend is False]
+    assert list(front.x) == pytest.approx([20.0, 50.0, 100.0])
+    assert list(front.y) == pytest.approx([500.0, 300.0, 100.0])
+    assert front.cliponaxis is False and sorted(front.text) == ["c=1", "c=16", "c=4"]
+    assert len(every.x) == 5
+    assert fig.layout.xaxis.range[1] > 100 and fig.layout.yaxis.range[1] > 500  # room for the labels
+    assert "tok/s per user" in fig.layout.xaxis.title.text and "per accelerator" in fig.layout.yaxis.title.text
 
 
 # --- recommendations -------------------------------------------------------------------------------
@@ -400,7 +403,8 @@ def test_figures_without_data_say_why(store: Store) -> None:
     sid = _sweep(store, concurrency=[1])
     _run(store, sid, {"concurrency": 1, "repeat": 0}, tput=0.0, status="failed")
     points = _points(store, sid)
-    for fig in (latency_throughput_figure(points, []), pareto_figure(points), goodput_figure(points)):
+    serving = serving_pareto_figure([serving_curve(points)])
+    for fig in (latency_throughput_figure(points, []), serving, goodput_figure(points)):
         assert not fig.data and fig.layout.annotations[0].text.startswith("no point")
     assert run_throughput_figure([]).layout.annotations[0].text == "this run has no per-second series"
 
