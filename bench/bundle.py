@@ -28,7 +28,7 @@ from bench.config import RunConfig
 from bench.metrics.summary import RunSummary
 from bench.peers import PEER_TOOLS, peer_bundle
 from bench.store import Store
-from bench.store.layout import ARTIFACT_TRACE, ROLLUP_UPSERT, STATUSES, SWEEP_STATUSES, rollup_rows
+from bench.store.layout import ARTIFACT_ROUTING, ARTIFACT_TRACE, ROLLUP_UPSERT, STATUSES, SWEEP_STATUSES, rollup_rows
 from engines.errors import MoEBenchError
 
 RUN_FORMAT = "moebench-run/1"
@@ -38,7 +38,6 @@ EPOCH_MAX = 4_102_444_800.0  # 2100-01-01: a run's or sweep's time past this is 
 COUNT_MAX = 10**12  # a stored count (tokens, requests) above this is not one
 REAL_MAX = 1e15  # a stored number (times in s or ms, series values) beyond +-this is not one
 TEXT_FIELD_MAX = 10_000  # longest text column (name, model, error) an import keeps
-ARTIFACT_ROUTING = "expert_routing"  # the routing record's artifact name (bench.run.artifacts says the same)
 ROUTING_MAX_CELLS = 10_000_000  # layers x experts of a routing record at most
 
 _RUN_TEXT = ("mode", "engine", "model", "accelerator")  # required text columns of a run

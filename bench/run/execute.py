@@ -35,12 +35,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bench.config import RunConfig
-from bench.metrics import moe
 from bench.metrics.confidence import stop_fields
 from bench.metrics.cpu_limits import measure_cpu
-from bench.metrics.energy import energy_of_run, is_energy_series
-from bench.metrics.spec_decode import spec_fields, spec_series_names
-from bench.metrics.summary import RunSummary, summarize
+from bench.metrics.enrich import enrich
+from bench.metrics.summary import summarize
 from bench.run.artifacts import (
     ARTIFACT_BREAKDOWN,
     ARTIFACT_CLIENT_CPU,
@@ -370,24 +368,6 @@ def _prefix_cache_hit_rate(store: Store, run_id: int) -> float | None:
     return max(0.0, min(1.0, (hits[-1] - hits[0]) / (queries[-1] - queries[0])))
 
 
-def _with_energy(store: Store, run_id: int, summary: RunSummary) -> RunSummary:
-    """The summary with the devices' energy over the measured window (bench.metrics.energy); the
-    per-device figures, or the one line why there are none, are the run's ``energy`` artifact."""
-    names = [n for n in store.series_names(run_id) if is_energy_series(n)]
-    why = None
-    if not names:
-        found = store.artifact(run_id, ARTIFACT_DEVICE_TELEMETRY)
-        missing = found.get("missing") if isinstance(found, dict) else None
-        if missing:
-            why = "no power read: " + "; ".join(str(m) for m in missing)
-        elif found is None:
-            why = "no power read: device telemetry was off for this run"
-    points = store.timeseries(run_id, names) if names else []
-    fields, artifact = energy_of_run(points, summary.output_tokens, summary.goodput_rps, why)
-    store.put_artifact(run_id, ARTIFACT_ENERGY, artifact)
-    return dataclasses.replace(summary, **fields)
-
-
 def _measured_peak(store: Store, run_id: int, engine: Engine) -> float | None:
     """The run's peak memory (GiB): the highest peak sampled from the start to the end of the
     measured phase, so the headline is a point on the memory timeline (a profile's analysis,
@@ -397,32 +377,6 @@ def _measured_peak(store: Store, run_id: int, engine: Engine) -> float | None:
         return max(peaks)
     mem = engine.memory()
     return mem.peak_bytes / GIB if mem else None
-
-
-def _with_limits(store: Store, run_id: int, cfg: RunConfig, summary: RunSummary) -> RunSummary:
-    """The summary with the hardware's limits at the run's batch (bench.metrics.run_limits); the limits'
-    figures, or the one line why there are none, are stored as the run's ``limits`` artifact.
-    A limit that cannot be computed never fails the run."""
-    from bench.metrics.run_limits import for_run_or_reason
-
-    run = store.get_run(run_id)
-    try:
-        found = for_run_or_reason(
-            cfg.model_dump(), run.engine_info if run else {}, summary, cfg.engine_options.accelerator
-        )
-    except Exception as exc:  # noqa: BLE001 - a limit is a comparison, never a reason to fail a run
-        found = f"limits could not be computed: {type(exc).__name__}: {exc}"
-    if isinstance(found, str):
-        store.put_artifact(run_id, ARTIFACT_LIMITS, {"reason": found})
-        return summary
-    store.put_artifact(run_id, ARTIFACT_LIMITS, found.as_dict())
-    return dataclasses.replace(
-        summary,
-        tpot_limit_ms=found.tpot_limit_ms,
-        output_tok_s_limit=found.output_tok_s_limit,
-        tpot_pct_of_limit=found.tpot_pct,
-        throughput_pct_of_limit=found.throughput_pct,
-    )
 
 
 def _finish(job: Job, engine: Engine) -> None:
@@ -454,10 +408,12 @@ def _finish(job: Job, engine: Engine) -> None:
         # A server launched here on an accelerator: its own device memory is the run's memory
         # (its process tree's RSS, the fallback, holds none of its weights or KV cache).
         summary = dataclasses.replace(summary, peak_memory_gib=job.server_device_peak_gib)
-    summary = _with_limits(store, run_id, cfg, summary)
-    summary = dataclasses.replace(summary, **moe.run_figures(store.artifact(run_id, ARTIFACT_ROUTING)))
-    summary = dataclasses.replace(summary, **spec_fields(store.timeseries(run_id, spec_series_names())))
-    summary = _with_energy(store, run_id, summary)
+    run = store.get_run(run_id)
+    if run is not None:  # made whole as every summary is: limits, MoE, speculation, energy, per accelerator
+        done = enrich(summary, store.run_inputs(run))
+        store.put_artifact(run_id, ARTIFACT_LIMITS, done.limits)
+        store.put_artifact(run_id, ARTIFACT_ENERGY, done.energy)
+        summary = done.summary
     if cfg.until_ci:
         summary = dataclasses.replace(summary, **stop_fields(cfg.until_ci, records, job.stop_met_at))
     job.set_summary(summary)

@@ -20,9 +20,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench.metrics.enrich import RunInputs, enrich
 from bench.metrics.records import RequestRecord
-from bench.metrics.summary import RunSummary
+from bench.metrics.summary import RunSummary, summarize
 from bench.store.layout import (
+    ARTIFACT_DEVICE_TELEMETRY,
+    ARTIFACT_ENERGY,
+    ARTIFACT_LIMITS,
+    ARTIFACT_ROUTING,
     ARTIFACT_TRACE,
     LATER_SAMPLE_COLUMNS,
     ROLLUP_LEVELS,
@@ -221,8 +226,9 @@ class Store:
 
     def _summarize_stored(self, run_id: int) -> None:
         """The exact summary of a run's stored requests, in place of the last live one it wrote
-        (up to a second older than what was measured when its process died)."""
-        from bench.metrics.summary import summarize
+        (up to a second older than what was measured when its process died), made whole as a
+        finished run's is (bench.metrics.enrich: limits, MoE, speculative decoding, energy,
+        per-accelerator throughput)."""
 
         records = self.records(run_id)
         run = self.get_run(run_id)
@@ -236,8 +242,24 @@ class Store:
             request_rate=cfg.get("request_rate"),
             burstiness=cfg.get("burstiness"),
             slos=cfg.get("slos") or None,
+            prefix_cache_hit_rate=old.prefix_cache_hit_rate if old else None,
         )
-        self._conn().execute("UPDATE runs SET summary_json=? WHERE id=?", (json.dumps(summary.as_dict()), run_id))
+        done = enrich(summary, self.run_inputs(run), measure_cpu=False)
+        self.put_artifact(run_id, ARTIFACT_LIMITS, done.limits)
+        self.put_artifact(run_id, ARTIFACT_ENERGY, done.energy)
+        self._conn().execute("UPDATE runs SET summary_json=? WHERE id=?", (json.dumps(done.summary.as_dict()), run_id))
+
+    def run_inputs(self, run: RunRow) -> RunInputs:
+        """What ``run`` stored beside its requests, as bench.metrics.enrich reads it."""
+        return RunInputs(
+            config=run.config,
+            engine_info=run.engine_info,
+            accelerator=run.accelerator,
+            routing=self.artifact(run.id, ARTIFACT_ROUTING),
+            device_telemetry=self.artifact(run.id, ARTIFACT_DEVICE_TELEMETRY),
+            series_names=self.series_names(run.id),
+            series=lambda names: self.timeseries(run.id, names),
+        )
 
     def _row(self, r: sqlite3.Row) -> RunRow:
         """A stored run; a row whose stored summary or JSON cannot be read is still listed (without
