@@ -230,3 +230,22 @@ def test_a_capacity_search_over_a_traces_replay_speed(store: Store, stub_url: st
         value = next(p["value"] for p in r["probes"] if p["run_id"] == run.id)
         assert run.config["workload"]["time_scale"] == pytest.approx(1 / value)
         assert run.summary is not None and run.summary.completed == 40
+
+
+def test_capacity_under_an_interactivity_floor_is_one_command(tmp_path: Path, stub_url: str) -> None:
+    """The most in flight while users still stream at 33 tok/s or more (issue 48): each gap waits
+    LOAD_MS per other stream, so TPOT is ~21 ms at 2 in flight (~47 tok/s per user) and ~41 ms at 3
+    (~24 tok/s); the search must settle between them."""
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "--db", str(tmp_path / "c.sqlite"), "capacity", "--engine", "openai",
+         "--base-url", stub_url, "--prompts", "builtin", "--output-len", "8", "--requests", "12",
+         "--no-server-metrics", "--axis", "concurrency", "--start", "1", "--max", "16",
+         "--slo", "interactivity_tok_s:p50>=33"],
+        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    store = Store(tmp_path / "c.sqlite")
+    row = store.list_sweeps()[0]
+    assert row.kind == "capacity" and row.status == "completed"
+    assert row.result["passes_at"] == 2 and row.result["fails_at"] == 3, row.result
+    assert "tok/s per user p50 ≥ 33 tok/s" in out.stdout + str(row.result), out.stdout[-1500:]
