@@ -9,7 +9,6 @@ Streamlit here: this module only describes the fields and parses the widgets' va
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import types
 import typing
@@ -109,94 +108,22 @@ GROUP_TUNING = "Tuning (the book's 8.4.2-8.4.3)"
 GROUP_PARALLEL = "Parallelism (several GPUs or nodes)"
 OPTION_GROUPS: tuple[str, ...] = (GROUP_BOOK, GROUP_TUNING, GROUP_PARALLEL, GROUP_SERVER, GROUP_CONNECT, GROUP_ADVANCED)
 
-# Field name -> (human label, group). A field missing here keeps its model title (or its
-# name with spaces) and goes under "Advanced": a test checks every engine's fields are named.
-OPTION_META: dict[str, tuple[str, str]] = {
-    # the book's 8.2.3 vLLM arguments
-    "tensor_parallel_size": ("Tensor parallel size (GPUs)", GROUP_BOOK),
-    "max_num_batched_tokens": ("Max batched tokens per step", GROUP_BOOK),
-    "quantization": ("Quantization (e.g. fp8)", GROUP_BOOK),
-    "enable_prefix_caching": ("Prefix caching", GROUP_BOOK),
-    # the native engine's tuning (book 8.4.2-8.4.3)
-    "batch_size": ("Batch size (static batching)", GROUP_TUNING),
-    "batch_wait_ms": ("Batch fill wait (ms)", GROUP_TUNING),
-    "capture_sizes": ("Graph batch sizes", GROUP_TUNING),
-    "cache": ("KV cache", GROUP_TUNING),
-    "compile": ("torch.compile mode", GROUP_TUNING),
-    "experts_impl": ("Experts kernels", GROUP_TUNING),
-    "attn_impl": ("Attention kernels", GROUP_TUNING),
-    "inference_mode": ("Inference mode (no autograd)", GROUP_TUNING),
-    "cudnn_benchmark": ("cuDNN benchmark (CUDA)", GROUP_TUNING),
-    "cuda_graphs": ("CUDA graphs (decode step)", GROUP_TUNING),
-    "mla": ("Latent attention (MLA) decode", GROUP_TUNING),
-    "router": ("MoE gate (router)", GROUP_TUNING),
-    # expert parallelism of the native engine (processes started by MoE Bench)
-    "expert_parallel": ("Expert-parallel ranks (processes; all-to-all)", GROUP_PARALLEL),
-    # parallel deployments (vLLM)
-    "pipeline_parallel_size": ("Pipeline parallel size (stages)", GROUP_PARALLEL),
-    "data_parallel_size": ("Data parallel size (replicas, all nodes)", GROUP_PARALLEL),
-    "data_parallel_size_local": ("Replicas on this node", GROUP_PARALLEL),
-    "data_parallel_address": ("Data-parallel head address", GROUP_PARALLEL),
-    "data_parallel_rpc_port": ("Data-parallel RPC port", GROUP_PARALLEL),
-    "enable_expert_parallel": ("Expert parallelism (EP)", GROUP_PARALLEL),
-    "enable_eplb": ("Expert load balancing (EPLB)", GROUP_PARALLEL),
-    "eplb_num_redundant_experts": ("Redundant experts (EPLB)", GROUP_PARALLEL),
-    "distributed_executor_backend": ("Worker backend (mp or ray)", GROUP_PARALLEL),
-    "ray_address": ("Ray cluster address", GROUP_PARALLEL),
-    "cpu_threads_bind": ("CPU cores per worker (cpu)", GROUP_PARALLEL),
-    # parallel deployments (LMDeploy)
-    "tp": ("Tensor parallel (tp)", GROUP_PARALLEL),
-    "dp": ("Data parallel (dp)", GROUP_PARALLEL),
-    "ep": ("Expert parallel (ep)", GROUP_PARALLEL),
-    # the server's own
-    "max_num_seqs": ("Max sequences per step", GROUP_SERVER),
-    "max_model_len": ("Max model length (tokens)", GROUP_SERVER),
-    "gpu_memory_utilization": ("GPU memory fraction for vLLM", GROUP_SERVER),
-    "cpu_kvcache_space_gib": ("CPU KV cache (GiB)", GROUP_SERVER),
-    "enforce_eager": ("Eager mode (no CUDA graphs)", GROUP_SERVER),
-    "speculative_method": ("Speculative decoding (MTP, n-gram, EAGLE)", GROUP_SERVER),
-    "num_speculative_tokens": ("Draft tokens per step", GROUP_SERVER),
-    "speculative_model": ("Draft model folder (EAGLE, draft model)", GROUP_SERVER),
-    "reasoning_parser": ("Reasoning parser (DeepSeek-R1: thinking streamed apart from the answer)", GROUP_SERVER),
-    "served_model_name": ("Served model name", GROUP_SERVER),
-    "sglang_expert_distribution_dir": ("SGLang: expert distribution dump folder", GROUP_CONNECT),
-    "routed_experts": ("Ask for each request's routed experts (SGLang)", GROUP_CONNECT),
-    "routing_pass": ("Routing pass: requests re-sent, not streamed, for routed experts (vLLM)", GROUP_CONNECT),
-    "backend": ("LMDeploy backend", GROUP_SERVER),
-    "session_len": ("Session length (tokens)", GROUP_SERVER),
-    "max_batch_size": ("Max batch size", GROUP_SERVER),
-    "cache_max_entry_count": ("KV cache share of free memory", GROUP_SERVER),
-    "eager_mode": ("Eager mode", GROUP_SERVER),
-    "instance_count": ("Model instances", GROUP_SERVER),
-    "model_name": ("Triton model name", GROUP_SERVER),
-    "record_routing": ("Record expert routing", GROUP_SERVER),
-    "profiler_dir": ("Profiler output folder", GROUP_SERVER),
-    "profiler_with_stack": ("Profiler records Python stacks", GROUP_SERVER),
-    # where the server is and what a request asks for
-    "base_url": ("Server URL (empty: MoE Bench starts one)", GROUP_CONNECT),
-    "endpoint": ("API endpoint", GROUP_CONNECT),
-    "exact_lengths": ("Exact output length (ignore EOS)", GROUP_CONNECT),
-    "tokenizer": ("Tokenizer folder", GROUP_CONNECT),
-    "timeout_s": ("Request deadline (s)", GROUP_CONNECT),
-    # client plumbing
-    "max_connections": ("HTTP connection pool size", GROUP_ADVANCED),
-    "send_min_tokens": ("Also send a minimum length (min tokens)", GROUP_ADVANCED),
-    "server_token_counts": ("Per-chunk token counts from the server", GROUP_ADVANCED),
-    "check_model": ("Check the model is served at start", GROUP_ADVANCED),
-    "async_client": ("Asynchronous HTTP client", GROUP_ADVANCED),
-    "extra_args": ("Extra server flags (JSON list)", GROUP_ADVANCED),
-    "port": ("Server port (empty: a free one)", GROUP_ADVANCED),
-    "start_timeout_s": ("Server start timeout (s)", GROUP_ADVANCED),
-    "metrics_url": ("Metrics URL", GROUP_ADVANCED),
-    "metrics_port": ("Metrics port", GROUP_ADVANCED),
-    "input_name": ("Input tensor name", GROUP_ADVANCED),
-    "output_name": ("Output tensor name", GROUP_ADVANCED),
-    "max_tokens_name": ("Max-tokens tensor name", GROUP_ADVANCED),
-    "stream_name": ("Stream tensor name", GROUP_ADVANCED),
-    "ignore_eos_name": ("Ignore-EOS tensor name", GROUP_ADVANCED),
-    "tokens_name": ("Token-ids tensor name", GROUP_ADVANCED),
-    "routing_name": ("Routing output name", GROUP_ADVANCED),
+# Each engine option declares its label (Field title) and its group (json_schema_extra "group") in its
+# engine's options model; the page draws the groups under these headings, in this order.
+GROUP_TITLES: dict[str, str] = {
+    "book": GROUP_BOOK,
+    "tuning": GROUP_TUNING,
+    "parallel": GROUP_PARALLEL,
+    "server": GROUP_SERVER,
+    "connect": GROUP_CONNECT,
+    "advanced": GROUP_ADVANCED,
 }
+
+
+def option_group(info: FieldInfo) -> str:
+    """The heading an option is drawn under (its model's ``group``; none: Advanced)."""
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    return GROUP_TITLES.get(str(extra.get("group") or "advanced"), GROUP_ADVANCED)
 
 
 def option_fields(options_model: type[BaseModel]) -> list[FieldSpec]:
@@ -206,10 +133,7 @@ def option_fields(options_model: type[BaseModel]) -> list[FieldSpec]:
     for n, info in options_model.model_fields.items():
         if n in COMMON_FIELDS:
             continue
-        spec = field_spec(n, info)
-        if n in OPTION_META and not info.title:
-            spec = dataclasses.replace(spec, label=OPTION_META[n][0])
-        out.append(spec)
+        out.append(field_spec(n, info))
     return out
 
 
@@ -217,7 +141,7 @@ def grouped_option_fields(options_model: type[BaseModel]) -> list[tuple[str, lis
     """The option fields by group, groups in :data:`OPTION_GROUPS` order, empty groups left out."""
     by_group: dict[str, list[FieldSpec]] = {g: [] for g in OPTION_GROUPS}
     for spec in option_fields(options_model):
-        by_group[OPTION_META.get(spec.name, ("", GROUP_ADVANCED))[1]].append(spec)
+        by_group[option_group(options_model.model_fields[spec.name])].append(spec)
     return [(g, specs) for g, specs in by_group.items() if specs]
 
 

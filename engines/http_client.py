@@ -74,17 +74,40 @@ class HTTPOptions(EngineOptions):
     """What every engine reached over HTTP takes. ``base_url`` None: the engine launches
     its own server (vllm, triton, lmdeploy)."""
 
-    base_url: str | None = Field(None, description="The server's URL")
+    base_url: str | None = Field(
+        None,
+        description="The server's URL",
+        title="Server URL (empty: MoE Bench starts one)",
+        json_schema_extra={"group": "connect"},
+    )
     tokenizer: str | None = Field(
         None,
         description="Local tokenizer folder for prompts and client counts ('server': the server's /tokenize); "
         "default: the model's own when the model is a preset or a folder",
+        title="Tokenizer folder",
+        json_schema_extra={"group": "connect"},
     )
-    exact_lengths: bool = Field(True, description="Ask the server for exactly the requested output length (ignore_eos)")
+    exact_lengths: bool = Field(
+        True,
+        description="Ask the server for exactly the requested output length (ignore_eos)",
+        title="Exact output length (ignore EOS)",
+        json_schema_extra={"group": "connect"},
+    )
     timeout_s: float | None = Field(
-        None, gt=0, description="Deadline of each whole request in seconds; default MOEBENCH_REQUEST_TIMEOUT_S"
+        None,
+        gt=0,
+        description="Deadline of each whole request in seconds; default MOEBENCH_REQUEST_TIMEOUT_S",
+        title="Request deadline (s)",
+        json_schema_extra={"group": "connect"},
     )
-    max_connections: int = Field(1024, ge=1, le=65536, description="HTTP connection pool size (>= the concurrency)")
+    max_connections: int = Field(
+        1024,
+        ge=1,
+        le=65536,
+        description="HTTP connection pool size (>= the concurrency)",
+        title="HTTP connection pool size",
+        json_schema_extra={"group": "advanced"},
+    )
 
     @field_validator("base_url")
     @classmethod

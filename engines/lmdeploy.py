@@ -46,11 +46,27 @@ class LMDeployOptions(OpenAIOptions):
     """LMDeploy server options. ``model`` is the checkpoint (preset or folder)."""
 
     kind: Literal["lmdeploy"] = "lmdeploy"  # type: ignore[assignment]
-    base_url: str | None = None  # type: ignore[assignment]  # connect instead of launching
-    backend: Literal["pytorch", "turbomind"] = "pytorch"
-    tp: int = Field(1, ge=1, le=64, description="Tensor parallelism: devices one replica spans (--tp)")
+    base_url: str | None = Field(
+        None, title="Server URL (empty: MoE Bench starts one)", json_schema_extra={"group": "connect"}
+    )  # type: ignore[assignment]  # connect instead of launching
+    backend: Literal["pytorch", "turbomind"] = Field(
+        "pytorch", title="LMDeploy backend", json_schema_extra={"group": "server"}
+    )
+    tp: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Tensor parallelism: devices one replica spans (--tp)",
+        title="Tensor parallel (tp)",
+        json_schema_extra={"group": "parallel"},
+    )
     dp: int = Field(
-        1, ge=1, le=1024, description="Data parallelism: replicas of the attention layers, one per device group (--dp)"
+        1,
+        ge=1,
+        le=1024,
+        description="Data parallelism: replicas of the attention layers, one per device group (--dp)",
+        title="Data parallel (dp)",
+        json_schema_extra={"group": "parallel"},
     )
     ep: int | None = Field(
         None,
@@ -58,15 +74,25 @@ class LMDeployOptions(OpenAIOptions):
         le=1024,
         description="Expert parallelism: the routed experts spread over this many devices (--ep; PyTorch backend, "
         "with dp)",
+        title="Expert parallel (ep)",
+        json_schema_extra={"group": "parallel"},
     )
-    session_len: int | None = Field(None, ge=16)
-    max_batch_size: int | None = Field(None, ge=1)
-    cache_max_entry_count: float | None = Field(None, gt=0.0, le=1.0)
-    eager_mode: bool = False
-    served_model_name: str | None = None
-    extra_args: list[str] = Field(default_factory=list)
-    start_timeout_s: float | None = Field(None, gt=0)
-    send_min_tokens: bool = True
+    session_len: int | None = Field(None, ge=16, title="Session length (tokens)", json_schema_extra={"group": "server"})
+    max_batch_size: int | None = Field(None, ge=1, title="Max batch size", json_schema_extra={"group": "server"})
+    cache_max_entry_count: float | None = Field(
+        None, gt=0.0, le=1.0, title="KV cache share of free memory", json_schema_extra={"group": "server"}
+    )
+    eager_mode: bool = Field(False, title="Eager mode", json_schema_extra={"group": "server"})
+    served_model_name: str | None = Field(None, title="Served model name", json_schema_extra={"group": "server"})
+    extra_args: list[str] = Field(
+        default_factory=list, title="Extra server flags (JSON list)", json_schema_extra={"group": "advanced"}
+    )
+    start_timeout_s: float | None = Field(
+        None, gt=0, title="Server start timeout (s)", json_schema_extra={"group": "advanced"}
+    )
+    send_min_tokens: bool = Field(
+        True, title="Also send a minimum length (min tokens)", json_schema_extra={"group": "advanced"}
+    )
 
     @model_validator(mode="after")
     def _backend_fits_device(self) -> LMDeployOptions:

@@ -111,7 +111,9 @@ class NativeOptions(EngineOptions):
     """The native engine's options: routing counts, and the book's tuning knobs (8.4.2-8.4.3)."""
 
     kind: Literal["native"] = "native"
-    record_routing: bool = True  # count tokens per expert (hooks on the MoE gates)
+    record_routing: bool = Field(
+        True, title="Record expert routing", json_schema_extra={"group": "server"}
+    )  # count tokens per expert (hooks on the MoE gates)
     batch_size: int = Field(
         1,
         ge=1,
@@ -119,6 +121,8 @@ class NativeOptions(EngineOptions):
         description="Requests in flight decoded together (static batching: up to N per generate call, prompts "
         "left-padded, each sequence streamed and timed on its own). 1: each request runs its own generate "
         "(the book's 8.4.1 model, no batching).",
+        title="Batch size (static batching)",
+        json_schema_extra={"group": "tuning"},
     )
     batch_wait_ms: float = Field(
         5.0,
@@ -126,22 +130,30 @@ class NativeOptions(EngineOptions):
         le=10_000.0,
         description="How long a batch waits to fill (ms): it is taken once it is full, or once this long passes "
         "with no new request (a wave still arriving keeps it open, up to 50 times this long).",
+        title="Batch fill wait (ms)",
+        json_schema_extra={"group": "tuning"},
     )
     capture_sizes: str = Field(
         "",
         description="With cuda_graphs: the batch sizes whose decode step is compiled and captured before a run "
         "starts its clock, comma-separated (e.g. 1,8,32,128); a batch runs in the smallest captured size that holds "
         "it (extra rows padded, their tokens dropped). Empty: 1, 2, 4, ... (powers of two) and batch_size.",
+        title="Graph batch sizes",
+        json_schema_extra={"group": "tuning"},
     )
     cache: Literal["dynamic", "static"] = Field(
         "dynamic",
         description="KV cache: dynamic grows per step; static is preallocated at prompt + max tokens (fixed shapes, "
         "what compile needs).",
+        title="KV cache",
+        json_schema_extra={"group": "tuning"},
     )
     compile: Literal["off", "default", "reduce-overhead", "max-autotune"] = Field(
         "off",
         description="torch.compile the decode step (transformers' generate compiles the forward once with a static "
         "cache): off, or the compile mode. Needs cache=static.",
+        title="torch.compile mode",
+        json_schema_extra={"group": "tuning"},
     )
     experts_impl: Literal["eager", "grouped_mm", "batched_mm", "lean_grouped_mm"] | None = Field(
         None,
@@ -149,25 +161,42 @@ class NativeOptions(EngineOptions):
         "grouped GEMM), batched_mm (gathers each token's experts' weights), lean_grouped_mm (MoE Bench's grouped "
         "GEMM without transformers' masking, the routing weight on the narrow side: engines/experts.py). Empty: "
         "transformers' default.",
+        title="Experts kernels",
+        json_schema_extra={"group": "tuning"},
     )
     attn_impl: Literal["eager", "sdpa", "flash_attention_2"] | None = Field(
-        None, description="Attention kernels: eager, sdpa (PyTorch's), flash_attention_2 (where installed)."
+        None,
+        description="Attention kernels: eager, sdpa (PyTorch's), flash_attention_2 (where installed).",
+        title="Attention kernels",
+        json_schema_extra={"group": "tuning"},
     )
-    inference_mode: bool = Field(True, description="Run generate under torch.inference_mode (off: torch.no_grad).")
+    inference_mode: bool = Field(
+        True,
+        description="Run generate under torch.inference_mode (off: torch.no_grad).",
+        title="Inference mode (no autograd)",
+        json_schema_extra={"group": "tuning"},
+    )
     cudnn_benchmark: bool = Field(
-        False, description="torch.backends.cudnn.benchmark: let cuDNN pick its fastest kernels per shape (CUDA only)."
+        False,
+        description="torch.backends.cudnn.benchmark: let cuDNN pick its fastest kernels per shape (CUDA only).",
+        title="cuDNN benchmark (CUDA)",
+        json_schema_extra={"group": "tuning"},
     )
     cuda_graphs: bool = Field(
         False,
         description="Capture the decode step in a CUDA graph (one per batch shape) and replay it each step: the prompt "
         "runs eagerly, then every step is one graph launch over static input buffers. NVIDIA GPUs only; needs "
         "cache=static. With compile=default/max-autotune the step is compiled before it is captured.",
+        title="CUDA graphs (decode step)",
+        json_schema_extra={"group": "tuning"},
     )
     mla: Literal["expand", "absorbed"] = Field(
         "expand",
         description="Multi-head latent attention in the decode step: expand (transformers: the cached latents are "
         "expanded into every head's keys and values each step) or absorbed (kv_b_proj folded into the query and "
         "the output, attention over the cached latents themselves, as vLLM and SGLang do). DeepSeek-V3 models.",
+        title="Latent attention (MLA) decode",
+        json_schema_extra={"group": "tuning"},
     )
     expert_parallel: int = Field(
         1,
@@ -177,12 +206,16 @@ class NativeOptions(EngineOptions):
         "every request; N-1 follower processes each hold 1/N of every MoE layer's routed experts, and each MoE layer "
         "sends its (token, expert) pairs to the experts' ranks and back by all-to-all (gloo on CPU, NCCL on GPUs, "
         "one GPU per rank). 1: one process.",
+        title="Expert-parallel ranks (processes; all-to-all)",
+        json_schema_extra={"group": "parallel"},
     )
     router: Literal["transformers", "lean"] = Field(
         "transformers",
         description="The MoE gate: transformers (always runs DeepSeek-V3's group-limited stage: two more top-k per "
         "layer) or lean (skips that stage where it keeps every group, e.g. n_group=1 as the V2-Lite shape: the "
         "same experts and weights, bit for bit: engines/router.py). DeepSeek-V3 gates.",
+        title="MoE gate (router)",
+        json_schema_extra={"group": "tuning"},
     )
 
     @field_validator("capture_sizes", mode="before")

@@ -61,23 +61,47 @@ class OpenAIOptions(HTTPOptions):
 
     kind: Literal["openai"] = "openai"  # type: ignore[assignment]
     base_url: str = Field(  # type: ignore[assignment]
-        "http://127.0.0.1:8000/v1", description="The server's OpenAI API root, e.g. http://host:8000/v1"
+        "http://127.0.0.1:8000/v1",
+        description="The server's OpenAI API root, e.g. http://host:8000/v1",
+        title="Server URL (empty: MoE Bench starts one)",
+        json_schema_extra={"group": "connect"},
     )
     exact_lengths: bool = Field(
-        True, description="Send ignore_eos (and min_tokens) so every output is exactly the requested length"
+        True,
+        description="Send ignore_eos (and min_tokens) so every output is exactly the requested length",
+        title="Exact output length (ignore EOS)",
+        json_schema_extra={"group": "connect"},
     )
     endpoint: Literal["completions", "chat"] = Field(
-        "completions", description="/v1/completions (raw prompt) or /v1/chat/completions (chat template)"
+        "completions",
+        description="/v1/completions (raw prompt) or /v1/chat/completions (chat template)",
+        title="API endpoint",
+        json_schema_extra={"group": "connect"},
     )
-    send_min_tokens: bool = Field(True, description="Send min_tokens too, for servers that ignore ignore_eos")
+    send_min_tokens: bool = Field(
+        True,
+        description="Send min_tokens too, for servers that ignore ignore_eos",
+        title="Also send a minimum length (min tokens)",
+        json_schema_extra={"group": "advanced"},
+    )
     server_token_counts: bool = Field(
-        False, description="Ask the server for per-chunk token counts (vLLM: per-chunk usage or token ids)"
+        False,
+        description="Ask the server for per-chunk token counts (vLLM: per-chunk usage or token ids)",
+        title="Per-chunk token counts from the server",
+        json_schema_extra={"group": "advanced"},
     )
-    check_model: bool = Field(True, description="At start, check that the server lists the model under /models")
+    check_model: bool = Field(
+        True,
+        description="At start, check that the server lists the model under /models",
+        title="Check the model is served at start",
+        json_schema_extra={"group": "advanced"},
+    )
     async_client: bool = Field(
         True,
         description="Send a run's requests from one asyncio loop (aiohttp), as vllm bench serve does; "
         "off: one thread per in-flight request (httpx)",
+        title="Asynchronous HTTP client",
+        json_schema_extra={"group": "advanced"},
     )
     routed_experts: bool = Field(
         False,
@@ -85,6 +109,8 @@ class OpenAIOptions(HTTPOptions):
         "routing: SGLang sends them at the end of the stream (server flag --enable-return-routed-experts); vLLM "
         "0.32 sends them only on non-streamed responses (use routing_pass). Needs the model's config.json (a "
         "preset, a local folder, or tokenizer=FOLDER)",
+        title="Ask for each request's routed experts (SGLang)",
+        json_schema_extra={"group": "connect"},
     )
     routing_pass: int = Field(
         0,
@@ -93,12 +119,16 @@ class OpenAIOptions(HTTPOptions):
         description="After the measured window, send up to this many of the run's requests again, not streamed, "
         "asking for routed experts, and count those as the run's routing (untimed; vLLM returns routed_experts "
         "only on non-streamed responses; its server needs --enable-return-routed-experts). 0: off",
+        title="Routing pass: requests re-sent, not streamed, for routed experts (vLLM)",
+        json_schema_extra={"group": "connect"},
     )
     sglang_expert_distribution_dir: str | None = Field(
         None,
         description="SGLang server: record its expert distribution over each run and read the dump from this "
         "folder (the server's SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR, reachable from here); the server needs "
         "--expert-distribution-recorder-mode stat",
+        title="SGLang: expert distribution dump folder",
+        json_schema_extra={"group": "connect"},
     )
 
 

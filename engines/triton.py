@@ -65,33 +65,62 @@ class TritonOptions(HTTPOptions):
 
     kind: Literal["triton"] = "triton"  # type: ignore[assignment]
     base_url: str | None = Field(
-        None, description="A running Triton server's root, e.g. http://127.0.0.1:8000; empty: launch one"
+        None,
+        description="A running Triton server's root, e.g. http://127.0.0.1:8000; empty: launch one",
+        title="Server URL (empty: MoE Bench starts one)",
+        json_schema_extra={"group": "connect"},
     )
     exact_lengths: bool = Field(
-        True, description="Send the ignore_eos input so every output is exactly the requested length"
+        True,
+        description="Send the ignore_eos input so every output is exactly the requested length",
+        title="Exact output length (ignore EOS)",
+        json_schema_extra={"group": "connect"},
     )
-    model_name: str = Field("moebench", description="The Triton model to call (and the name of the managed one)")
+    model_name: str = Field(
+        "moebench",
+        description="The Triton model to call (and the name of the managed one)",
+        title="Triton model name",
+        json_schema_extra={"group": "server"},
+    )
     metrics_url: str | None = Field(
-        None, description="Triton's Prometheus URL; default: the server's host on metrics_port"
+        None,
+        description="Triton's Prometheus URL; default: the server's host on metrics_port",
+        title="Metrics URL",
+        json_schema_extra={"group": "advanced"},
     )
-    metrics_port: int = Field(8002, ge=1, le=65535)
-    input_name: str = "text_input"
-    output_name: str = "text_output"
-    max_tokens_name: str = "max_tokens"
-    stream_name: str | None = "stream"
-    ignore_eos_name: str | None = Field("ignore_eos", description="Input for ignore_eos; empty: not sent")
+    metrics_port: int = Field(8002, ge=1, le=65535, title="Metrics port", json_schema_extra={"group": "advanced"})
+    input_name: str = Field("text_input", title="Input tensor name", json_schema_extra={"group": "advanced"})
+    output_name: str = Field("text_output", title="Output tensor name", json_schema_extra={"group": "advanced"})
+    max_tokens_name: str = Field("max_tokens", title="Max-tokens tensor name", json_schema_extra={"group": "advanced"})
+    stream_name: str | None = Field("stream", title="Stream tensor name", json_schema_extra={"group": "advanced"})
+    ignore_eos_name: str | None = Field(
+        "ignore_eos",
+        description="Input for ignore_eos; empty: not sent",
+        title="Ignore-EOS tensor name",
+        json_schema_extra={"group": "advanced"},
+    )
     tokens_name: str | None = Field(
-        "num_tokens", description="Per-response token count output; empty: count with the tokenizer"
+        "num_tokens",
+        description="Per-response token count output; empty: count with the tokenizer",
+        title="Token-ids tensor name",
+        json_schema_extra={"group": "advanced"},
     )
-    instance_count: int = Field(1, ge=1, le=64)
-    start_timeout_s: float | None = Field(None, gt=0)
+    instance_count: int = Field(1, ge=1, le=64, title="Model instances", json_schema_extra={"group": "server"})
+    start_timeout_s: float | None = Field(
+        None, gt=0, title="Server start timeout (s)", json_schema_extra={"group": "advanced"}
+    )
     record_routing: bool = Field(
         True,
         description="Managed server: MoE Bench's model counts each request's expert routing at its gates and "
         "returns it (the run's routing record, as the native engine's)",
+        title="Record expert routing",
+        json_schema_extra={"group": "server"},
     )
     routing_name: str | None = Field(
-        "expert_routing", description="Output holding a request's routing counts (JSON shape + counts); empty: none"
+        "expert_routing",
+        description="Output holding a request's routing counts (JSON shape + counts); empty: none",
+        title="Routing output name",
+        json_schema_extra={"group": "advanced"},
     )
 
     @model_validator(mode="before")

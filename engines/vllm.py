@@ -252,73 +252,176 @@ class VLLMOptions(OpenAIOptions):
     """vLLM server options (the seed's 8.2.3 ``LLM(...)`` arguments and a few more)."""
 
     kind: Literal["vllm"] = "vllm"  # type: ignore[assignment]
-    base_url: str | None = None  # type: ignore[assignment]  # connect to a running server instead
-    served_model_name: str | None = None  # default: the preset name or the folder name
+    base_url: str | None = Field(
+        None, title="Server URL (empty: MoE Bench starts one)", json_schema_extra={"group": "connect"}
+    )  # type: ignore[assignment]  # connect to a running server instead
+    served_model_name: str | None = Field(
+        None, title="Served model name", json_schema_extra={"group": "server"}
+    )  # default: the preset name or the folder name
     server_token_counts: bool = Field(
-        True, description="Ask vLLM for each chunk's token ids (return_token_ids): exact token counts per chunk"
+        True,
+        description="Ask vLLM for each chunk's token ids (return_token_ids): exact token counts per chunk",
+        title="Per-chunk token counts from the server",
+        json_schema_extra={"group": "advanced"},
     )
     # ignore_eos alone makes vLLM's outputs exactly max_tokens long; min_tokens would add a
     # per-step logits processor on the server and slow it down against vllm bench serve.
-    send_min_tokens: bool = False
-    tensor_parallel_size: int = Field(1, ge=1, le=1024)
+    send_min_tokens: bool = Field(
+        False, title="Also send a minimum length (min tokens)", json_schema_extra={"group": "advanced"}
+    )
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=1024, title="Tensor parallel size (GPUs)", json_schema_extra={"group": "book"}
+    )
     # Parallelism beyond one GPU (vLLM's own; MoE Bench only passes and checks them).
-    pipeline_parallel_size: int = Field(1, ge=1, le=128, description="Pipeline stages (GPUs per replica x TP)")
-    data_parallel_size: int = Field(1, ge=1, le=1024, description="Model replicas (data parallel), all nodes")
-    data_parallel_size_local: int | None = Field(None, ge=1, le=1024, description="Replicas on this node")
-    data_parallel_address: str | None = Field(None, description="The data-parallel head node's address (multi-node)")
-    data_parallel_rpc_port: int | None = Field(None, ge=1, le=65535, description="The head node's RPC port")
-    enable_expert_parallel: bool = Field(False, description="Experts spread over the GPUs (EP) instead of sliced (TP)")
-    enable_eplb: bool = Field(False, description="Expert-parallel load balancing (needs expert parallelism)")
-    eplb_num_redundant_experts: int | None = Field(None, ge=0, description="Redundant expert copies for EPLB")
+    pipeline_parallel_size: int = Field(
+        1,
+        ge=1,
+        le=128,
+        description="Pipeline stages (GPUs per replica x TP)",
+        title="Pipeline parallel size (stages)",
+        json_schema_extra={"group": "parallel"},
+    )
+    data_parallel_size: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Model replicas (data parallel), all nodes",
+        title="Data parallel size (replicas, all nodes)",
+        json_schema_extra={"group": "parallel"},
+    )
+    data_parallel_size_local: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="Replicas on this node",
+        title="Replicas on this node",
+        json_schema_extra={"group": "parallel"},
+    )
+    data_parallel_address: str | None = Field(
+        None,
+        description="The data-parallel head node's address (multi-node)",
+        title="Data-parallel head address",
+        json_schema_extra={"group": "parallel"},
+    )
+    data_parallel_rpc_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="The head node's RPC port",
+        title="Data-parallel RPC port",
+        json_schema_extra={"group": "parallel"},
+    )
+    enable_expert_parallel: bool = Field(
+        False,
+        description="Experts spread over the GPUs (EP) instead of sliced (TP)",
+        title="Expert parallelism (EP)",
+        json_schema_extra={"group": "parallel"},
+    )
+    enable_eplb: bool = Field(
+        False,
+        description="Expert-parallel load balancing (needs expert parallelism)",
+        title="Expert load balancing (EPLB)",
+        json_schema_extra={"group": "parallel"},
+    )
+    eplb_num_redundant_experts: int | None = Field(
+        None,
+        ge=0,
+        description="Redundant expert copies for EPLB",
+        title="Redundant experts (EPLB)",
+        json_schema_extra={"group": "parallel"},
+    )
     distributed_executor_backend: Literal["mp", "ray"] | None = Field(
-        None, description="How vLLM starts its workers: mp (processes on this node) or ray (a Ray cluster)"
+        None,
+        description="How vLLM starts its workers: mp (processes on this node) or ray (a Ray cluster)",
+        title="Worker backend (mp or ray)",
+        json_schema_extra={"group": "parallel"},
     )
     ray_address: str | None = Field(
-        None, description="The Ray cluster the server joins (RAY_ADDRESS; with the ray backend): auto or host:port"
+        None,
+        description="The Ray cluster the server joins (RAY_ADDRESS; with the ray backend): auto or host:port",
+        title="Ray cluster address",
+        json_schema_extra={"group": "parallel"},
     )
-    max_num_batched_tokens: int | None = Field(None, ge=1)
-    max_num_seqs: int | None = Field(None, ge=1)
-    quantization: str | None = None  # e.g. fp8
-    enable_prefix_caching: bool | None = None  # None: vLLM's default
-    max_model_len: int | None = Field(1024, ge=16)
-    gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)
-    cpu_kvcache_space_gib: float | None = Field(1.0, gt=0.0)  # VLLM_CPU_KVCACHE_SPACE on cpu
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, title="Max batched tokens per step", json_schema_extra={"group": "book"}
+    )
+    max_num_seqs: int | None = Field(None, ge=1, title="Max sequences per step", json_schema_extra={"group": "server"})
+    quantization: str | None = Field(
+        None, title="Quantization (e.g. fp8)", json_schema_extra={"group": "book"}
+    )  # e.g. fp8
+    enable_prefix_caching: bool | None = Field(
+        None, title="Prefix caching", json_schema_extra={"group": "book"}
+    )  # None: vLLM's default
+    max_model_len: int | None = Field(
+        1024, ge=16, title="Max model length (tokens)", json_schema_extra={"group": "server"}
+    )
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0.0, le=1.0, title="GPU memory fraction for vLLM", json_schema_extra={"group": "server"}
+    )
+    cpu_kvcache_space_gib: float | None = Field(
+        1.0, gt=0.0, title="CPU KV cache (GiB)", json_schema_extra={"group": "server"}
+    )  # VLLM_CPU_KVCACHE_SPACE on cpu
     cpu_threads_bind: str | None = Field(
         None,
         max_length=500,
         description="On cpu: the cores each worker's threads use (VLLM_CPU_OMP_THREADS_BIND, ranks split by |, "
         "e.g. 0-3|4-7). Empty: vLLM's own binding for one worker; this machine's cores split evenly for several",
+        title="CPU cores per worker (cpu)",
+        json_schema_extra={"group": "parallel"},
     )
-    enforce_eager: bool = True
+    enforce_eager: bool = Field(True, title="Eager mode (no CUDA graphs)", json_schema_extra={"group": "server"})
     # Speculative decoding (vLLM's --speculative-config) and the reasoning parser.
     speculative_method: SpecMethod | None = Field(
         None,
         description="Speculative decoding: ngram (prompt lookup, no draft model), suffix, mtp / deepseek_mtp (the "
         "checkpoint's own MTP layers), eagle, eagle3 or draft_model (these three need speculative_model)",
+        title="Speculative decoding (MTP, n-gram, EAGLE)",
+        json_schema_extra={"group": "server"},
     )
-    num_speculative_tokens: int | None = Field(None, ge=1, le=16, description="Draft tokens per step (default: 3 for "
-                                               "ngram and suffix, 1 for the others)")  # fmt: skip
-    speculative_model: str | None = Field(None, max_length=500, description="The draft model's folder (eagle, eagle3, "
-                                          "draft_model)")  # fmt: skip
+    num_speculative_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=16,
+        description="Draft tokens per step (default: 3 for ngram and suffix, 1 for the others)",
+        title="Draft tokens per step",
+        json_schema_extra={"group": "server"},
+    )
+    speculative_model: str | None = Field(
+        None,
+        max_length=500,
+        description="The draft model's folder (eagle, eagle3, draft_model)",
+        title="Draft model folder (EAGLE, draft model)",
+        json_schema_extra={"group": "server"},
+    )
     reasoning_parser: str | None = Field(
         None,
         max_length=64,
         pattern=r"^[a-z0-9_]+$",
         description="vLLM's --reasoning-parser (deepseek_r1, deepseek_v3, ...): the server streams the thinking "
         "as reasoning, and MoE Bench splits reasoning from answer tokens",
+        title="Reasoning parser (DeepSeek-R1: thinking streamed apart from the answer)",
+        json_schema_extra={"group": "server"},
     )
-    extra_args: list[str] = Field(default_factory=list)  # more server flags, as argv items
+    extra_args: list[str] = Field(
+        default_factory=list, title="Extra server flags (JSON list)", json_schema_extra={"group": "advanced"}
+    )  # more server flags, as argv items
     # Start the server with vLLM's torch profiler writing here, so profile runs can call
     # /start_profile and /stop_profile (connect mode: the server's own profiler folder).
-    profiler_dir: str | None = None
+    profiler_dir: str | None = Field(None, title="Profiler output folder", json_schema_extra={"group": "server"})
     profiler_with_stack: bool = Field(
         False,
         description="Python call stacks in vLLM's torch trace (torch_profiler_with_stack). Off by default: with "
         "stacks the worker's idle wait loop alone adds ~140,000 events a second, and on CPU writing a 1 s "
         "profile then took vLLM 3 minutes",
+        title="Profiler records Python stacks",
+        json_schema_extra={"group": "server"},
     )
-    port: int | None = Field(None, ge=1, le=65535)  # default: a free port
-    start_timeout_s: float | None = Field(None, gt=0)  # default: Settings.server_start_timeout_s
+    port: int | None = Field(
+        None, ge=1, le=65535, title="Server port (empty: a free one)", json_schema_extra={"group": "advanced"}
+    )  # default: a free port
+    start_timeout_s: float | None = Field(
+        None, gt=0, title="Server start timeout (s)", json_schema_extra={"group": "advanced"}
+    )  # default: Settings.server_start_timeout_s
 
 
 def speculative_config(opts: VLLMOptions) -> dict[str, Any] | None:

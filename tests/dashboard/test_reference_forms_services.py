@@ -186,7 +186,11 @@ def test_every_engine_option_has_a_human_label_and_the_book_arguments_come_first
         except Exception:  # noqa: BLE001 - an engine whose module cannot load here has no form either
             continue
         for spec in forms.option_fields(model):
-            assert spec.name in forms.OPTION_META, f"{kind}.{spec.name} has no human label"
+            info = model.model_fields[spec.name]  # label and group declared with the option, in its engine
+            assert info.title and spec.label == info.title, f"{kind}.{spec.name} has no human label"
+            assert (
+                isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get("group") in forms.GROUP_TITLES
+            )
             assert "_" not in spec.label, spec.label  # "cpu kvcache space gib" style names are gone
     groups = forms.grouped_option_fields(engine_class("vllm").options_model)
     names = [g for g, _ in groups]
