@@ -136,17 +136,18 @@ if start and blocked is None and ui.submit_run(slot, manager, fields):  # then r
     st.rerun()  # redraw the form (Start disabled), the sidebar and the live panel with the new run
 
 job = manager.latest("profile")
-running = job is not None and job.snapshot().active
+running = job is not None and ui.run_snapshot(job).active
 if running:
     ss["p.watching"] = job.id  # this session saw the run in progress: show it here when it ends
 
 
 @st.fragment(run_every=1.0 if running else None)
+@ui.refreshing
 def _live() -> None:
     """Progress, Stop and live memory of the profile run in progress (refreshes only while it runs)."""
     if job is None:
         return
-    snap = job.snapshot()
+    snap = ui.run_snapshot(job)
     if running and not snap.active:
         st.rerun()  # finished: one full redraw, so the new run shows below
     if not snap.active:
@@ -371,7 +372,7 @@ if not runs:
     st.stop()
 
 by_id = {r.id: r for r in runs}
-finished = job.snapshot() if job is not None and not running and ss.get("p.watching") == job.id else None
+finished = ui.run_snapshot(job) if job is not None and not running and ss.get("p.watching") == job.id else None
 if finished is not None and finished.run_id in by_id:
     ss.pop("p.watching")  # the run this session watched has ended: show it (once)
     _show(finished.run_id)
