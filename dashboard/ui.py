@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import re
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -871,8 +872,12 @@ def run_page(mode: str) -> None:
     mine = manager.latest(mode)
     # While this page's run goes, its progress and live charts come first (in view, not below the
     # form); the form follows, Start disabled. Idle, the form comes first and the last run below.
-    running_here = mine is not None and run_snapshot(mine).active
-    if running_here:
+    # A run just stopped keeps its place: Stop's own rerun draws "cancelled" first, before the form
+    # (drawn after the form, it showed about half a second later on a busy 2-core machine).
+    snap = run_snapshot(mine) if mine is not None else None
+    running_here = snap is not None and snap.active
+    first = running_here or (mine is not None and just_stopped(mine))
+    if first:
         live_panel(mode)
 
     with st.container(border=True):
@@ -899,8 +904,17 @@ def run_page(mode: str) -> None:
     repeats = int(st.session_state.get(f"{mode}.repeats") or 1)
     if start and fields is not None and blocked is None and submit_run(slot, manager, fields, repeats):
         st.rerun()  # redraw at once with the run live: Start disabled, the sidebar and Stop showing it
-    if not running_here:
+    if not first:
         live_panel(mode)
+
+
+JUST_STOPPED_S = 10.0  # a run stopped this recently keeps its live panel above the form
+
+
+def just_stopped(job: Job) -> bool:
+    """Whether ``job`` was cancelled in the last :data:`JUST_STOPPED_S` seconds."""
+    state = job.state()
+    return state.status == "cancelled" and time.time() - state.since < JUST_STOPPED_S
 
 
 def _latest_run(mode: str) -> RunRow | None:

@@ -92,3 +92,51 @@ def test_sidebar_progress_headline_and_charts_count_the_same_requests_at_every_r
         job.cancel()
         job.wait(30)
     assert services.get_engine_slot().state().ready
+
+
+def _order(at: Any) -> list[str]:
+    """The main area's buttons' labels and markdown texts, top to bottom."""
+    out: list[str] = []
+
+    def walk(node: Any) -> None:
+        kind = getattr(node, "type", "")
+        if kind == "markdown":
+            out.append(str(node.value))
+        elif kind == "button":
+            out.append(f"button:{node.label}")
+        for child in getattr(node, "children", {}).values():
+            walk(child)
+
+    walk(at.main)
+    return out
+
+
+def test_stops_own_rerun_draws_the_cancelled_run_above_the_form(
+    app_test: Callable[..., Any], tiny_model: Path, session_store: Store
+) -> None:
+    """Stop's click reruns the page once the run has ended: that rerun draws "cancelled" first,
+    where the live panel was, not after the whole run form."""
+    from dashboard import services
+
+    at = app_test()
+    if not services.get_engine_slot().state().ready:
+        at.button(key="e.btn.load").click().run()
+        deadline = time.monotonic() + 180
+        while not services.get_engine_slot().state().ready and time.monotonic() < deadline:
+            time.sleep(0.3)
+    at.switch_page("app_pages/concurrency.py").run()
+    at.number_input(key="concurrency.requests").set_value(400).run()
+    at.number_input(key="concurrency.warmup").set_value(0).run()
+    at.button(key="concurrency.btn.start").click().run()
+    job = services.get_job_manager().active()
+    assert job is not None
+    deadline = time.monotonic() + 60
+    while job.snapshot().done < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    at.run()
+    at.button(key="concurrency.btn.stop").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert job.status == "cancelled"
+    order = _order(at)
+    header = next(i for i, text in enumerate(order) if f"Run #{job.run_id} · cancelled" in text)
+    assert header < order.index("button:Start run"), order
