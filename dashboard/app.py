@@ -49,11 +49,12 @@ PAGES = {
 
 page = st.navigation(PAGES)
 ui.init_state(page.url_path)
-with st.sidebar:
-    st.markdown("### :material/speed: MoE Bench")
-    st.caption("DeepSeek MoE inference benchmarks")
-    if services.viewer():
-        st.markdown(":violet-badge[:material/visibility: viewer mode]")
-        st.caption("Read-only: results and live runs are shown; nothing can be started, stopped or deleted here.")
-    ui.sidebar()
-page.run()
+with ui.one_refresh():  # the sidebar and the page draw a running job from one snapshot
+    with st.sidebar:
+        st.markdown("### :material/speed: MoE Bench")
+        st.caption("DeepSeek MoE inference benchmarks")
+        if services.viewer():
+            st.markdown(":violet-badge[:material/visibility: viewer mode]")
+            st.caption("Read-only: results and live runs are shown; nothing can be started, stopped or deleted here.")
+        ui.sidebar()
+    page.run()

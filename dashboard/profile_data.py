@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from bench.bundle import bundle_name, import_bundle_file, import_sweep, read_bundle
+from bench.metrics import moe
 from bench.report.csv_export import OPERATOR_CSV_COLUMNS
 from bench.run.artifacts import (
     ARTIFACT_BREAKDOWN,
@@ -350,23 +351,35 @@ def memory_series(store: Store, run_id: int) -> pd.DataFrame:
 
 
 def routing_summary(routing: dict[str, Any] | None) -> pd.DataFrame:
-    """Per layer: tokens through the gate, busiest / idlest expert, max/mean imbalance."""
+    """Per layer: routed tokens (:data:`bench.metrics.moe.ROUTED_TOKENS`, the CLI's ``routing``
+    figure), busiest / idlest expert, max/mean imbalance."""
     if not routing or not routing.get("counts"):
         return pd.DataFrame(columns=["layer", "tokens", "busiest expert", "idlest expert", "max / mean"])
     rows = []
-    for layer, counts, tokens, imb in zip(
-        routing["layers"], routing["counts"], routing["tokens"], routing["imbalance"], strict=False
-    ):
+    for layer, counts in zip(moe.layer_routing(routing), moe.counts_array(routing), strict=False):
+        busiest, idlest = int(counts.argmax()), int(counts.argmin())
         rows.append(
             {
-                "layer": layer,
-                "tokens": tokens,
-                "busiest expert": f"{max(range(len(counts)), key=counts.__getitem__)} ({max(counts)} tokens)",
-                "idlest expert": f"{min(range(len(counts)), key=counts.__getitem__)} ({min(counts)} tokens)",
-                "max / mean": imb,
+                "layer": layer.layer,
+                "tokens": layer.tokens,
+                "busiest expert": f"{busiest} ({counts[busiest]:,.0f} tokens)",
+                "idlest expert": f"{idlest} ({counts[idlest]:,.0f} tokens)",
+                "max / mean": layer.imbalance,
             }
         )
     return pd.DataFrame(rows)
+
+
+def routing_caption(routing: dict[str, Any]) -> str:
+    """The Profiling page's line over a routing heat map: layers, experts, top-k, groups and the
+    routed tokens per layer in the CLI's words and figure (:func:`bench.metrics.moe.routed_tokens_figure`)."""
+    source = routing.get("source") or "counted at the model's gates (native engine)"
+    top_k = f"top-{routing['top_k']}" if routing.get("top_k") else "top-k unknown"
+    return (
+        f"{len(moe.counts_array(routing))} MoE layers · {routing.get('num_experts', '?')} routed experts · {top_k} · "
+        f"{moe.expert_groups(routing)} expert group(s) · {moe.routed_tokens_figure(routing)} {moe.ROUTED_TOKENS} "
+        f"({moe.ROUTED_TOKENS_MEANING}) · {source}."
+    )
 
 
 def communication_frame(comm: dict[str, Any] | None) -> pd.DataFrame:

@@ -7,9 +7,15 @@ store, and calls the services' methods; the long-lived objects themselves live i
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
 import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +200,61 @@ def chart(fig: Any, key: str) -> None:
     st.plotly_chart(fig, key=key, theme=None, config=PLOTLY_CONFIG, width="stretch")
 
 
+# --- one snapshot per refresh ----------------------------------------------------------------
+
+# The snapshots taken in this script run (a full run, or one fragment's rerun), by job id.
+_REFRESH: ContextVar[dict[str, JobSnapshot] | None] = ContextVar("moebench_refresh", default=None)
+
+
+@contextmanager
+def one_refresh() -> Iterator[None]:
+    """Within this block every :func:`run_snapshot` of a job returns the same snapshot: the
+    sidebar, the progress line, the headline and the charts of one script run describe one
+    moment of the run (issue 45: they showed 4, 13 and no requests at once). A block inside
+    another (a fragment's first run, inside the app's full run) keeps the outer one's."""
+    if _REFRESH.get() is not None:
+        yield
+        return
+    token = _REFRESH.set({})
+    try:
+        yield
+    finally:
+        _REFRESH.reset(token)
+
+
+def refreshing(fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn`` (a fragment's body) run inside :func:`one_refresh`: each of its reruns reads one snapshot."""
+
+    @functools.wraps(fn)
+    def body() -> None:
+        with one_refresh():
+            fn()
+
+    return body
+
+
+def run_snapshot(job: Job) -> JobSnapshot:
+    """``job``'s snapshot for this refresh (see :func:`one_refresh`; outside one, a fresh one)."""
+    taken = _REFRESH.get()
+    if taken is None:
+        return job.snapshot()
+    snap = taken.get(job.id)
+    if snap is None:
+        snap = taken[job.id] = job.snapshot()
+    return snap
+
+
+def as_of(live: data.LiveData, snap: JobSnapshot) -> data.LiveData:
+    """The live charts' requests cut to those ``snap`` counts. The recorder counts a request once
+    it is stored, so the store holds at least ``snap.done`` of them; the ones stored after the
+    snapshot (the newest) wait for the next refresh, and the charts show the snapshot's count."""
+    extra = live.total_samples - snap.done
+    if not snap.active or extra <= 0:
+        return live
+    keep = max(0, len(live.samples) - extra)
+    return dataclasses.replace(live, samples=live.samples.iloc[:keep], total_samples=snap.done)
+
+
 # --- sidebar ---------------------------------------------------------------------------------
 
 
@@ -210,6 +271,7 @@ def sidebar() -> None:
     # Twice a second while something moves: the main panel refreshes once a second on its own
     # timer, and a sidebar on the same period could trail it by a whole refresh (a request).
     @st.fragment(run_every=SIDEBAR_REFRESH_S if moving else None)
+    @refreshing
     def _status() -> None:
         state = slot.state()
         job = manager.active()
@@ -290,7 +352,7 @@ def _sidebar_run(
         else:
             st.page_link(PAGE_SWEEP, label="Show live", icon=":material/monitoring:")
         return
-    snap = job.snapshot()
+    snap = run_snapshot(job)
     st.markdown(f":blue-badge[{snap.status}] **{snap.mode}** run #{snap.run_id}")
     fraction, text = run_progress(snap)
     st.progress(fraction, text=text)
@@ -810,8 +872,12 @@ def run_page(mode: str) -> None:
     mine = manager.latest(mode)
     # While this page's run goes, its progress and live charts come first (in view, not below the
     # form); the form follows, Start disabled. Idle, the form comes first and the last run below.
-    running_here = mine is not None and mine.snapshot().active
-    if running_here:
+    # A run just stopped keeps its place: Stop's own rerun draws "cancelled" first, before the form
+    # (drawn after the form, it showed about half a second later on a busy 2-core machine).
+    snap = run_snapshot(mine) if mine is not None else None
+    running_here = snap is not None and snap.active
+    first = running_here or (mine is not None and just_stopped(mine))
+    if first:
         live_panel(mode)
 
     with st.container(border=True):
@@ -838,8 +904,17 @@ def run_page(mode: str) -> None:
     repeats = int(st.session_state.get(f"{mode}.repeats") or 1)
     if start and fields is not None and blocked is None and submit_run(slot, manager, fields, repeats):
         st.rerun()  # redraw at once with the run live: Start disabled, the sidebar and Stop showing it
-    if not running_here:
+    if not first:
         live_panel(mode)
+
+
+JUST_STOPPED_S = 10.0  # a run stopped this recently keeps its live panel above the form
+
+
+def just_stopped(job: Job) -> bool:
+    """Whether ``job`` was cancelled in the last :data:`JUST_STOPPED_S` seconds."""
+    state = job.state()
+    return state.status == "cancelled" and time.time() - state.since < JUST_STOPPED_S
 
 
 def _latest_run(mode: str) -> RunRow | None:
@@ -855,7 +930,7 @@ def live_panel(mode: str) -> None:
     manager = services.get_job_manager()
     store = services.get_store()
     job = manager.latest(mode)
-    running = job is not None and job.snapshot().active
+    running = job is not None and run_snapshot(job).active
     newest = None if running else _latest_run(mode)
     if job is not None and newest is not None and job.run_id is not None and newest.id > job.run_id:
         job = None  # a newer run of this mode came from elsewhere (a CLI, another dashboard): show that
@@ -863,7 +938,7 @@ def live_panel(mode: str) -> None:
     if running and job is not None:
         # Drawn once, outside the refreshing panel: a button redrawn every second under the
         # cursor loses clicks (the issue measured 1.4-3.4 s for a Stop to land).
-        snap0 = job.snapshot()
+        snap0 = run_snapshot(job)
         st.button(
             "Stop",
             icon=":material/stop:",
@@ -886,8 +961,9 @@ def live_panel(mode: str) -> None:
     @st.fragment(
         run_every=STOPPING_REFRESH_S if stopping else 1.0 if running or sweeping else 2.0 if elsewhere else None
     )
+    @refreshing
     def _panel() -> None:
-        snap = job.snapshot() if job is not None else None
+        snap = run_snapshot(job) if job is not None else None
         if running and snap is not None and not snap.active:
             st.rerun()  # finished: one full redraw (buttons, sidebar), then no more refreshes
         if sweeping and (manager.latest(mode) is not job or not services.get_sweep_holder().active()):
@@ -909,6 +985,8 @@ def live_panel(mode: str) -> None:
         assert run_id is not None
         _progress(snap, run_id, "stopping" if stopping and snap is not None and snap.active else status, mode)
         live = data.load_live(store, run_id)
+        if snap is not None:
+            live = as_of(live, snap)  # the charts draw the snapshot's requests, as the headline does
         slos = data.run_slos(config, summary)
         run = store.get_run(run_id)
         limits = data.run_limits(store, run, summary)
@@ -1053,8 +1131,17 @@ def headline(
     if peak is None:
         peak = data.last_value(live.timeseries, "mem_peak_gib")
     cols[4].metric("Peak memory", data.fmt_unit(peak, "GiB"), help=METRIC_DEFINITIONS["peak_memory_gib"])
+    if running:
+        st.caption(live_basis(summary))
     if slos:
         _slo_headline(summary, slos)
+
+
+def live_basis(summary: RunSummary | None) -> str:
+    """What a running run's headline figures are over: the requests its snapshot counts."""
+    if summary is None or not summary.requests:
+        return "No request finished yet."
+    return f"Over the {summary.requests:,} requests finished so far ({summary.completed:,} completed)."
 
 
 def _slo_headline(summary: RunSummary | None, slos: list[Slo]) -> None:

@@ -53,7 +53,7 @@ def cmd_routing(args: argparse.Namespace) -> int:
         print(f"source: {routing['source']}")
     if routing.get("error"):
         print(f"note: {routing['error']}")
-    print("tokens: routed tokens per layer (through its gate, prompt and generated; each selects top-k experts)")
+    print(f"tokens: {moe.ROUTED_TOKENS} ({moe.ROUTED_TOKENS_MEANING}): {moe.routed_tokens_figure(routing)}")
     print(
         f"\n{'layer':<12}{'tokens':>10}{'max/mean':>10}{'entropy':>9}  {'hot experts':<14}{'cold':>5}"
         f"{f'EP{args.ep} max/mean':>15}{'with EPLB':>11}"

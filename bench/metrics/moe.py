@@ -96,6 +96,22 @@ def expert_groups(routing: dict[str, Any]) -> int:
     return groups
 
 
+# The one word and definition of a layer's token count, for the CLI and the dashboard alike.
+ROUTED_TOKENS = "routed tokens per layer"
+ROUTED_TOKENS_MEANING = "through its gate, prompt and generated; each selects top-k experts"
+
+
+def routed_tokens_figure(routing: dict[str, Any]) -> str:
+    """The run's routed tokens per layer as one figure (``78``; ``70-78`` where layers differ; ``-``
+    where the record says neither): the number both the CLI and the Profiling page print."""
+    counts = counts_array(routing)
+    known = [t for t in routed_tokens(routing, counts) if t is not None]
+    if not known:
+        return "-"
+    low, high = min(known), max(known)
+    return f"{low:,.0f}" if round(low) == round(high) else f"{low:,.0f}-{high:,.0f}"
+
+
 def routed_tokens(routing: dict[str, Any], counts: np.ndarray) -> list[float | None]:
     """Routed tokens per layer: tokens through its gate, one definition for the CLI and the
     dashboard. The record's ``tokens`` where it is one whole count a layer, else each layer's

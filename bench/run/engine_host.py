@@ -14,7 +14,8 @@ for the model itself.
 - :class:`RemoteJob`: a :class:`~bench.run.job.Job` whose run executes in the host with the
   same runner as the CLI (:func:`bench.run.execute.execute`: same sender, recorder, sampler and
   store writes). The parent records the run (so its id is known at once), then mirrors the
-  host's job snapshot every :data:`POLL_S`; Stop is sent to the host. A host that dies ends
+  host's job snapshot every :data:`POLL_S`; Stop reaches the host's run through a shared flag
+  (:func:`_watch_cancel`), not behind the pipe's calls. A host that dies ends
   the run ``failed`` with the reason and the exact summary of the requests it stored.
 
 Hosting is off unless a process turns it on (:func:`enable`); the dashboard does, through
@@ -41,6 +42,7 @@ from engines.base import Engine, EngineOptions, ProgressFn, engine_class
 from engines.errors import EngineUnavailable, MoEBenchError
 
 POLL_S = 0.1  # how often a RemoteJob reads its run's state from the host
+CANCEL_POLL_S = 0.02  # how often the host looks at the shared cancel flag of its run
 STOP_TIMEOUT_S = 30.0  # a host asked to stop gets this long before it is terminated
 _hosting = False
 _hosts: weakref.WeakSet[_Host] = weakref.WeakSet()
@@ -79,7 +81,18 @@ def make_engine(options: EngineOptions) -> Engine:
 # --- the host process ------------------------------------------------------------------------
 
 
-def _host_main(conn: Connection) -> None:
+def _watch_cancel(job: Job, seq: int, cancel_seq: Any) -> None:
+    """Cancel ``job`` (the host's run number ``seq``) once the parent writes ``seq`` into the shared
+    ``cancel_seq``: a Stop reaches the run without the pipe, which queues it behind any call in
+    progress (the sidebar's memory read, the mirror's snapshot) and the host's command loop."""
+    while not job.finished():
+        if cancel_seq.value == seq:
+            job.cancel()
+            return
+        time.sleep(CANCEL_POLL_S)
+
+
+def _host_main(conn: Connection, cancel_seq: Any = None) -> None:
     """The host's loop: one command at a time from the parent; runs execute on their own threads."""
     from bench.run.execute import execute
     from bench.store import Store
@@ -121,13 +134,17 @@ def _host_main(conn: Connection) -> None:
                 elif cmd == "health":
                     value = engine.health()
                 elif cmd == "run":
-                    config, db_path, run_id = args
+                    config, db_path, run_id, seq = args
                     store = stores.get(db_path) or stores.setdefault(db_path, Store(db_path))
                     job = Job(config, store)
                     job.attach_run(run_id)
                     job.name = f"run-{run_id}"
                     job.start(lambda job=job, engine=engine: execute(job, engine, owns_engine=False))
                     jobs[job.id] = job
+                    if cancel_seq is not None:
+                        threading.Thread(
+                            target=_watch_cancel, args=(job, seq, cancel_seq), name=f"run-{run_id}-cancel", daemon=True
+                        ).start()
                     value = job.id
                 elif cmd == "snapshot":
                     value = jobs[args].snapshot()
@@ -155,7 +172,12 @@ class _Host:
     def __init__(self) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_host_main, args=(child,), name="moebench-engine-host", daemon=True)
+        # The number of the run to cancel (see _watch_cancel); runs are numbered from 1 by submit.
+        self.cancel_seq = ctx.Value("q", 0)
+        self._runs = 0
+        self.proc = ctx.Process(
+            target=_host_main, args=(child, self.cancel_seq), name="moebench-engine-host", daemon=True
+        )
         with main_not_reimported():  # not the Streamlit runner again in the child
             self.proc.start()
         child.close()
@@ -279,8 +301,17 @@ class HostedEngine(Engine):
         self.started = False
 
     def submit(self, job: RemoteJob) -> str:
-        """Start ``job``'s run in the host; the host's id of it."""
-        return self.host.call("run", (job.config, str(job.store.path), job.run_id))
+        """Start ``job``'s run in the host; the host's id of it. The run gets the next number,
+        which :meth:`cancel_run` writes into the shared cancel flag."""
+        host = self.host
+        host._runs += 1
+        job.host_seq = host._runs
+        return host.call("run", (job.config, str(job.store.path), job.run_id, job.host_seq))
+
+    def cancel_run(self, seq: int) -> None:
+        """Cancel the host's run number ``seq`` at once, through shared memory (not the pipe)."""
+        if self._host is not None:
+            self._host.cancel_seq.value = seq
 
 
 class RemoteJob(Job):
@@ -291,6 +322,13 @@ class RemoteJob(Job):
         self.engine = engine
         self.owns_engine = owns_engine
         self._remote: JobSnapshot | None = None
+        self.host_seq: int | None = None  # the run's number in the host (HostedEngine.submit)
+
+    def cancel(self) -> None:
+        """Stop the run: the host sees it within :data:`CANCEL_POLL_S`, whatever the pipe is busy with."""
+        super().cancel()
+        if self.host_seq is not None and self.active:
+            self.engine.cancel_run(self.host_seq)
 
     def snapshot(self) -> JobSnapshot:
         with self._lock:

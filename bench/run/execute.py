@@ -240,9 +240,8 @@ def _measure(
         job.cancel_event.set()
 
     def tick(elapsed: float) -> None:
-        live = recorder.live_summary(elapsed, max_concurrency=cfg.concurrency, **_load(cfg))
-        job.set_summary(live)
-        if live is not None:  # stored too: a run killed mid-way keeps what it had measured
+        live = recorder.live().summary  # the frame the job's snapshots show
+        if live is not None:  # stored: a run killed mid-way keeps what it had measured
             store.set_summary(run_id, live)
 
     recorder = Recorder(
@@ -266,7 +265,8 @@ def _measure(
         devices=_device_sources(cfg, store, run_id),
     )
     recorder.on_failure = sampler.poke
-    job.attach_recorder(recorder.records, lambda: (recorder.done, recorder.failed, sender.live()[1]))
+    recorder.summary_fields = {"max_concurrency": cfg.concurrency, **_load(cfg)}
+    job.attach_recorder(recorder.records, recorder.live, lambda: sender.live()[1])
     started = False
     gc_watch = GcWatch()
 

@@ -7,7 +7,7 @@ process ended without finishing it)::
     pending | loading -> failed | cancelled
 
 The runner (:mod:`bench.run.execute`) is the worker; it tells the job what it measures through
-:meth:`Job.attach_run`, :meth:`Job.attach_progress`; pages and the CLI poll snapshots.
+:meth:`Job.attach_run`, :meth:`Job.attach_recorder`; pages and the CLI poll snapshots.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 
 from bench.config import RunConfig
 from bench.metrics.summary import RunSummary
+from bench.run.recorder import LiveFrame
 from bench.run.task import BackgroundTask
 
 
@@ -59,8 +60,9 @@ class Job(BackgroundTask):
         self._run_id: int | None = None
         self._t0: float | None = None
         self._summary: RunSummary | None = None
-        # Set by the runner once sending starts: () -> (done, failed, in_flight)
-        self._progress: Callable[[], tuple[int, int, int]] | None = None
+        # Set by the runner once sending starts: the recorder's live frame, and requests in flight
+        self._live: Callable[[], LiveFrame] | None = None
+        self._in_flight: Callable[[], int] | None = None
         # Set by the runner: () -> the records so far (for a failed run's partial summary)
         self._records: Callable[[], list[Any]] | None = None
         self.write_error: str | None = None  # requests the store could not take (kept for the summary)
@@ -77,12 +79,22 @@ class Job(BackgroundTask):
         return self._run_id
 
     def snapshot(self) -> JobSnapshot:
-        progress = self._progress
-        done, failed, in_flight = progress() if progress is not None else (0, 0, 0)
+        """The run now. Its counts and its summary come from one frame (the recorder's
+        :meth:`~bench.run.recorder.Recorder.live` while it runs, the final summary after), so
+        whoever draws ``done`` and whoever draws ``summary`` shows the same requests."""
+        live, in_flight_of = self._live, self._in_flight
+        frame = live() if live is not None else None
+        in_flight = in_flight_of() if in_flight_of is not None else 0
         with self._lock:
             elapsed = time.perf_counter() - (self._t0 or self._created)
             if self._status not in ("loading", "running") and self._summary is not None:
                 elapsed = self._summary.duration_s
+            summary = self._summary  # the final one (or a failed run's partial one), once set
+            if summary is None and frame is not None:
+                summary = frame.summary
+            done, failed = (frame.done, frame.failed) if frame is not None else (0, 0)
+            if self._summary is not None and frame is None:
+                done, failed = self._summary.requests, self._summary.failed
             return JobSnapshot(
                 job_id=self.id,
                 run_id=self._run_id,
@@ -94,7 +106,7 @@ class Job(BackgroundTask):
                 in_flight=in_flight if self._status == "running" else 0,
                 elapsed_s=elapsed,
                 error=self._error,
-                summary=self._summary,
+                summary=summary,
                 mode=self.config.mode,
                 config=self.config.model_dump(),
             )
@@ -104,11 +116,14 @@ class Job(BackgroundTask):
         with self._lock:
             self._run_id = run_id
 
-    def attach_recorder(self, records: Callable[[], list[Any]], progress: Callable[[], tuple[int, int, int]]) -> None:
+    def attach_recorder(
+        self, records: Callable[[], list[Any]], live: Callable[[], LiveFrame], in_flight: Callable[[], int]
+    ) -> None:
         """Set by the runner once sending starts: the records so far (for a failed run's partial
-        summary) and ``() -> (done, failed, in_flight)`` for snapshots."""
+        summary), the recorder's live frame and the requests in flight, for snapshots."""
         self._records = records
-        self._progress = progress
+        self._live = live
+        self._in_flight = in_flight
 
     def records(self) -> list[Any]:
         """The records measured so far ([] before sending starts)."""

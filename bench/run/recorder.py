@@ -6,11 +6,13 @@ turns them into :class:`bench.metrics.RequestRecord` (times relative to the run'
 send lag = actual - due send time, negative when a request left early), writes them to
 SQLite in batches (one transaction per ~0.2 s or 500 requests) and keeps running
 accumulators: counts, token totals and a :class:`Distribution` per latency metric, so
-the live summary costs the same at request 100,000 as at request 10. The final summary
+the live summary costs the same at request 100,000 as at request 10. Requests are counted
+once stored, and each stored batch leaves one :class:`LiveFrame` (counts and the summary of
+the same requests), which the job's snapshots hand to every reader. The final summary
 is computed once, exactly, from all records (:func:`bench.metrics.summarize`).
 
 :class:`Sampler` writes the per-second series (output tok/s, in flight, done, memory,
-the engine's telemetry), polls the engine's health and refreshes the job's live summary.
+the engine's telemetry), polls the engine's health and stores the live summary.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from bench.metrics.records import RequestRecord, Stat
@@ -151,6 +153,16 @@ class Distribution:
         return Stat(self.count, mean, std, self.min, self.max, *p)
 
 
+@dataclass(frozen=True)
+class LiveFrame:
+    """A running run as one consistent frame: requests stored so far, of them failed, and the
+    summary of exactly those requests (None before the first is stored)."""
+
+    done: int
+    failed: int
+    summary: RunSummary | None
+
+
 class Recorder:
     """Queue-fed sink of finished requests: batched store writes and running accumulators."""
 
@@ -210,6 +222,9 @@ class Recorder:
         # requests' ids not counted yet (engines.routing.RoutedIds): by (window, plan), counted a batch at a time
         self._routed_ids: dict[tuple[int, Any], list[tuple[str, RoutedIds]]] = {}
         self._routed_n = self._routed_bytes = 0
+        # the live frame (see live()); its summary carries these fields too (max_concurrency, load)
+        self.summary_fields: dict[str, Any] = {}
+        self._frame = LiveFrame(0, 0, None)
 
     # --- senders' side ----------------------------------------------------------------
     def start(self) -> None:
@@ -242,40 +257,49 @@ class Recorder:
         written = {r.request_id for r in stored}
         return stored + [r for r in unwritten if r.request_id not in written]
 
+    def live(self) -> LiveFrame:
+        """The run so far as one frame: the requests stored, of them failed, and their summary
+        (taken together when the last batch was stored; a page draws all three from it)."""
+        with self._lock:
+            return self._frame
+
     def live_summary(self, duration_s: float, **kw: Any) -> RunSummary | None:
         """The summary so far from the accumulators (percentiles within ~0.5 %)."""
         with self._lock:
-            if not self.done:
-                return None
-            completed = self.done - self.failed - self.cancelled
+            return self._summary(duration_s, **kw)
 
-            def rate(x: float) -> float:
-                return x / duration_s if duration_s > 0 else 0.0
+    def _summary(self, duration_s: float, **kw: Any) -> RunSummary | None:
+        if not self.done:
+            return None
+        completed = self.done - self.failed - self.cancelled
 
-            return RunSummary(
-                requests=self.done,
-                completed=completed,
-                failed=self.failed,
-                cancelled=self.cancelled,
-                duration_s=duration_s,
-                prompt_tokens=self.prompt_tokens,
-                output_tokens=self.output_tokens,
-                request_throughput_rps=rate(completed),
-                output_throughput_tok_s=rate(self.output_tokens),
-                total_throughput_tok_s=rate(self.prompt_tokens + self.output_tokens),
-                ttft_ms=self.dists["ttft_ms"].stat(),
-                tpot_ms=self.dists["tpot_ms"].stat(),
-                itl_ms=self.dists["itl_ms"].stat(),
-                e2e_ms=self.dists["e2e_ms"].stat(),
-                usage_mismatches=self.usage_mismatches,
-                send_lag_ms=self.dists["send_lag_ms"].stat() if self.dists["send_lag_ms"].count else None,
-                single_chunk_share=self.single_chunk / self.multi_token if self.multi_token else None,
-                tokens_per_chunk=self.output_tokens / self.chunks if self.chunks else None,
-                itl_token_ms=self.dists["itl_token_ms"].stat(),
-                **self._reasoning_fields(rate),
-                **kw,
-                **self._slo_fields(rate),
-            )
+        def rate(x: float) -> float:
+            return x / duration_s if duration_s > 0 else 0.0
+
+        return RunSummary(
+            requests=self.done,
+            completed=completed,
+            failed=self.failed,
+            cancelled=self.cancelled,
+            duration_s=duration_s,
+            prompt_tokens=self.prompt_tokens,
+            output_tokens=self.output_tokens,
+            request_throughput_rps=rate(completed),
+            output_throughput_tok_s=rate(self.output_tokens),
+            total_throughput_tok_s=rate(self.prompt_tokens + self.output_tokens),
+            ttft_ms=self.dists["ttft_ms"].stat(),
+            tpot_ms=self.dists["tpot_ms"].stat(),
+            itl_ms=self.dists["itl_ms"].stat(),
+            e2e_ms=self.dists["e2e_ms"].stat(),
+            usage_mismatches=self.usage_mismatches,
+            send_lag_ms=self.dists["send_lag_ms"].stat() if self.dists["send_lag_ms"].count else None,
+            single_chunk_share=self.single_chunk / self.multi_token if self.multi_token else None,
+            tokens_per_chunk=self.output_tokens / self.chunks if self.chunks else None,
+            itl_token_ms=self.dists["itl_token_ms"].stat(),
+            **self._reasoning_fields(rate),
+            **kw,
+            **self._slo_fields(rate),
+        )
 
     def _reasoning_fields(self, rate: Callable[[float], float]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -437,7 +461,6 @@ class Recorder:
                     batch.append(self._q.get_nowait())
                 except queue.Empty:
                     break
-            recs = []
             for c in batch:
                 if c is None:
                     stop = True
@@ -445,25 +468,32 @@ class Recorder:
                 rec = self.record(c)
                 if c.routing is not None:
                     self._add_routing(c, rec)
-                recs.append(rec)
                 pending.append((c.seq, rec))
                 failed_now |= rec.failed
-            if recs:
-                with self._lock:
-                    for rec in recs:
-                        self._accumulate(rec)
-                    self.dists["itl_ms"].add_many(self._gaps)
-                    self.dists["itl_token_ms"].add_many(self._token_gaps)
-                    self._gaps, self._token_gaps = [], []
             if stop and self._routed_n:
                 self._count_routed_ids()
             now = time.monotonic()
             if pending and (stop or len(pending) >= WRITE_BATCH or now - last_write >= WRITE_EVERY_S):
                 self._write(pending)
+                # Counted once stored, and the live frame taken with them: a reader's counts, its
+                # summary and the store's rows describe the same requests (issue 45: the headline,
+                # the charts and the sidebar showed three different counts of one run).
+                self._account([rec for _, rec in pending])
                 pending = []
                 last_write = now
             if failed_now and self.on_failure is not None:
                 self.on_failure()
+
+    def _account(self, recs: list[RequestRecord]) -> None:
+        """Add stored requests to the accumulators and take the live frame, in one lock."""
+        with self._lock:
+            for rec in recs:
+                self._accumulate(rec)
+            self.dists["itl_ms"].add_many(self._gaps)
+            self.dists["itl_token_ms"].add_many(self._token_gaps)
+            self._gaps, self._token_gaps = [], []
+            duration = time.perf_counter() - self.t0 if self.t0 is not None else 0.0
+            self._frame = LiveFrame(self.done, self.failed, self._summary(duration, **self.summary_fields))
 
     def _write(self, pending: list[tuple[int, RequestRecord]]) -> None:
         try:

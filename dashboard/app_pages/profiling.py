@@ -136,17 +136,18 @@ if start and blocked is None and ui.submit_run(slot, manager, fields):  # then r
     st.rerun()  # redraw the form (Start disabled), the sidebar and the live panel with the new run
 
 job = manager.latest("profile")
-running = job is not None and job.snapshot().active
+running = job is not None and ui.run_snapshot(job).active
 if running:
     ss["p.watching"] = job.id  # this session saw the run in progress: show it here when it ends
 
 
 @st.fragment(run_every=1.0 if running else None)
+@ui.refreshing
 def _live() -> None:
     """Progress, Stop and live memory of the profile run in progress (refreshes only while it runs)."""
     if job is None:
         return
-    snap = job.snapshot()
+    snap = ui.run_snapshot(job)
     if running and not snap.active:
         st.rerun()  # finished: one full redraw, so the new run shows below
     if not snap.active:
@@ -230,6 +231,17 @@ with st.container(horizontal=True, vertical_alignment="center"):
     )
 
 
+def _routing_table(routing: dict[str, Any] | None) -> None:
+    """Per layer: routed tokens (the CLI's ``routing`` column, one definition), busiest and idlest expert."""
+    tokens_help = f"{moe.ROUTED_TOKENS} ({moe.ROUTED_TOKENS_MEANING}); the CLI's `routing RUN` prints the same"
+    st.dataframe(
+        profile_data.routing_summary(routing),
+        hide_index=True,
+        key="p.routing-summary",
+        column_config={"tokens": st.column_config.NumberColumn("tokens", help=tokens_help, format="%.0f")},
+    )
+
+
 def _ep_whatif(routing: dict[str, Any]) -> None:
     """This routing on an expert-parallel deployment: tokens per rank for an EP size the user
     picks, placed in contiguous blocks and as DeepSeek's EPLB would place them."""
@@ -291,14 +303,7 @@ def _routing_view(run_id: int | None, own_routing: dict[str, Any] | None) -> Non
         )
         routing = own_routing if rid == run_id else store.artifact(rid, "expert_routing")
         if routing:
-            source = routing.get("source") or "counted at the model's gates (native engine)"
-            top_k = f"top-{routing['top_k']}" if routing.get("top_k") else "top-k unknown (token counts are selections)"
-            st.caption(
-                f"{len(routing['layers'])} MoE layers · {routing['num_experts']} routed experts · "
-                f"{top_k} · {routing['n_group']} expert group(s) · "
-                f"{max(routing['tokens'] or [0]):,} tokens per layer "
-                f"(prompt and generated tokens; each counts once per expert of its top-k) · {source}."
-            )
+            st.caption(profile_data.routing_caption(routing))
         balance = profile_data.eplb_balancedness(store, rid)
         shown = routing
         windows = (routing or {}).get("windows") or []
@@ -343,9 +348,9 @@ def _routing_view(run_id: int | None, own_routing: dict[str, Any] | None) -> Non
             if routing and int(routing.get("n_group", 1) or 1) > 1:
                 ui.chart(charts.routing_groups(routing), "p.routing-groups")
             else:
-                st.dataframe(profile_data.routing_summary(routing), hide_index=True, key="p.routing-summary")
+                _routing_table(routing)
         if routing and int(routing.get("n_group", 1) or 1) > 1:
-            st.dataframe(profile_data.routing_summary(routing), hide_index=True, key="p.routing-summary")
+            _routing_table(routing)
         if not balance.empty:
             moves = profile_data.eplb_rearrangements(store, rid)
             latency = profile_data.latency_by_window(store, rid)
@@ -371,7 +376,7 @@ if not runs:
     st.stop()
 
 by_id = {r.id: r for r in runs}
-finished = job.snapshot() if job is not None and not running and ss.get("p.watching") == job.id else None
+finished = ui.run_snapshot(job) if job is not None and not running and ss.get("p.watching") == job.id else None
 if finished is not None and finished.run_id in by_id:
     ss.pop("p.watching")  # the run this session watched has ended: show it (once)
     _show(finished.run_id)
