@@ -164,7 +164,10 @@ def import_examples(store: Store, folder: Path = EXAMPLES_DIR) -> tuple[list[str
 
 def profile_run_label(run: RunRow, examples: set[str] | frozenset[str] = frozenset()) -> str:
     """``#7 h200-profile · native·model·cuda · NVIDIA H200 · example`` (device and name when known)."""
-    parts = [f"#{run.id}" + (f" {run.name}" if run.name else ""), f"{data.engine_name(run.engine)}·{run.model}·{run.accelerator}"]
+    parts = [
+        f"#{run.id}" + (f" {run.name}" if run.name else ""),
+        f"{data.engine_name(run.engine)}·{run.model}·{run.accelerator}",
+    ]
     device = run.engine_info.get("device")
     if device:
         parts.append(str(device))
