@@ -841,7 +841,7 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
         "ray_address": (str(ss.get(k + "ray_address") or "").strip() or None) if concurrent else None,
     }
     if trace:
-        # a trace's requests are due on its clock: no cap unless one is set here (RunConfig's default, 1024)
+        # a trace's requests are due on its clock: no cap unless set here (RunConfig's, TRACE_IN_FLIGHT)
         cap = int(ss.get(k + "trace_in_flight") or 0)
         if cap > 0:
             fields["concurrency"] = cap

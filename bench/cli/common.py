@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from bench.cli.workload_args import add_workload_arguments, workload_overrides
-from bench.config import MODES, RunConfig
+from bench.config import MODES, TRACE_IN_FLIGHT, RunConfig
 from bench.metrics.catalogue import latency_rows
 from bench.metrics.summary import RunSummary, Spread
 from bench.store import Store
@@ -123,7 +123,7 @@ def _load_arguments(r: argparse.ArgumentParser, sweep: bool) -> None:
             "--concurrency",
             type=positive("concurrency"),
             default=None,
-            help=_help("concurrency", extra=f"; default {_default('concurrency')}, a trace: up to 1024"),
+            help=_help("concurrency", extra=f"; default {_default('concurrency')}, a trace: up to {TRACE_IN_FLIGHT}"),
         )
         r.add_argument(
             "--request-rate",
