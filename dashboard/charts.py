@@ -17,7 +17,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from bench.analysis.book_marks import BookMarks
 from bench.metrics.records import CANCELLED
+from bench.report.figures import book_lines
 from bench.report.style import COLORS, MODE_SYMBOLS, P50_COLOR, P99_COLOR, PRIMARY, engine_color, register_template
 
 if TYPE_CHECKING:
@@ -327,6 +329,56 @@ def mark_replay(fig: go.Figure, text: str) -> go.Figure:
         bordercolor="#C4B5FD", borderpad=3,
     )  # fmt: skip
     return fig
+
+
+# The book's marks each live chart carries (dashboard.data.live_figures' keys): the summary figures they
+# scale and the axis they stand on ("y": a horizontal line; "x": a vertical one on a histogram).
+LIVE_BOOK_FIGURES: dict[str, tuple[tuple[str, ...], str]] = {
+    "throughput": (("output_throughput_tok_s",), "y"),
+    "latency": (("e2e_ms_p50",), "y"),
+    "ttft": (("ttft_ms_p50",), "x"),
+    "tpot": (("tpot_ms_p50",), "x"),
+    "memory": (("peak_memory_gib",), "y"),
+}
+
+
+def _data_top(fig: go.Figure, axis: str) -> float:
+    """The highest value the figure's own traces draw on ``axis`` (0 when none)."""
+    top = 0.0
+    for t in fig.data:
+        values = getattr(t, axis, None)
+        if values is None:
+            continue
+        nums = pd.to_numeric(pd.Series(list(values)), errors="coerce").dropna()
+        if not nums.empty:
+            top = max(top, float(nums.max()))
+    return top
+
+
+def book_marks_on_live(figs: dict[str, go.Figure], book: BookMarks | None) -> None:
+    """Draw the book's platforms (:mod:`bench.analysis.book_marks`) on the live charts (the Latency,
+    Concurrency and Replay pages' :func:`dashboard.data.live_figures`): output tok/s on the throughput
+    chart, E2E p50 on the latency chart, TTFT and TPOT p50 on their histograms, peak memory on the
+    memory chart, each a dash-dot line in legend group ``book``. A chart still waiting for data
+    gets none; a run with no marks (``book.note``) gets none (the page shows the note)."""
+    if book is None or not book.drawn:
+        return
+    for key, (figures, axis) in LIVE_BOOK_FIGURES.items():
+        fig = figs.get(key)
+        if fig is None or not fig.data:
+            continue
+        marks = [m for f in figures for m in book.marks(f)]
+        if not marks:
+            continue
+        data_top = _data_top(fig, axis)
+        top = book_lines(fig, marks, axis, data_top or None)
+        if top > data_top:
+            (fig.update_yaxes if axis == "y" else fig.update_xaxes)(range=[0, top * 1.1])
+        fig.update_layout(
+            showlegend=True,
+            legend={"orientation": "h", "yanchor": "top", "y": -0.36, "xanchor": "left", "x": 0.0},
+            margin={"b": 110},
+        )
 
 
 def integer_ticks(fig: go.Figure, top: float, axis: str = "y", **where: int) -> None:

@@ -75,12 +75,38 @@ class AcceleratorRow:
     latency_pct: float
     memory_pct: float
 
+    @property
+    def card(self) -> str:
+        """The card the platform is named for: ``H100``, ``910B``, ``MLU590`` (matched in device names)."""
+        return self.platform.split()[-1]
+
+    @property
+    def short(self) -> str:
+        """The name chart labels use: ``NVIDIA H100``, ``Ascend 910B``, ``Cambricon MLU590``."""
+        return {"Huawei Ascend 910B": "Ascend 910B"}.get(self.platform, self.platform)
+
 
 ACCELERATOR_TABLE: tuple[AcceleratorRow, ...] = (
     AcceleratorRow("NVIDIA H100", "NVIDIA H100", "cuda", 100.0, 100.0, 100.0),
     AcceleratorRow("Huawei Ascend 910B", "华为昇腾 910B", "npu", 70.0, 120.0, 80.0),
     AcceleratorRow("Cambricon MLU590", "寒武纪思元 590", "mlu", 60.0, 150.0, 70.0),
 )
+
+
+def on_card(accelerator: str, device: object, row: AcceleratorRow) -> bool:
+    """A run of ``accelerator`` kind with the recorded device name ``device`` (``engine_info["device"]``,
+    e.g. ``NVIDIA H100 80GB HBM3``) ran on ``row``'s card: the same accelerator kind and a device name
+    that names the card (``H100``, ``910B``, ``MLU590``). An H200 is no H100; an unrecorded device is
+    no card."""
+    name = str(device or "").replace(" ", "").lower()
+    return accelerator == row.accelerator and bool(name) and row.card.replace(" ", "").lower() in name
+
+
+def platform_of(accelerator: str, device: object) -> AcceleratorRow | None:
+    """The book's platform (8.3.3) a run ran on (:func:`on_card`); None for any other accelerator
+    (a CPU, an H200, a device that was not recorded)."""
+    return next((r for r in ACCELERATOR_TABLE if on_card(accelerator, device, r)), None)
+
 
 ACCELERATOR_METRICS: tuple[tuple[str, str, str], ...] = (
     # (key, label, what the measured value is)

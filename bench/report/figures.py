@@ -2,8 +2,9 @@
 (TTFT or TPOT p50/p99 against output tok/s, with SLO lines and the knee), :func:`serving_pareto_figure`
 (output tok/s per accelerator against tok/s per user, sweeps overlaid), :func:`goodput_figure` (req/s
 against the load), :func:`capacity_figure` (a capacity search's probes and the bracket it proved),
-:func:`run_throughput_figure`. The CLI's HTML
-report and the dashboard's Sweep page draw the same figures."""
+:func:`run_throughput_figure`, and :func:`book_lines` (the book's platforms as dash-dot reference marks,
+:mod:`bench.analysis.book_marks`). The CLI's HTML report and the dashboard's Sweep and Replay pages draw
+the same figures."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from bench.analysis.book_marks import BOOK_GROUP, BookMarks, Mark, figure_unit
+from bench.analysis.reference import AcceleratorRow
 from bench.analysis.serving import (
     DEFAULT_TARGET_TOK_S_PER_USER,
     FROM_INTERACTIVITY,
@@ -50,6 +53,10 @@ OTHER_COLOR = "#94A3B8"  # slate: points off the Pareto front
 SLO_COLOR = "#374151"  # a limit, not a measurement: dark grey, dashed
 KNEE_COLOR = "#F59E0B"
 TEMPLATE_NAME = "moebench_report"
+# The book's platforms (bench.analysis.book_marks): a colour per vendor, dash-dot (SLOs are dashed, limits dotted).
+BOOK_COLORS: dict[str, str] = {"cuda": "#65A30D", "npu": "#BE123C", "mlu": "#0891B2"}
+BOOK_DASH = "dashdot"
+BOOK_OFF_SCALE = 5.0  # a mark this many times above the data is listed in the legend, hidden, not drawn to scale
 
 
 def _register_template() -> None:
@@ -132,6 +139,112 @@ def _slo_lines(fig: go.Figure, slos: Sequence[Slo], data_top: float) -> float:
     return top
 
 
+def book_color(row: AcceleratorRow) -> str:
+    """The colour of a book platform's marks."""
+    return BOOK_COLORS.get(row.accelerator, SLO_COLOR)
+
+
+def _book_shown(fig: go.Figure, label: str) -> bool:
+    return any(t.legendgroup == BOOK_GROUP and t.name == label and t.showlegend is not False for t in fig.data)
+
+
+def book_lines(fig: go.Figure, marks: Sequence[Mark], axis: str = "y", data_top: float | None = None) -> float:
+    """The book's marks as dash-dot reference lines across the whole plot: horizontal at each mark's
+    value (``axis="y"``: a throughput, latency or memory axis) or vertical (``axis="x"``: a histogram's
+    value axis), each a trace named by its label in legend group ``book``. A mark more than
+    :data:`BOOK_OFF_SCALE` times above ``data_top`` is listed in the legend (value and "off the scale"),
+    hidden until clicked, so it never flattens the measured data. Returns the axis top the drawn marks need."""
+    top = data_top or 0.0
+    for m in marks:
+        off = bool(data_top) and m.value > (data_top or 0.0) * BOOK_OFF_SCALE
+        span = [0.0, 1.0]
+        at = [m.value, m.value]
+        # The line spans the plot on a hidden [0, 1] axis laid over the data's, whatever the data's range.
+        other = "x9" if axis == "y" else "y9"
+        fig.update_layout(
+            {
+                ("xaxis9" if axis == "y" else "yaxis9"): {
+                    "overlaying": "x" if axis == "y" else "y",
+                    "range": [0, 1],
+                    "visible": False,
+                    "fixedrange": True,
+                }
+            }
+        )
+        unit = figure_unit(m.figure)
+        fig.add_trace(
+            go.Scatter(
+                x=span if axis == "y" else at, y=at if axis == "y" else span, mode="lines",
+                name=m.label + (f" · {m.value:,.4g} {unit}, off the scale" if off else ""),
+                legendgroup=BOOK_GROUP, legendgrouptitle_text="book (ratios of measured figures)",
+                visible="legendonly" if off else True, showlegend=not _book_shown(fig, m.label),
+                line={"color": book_color(m.platform), "dash": BOOK_DASH, "width": 1.8},
+                hovertemplate=escape_text(m.hover) + "<extra></extra>",
+                **({"xaxis": other} if axis == "y" else {"yaxis": other}),
+            )
+        )  # fmt: skip
+        if not off:
+            top = max(top, m.value)
+    return top
+
+
+def _book_latency(
+    fig: go.Figure, book: BookMarks, lines: Sequence[Sequence[PointResult]], metric: str, x_top: float, y_top: float
+) -> tuple[float, float]:
+    """The book's platforms on a latency-vs-throughput figure. On the run's own card: each line's points
+    moved where the book's ratios put each other platform (x × its throughput %, y × its latency %),
+    dash-dot; on a reference run: one marker per platform (its p50 to p99, joined). Returns the new tops."""
+    tput = "output_throughput_tok_s"
+    for row in book.platforms:
+        color = book_color(row)
+        if not book.reference:
+            for line in lines:
+                for stat in ("p50", "p99"):
+                    pts = [(p.mean(tput), p.mean(f"{metric}_{stat}")) for p in line]
+                    pts = [(x, y) for x, y in pts if x is not None and y is not None]
+                    if not pts:
+                        continue
+                    xs = [book.scale(row, tput, x) or 0.0 for x, _ in pts]
+                    ys = [book.scale(row, f"{metric}_{stat}", y) or 0.0 for _, y in pts]
+                    label = book.label(row, tput, f"{metric}_{stat}")
+                    fig.add_trace(
+                        go.Scatter(
+                            x=xs, y=ys, mode="lines+markers", name=label, legendgroup=BOOK_GROUP,
+                            legendgrouptitle_text="book (ratios of measured figures)", legendrank=3000,
+                            showlegend=not _book_shown(fig, label),
+                            line={"color": color, "dash": BOOK_DASH, "width": 1.5 if stat == "p99" else 1.0},
+                            marker={"size": 6, "symbol": "diamond-open", "color": color},
+                            hovertemplate=f"{escape_text(label)}, {stat}: %{{x:,.4g}} output tok/s, "
+                            f"%{{y:,.4g}} ms<br>(the measured point × the book's ratios)<extra></extra>",
+                        )
+                    )  # fmt: skip
+                    x_top, y_top = max(x_top, *xs), max(y_top, *ys)
+            continue
+        x_mark = next((m for m in book.marks(tput) if m.platform == row), None)
+        y_marks = [m for s in ("p50", "p99") for m in book.marks(f"{metric}_{s}") if m.platform == row]
+        if x_mark is None or not y_marks:
+            continue
+        ys = [m.value for m in y_marks]
+        off = x_mark.value > x_top * BOOK_OFF_SCALE or max(ys) > y_top * BOOK_OFF_SCALE
+        name = book.label(row, tput, f"{metric}_p50")
+        fig.add_trace(
+            go.Scatter(
+                x=[x_mark.value] * len(ys), y=ys, mode="lines+markers",
+                name=name + (f" · {x_mark.value:,.4g} tok/s, {max(ys):,.4g} ms: off the scale" if off else ""),
+                legendgroup=BOOK_GROUP, legendgrouptitle_text="book (ratios of measured figures)", legendrank=3000,
+                visible="legendonly" if off else True,
+                line={"color": color, "dash": BOOK_DASH, "width": 1.5},
+                marker={"size": 10, "symbol": "diamond-open" if not x_mark.measured_mark else "diamond",
+                        "color": color, "line": {"width": 2}},
+                customdata=[escape_text(f"{x_mark.hover}<br>{m.hover}") for m in y_marks],
+                hovertemplate="%{customdata}<extra></extra>",
+            )
+        )  # fmt: skip
+        if not off:
+            x_top, y_top = max(x_top, x_mark.value), max(y_top, *ys)
+    return x_top, y_top
+
+
 def _top_value(p: PointResult, metric: str) -> float | None:
     """The point's marker height on a latency chart: its p99, else its p50."""
     return next((v for s in ("p99", "p50") if (v := p.mean(f"{metric}_{s}")) is not None), None)
@@ -142,12 +255,15 @@ def latency_throughput_figure(
     slos: Sequence[Slo | str] | None = None,
     metric: str = "ttft_ms",
     load_axis: str | None = None,
+    book: BookMarks | None = None,
 ) -> go.Figure:
     """``metric`` (``ttft_ms``, ``tpot_ms``, ``e2e_ms``, ``itl_ms``) p50 and p99 (ms) against
     output tok/s, one marker per point labelled with its load, error bars from the repeats'
     min-max (where a point has more than one), a dashed line per SLO on ``metric`` and an amber
     ring on each line's knee (:func:`knee`). ``load_axis`` defaults to :func:`load_axis_of`;
-    without one the points are labelled with their values and not joined."""
+    without one the points are labelled with their values and not joined. ``book``
+    (:func:`bench.analysis.book_marks.sweep_marks`): the book's platforms, dash-dot, in legend group
+    ``book``."""
     name = metric.removesuffix("_ms").upper()
     title = f"{name} vs output throughput"
     axis = load_axis or load_axis_of(points)
@@ -216,9 +332,11 @@ def latency_throughput_figure(
                 hovertemplate="measured while disturbed:<br>%{customdata}<extra></extra>",
             )
         )  # fmt: skip
-    y_top = _slo_lines(fig, [s for s in as_slos(slos) if s.metric == metric], y_top)
     x_top = max((p.mean("output_throughput_tok_s") or 0.0) + (spread_err(p, "output_throughput_tok_s")[0] or 0.0)
                 for line in lines for p in line)  # fmt: skip
+    if book is not None and book.drawn and metric != "itl_ms":
+        x_top, y_top = _book_latency(fig, book, lines, metric, x_top, y_top)
+    y_top = _slo_lines(fig, [s for s in as_slos(slos) if s.metric == metric], y_top)
     # Head-room: the load labels above the highest markers and the SLO labels stay inside.
     fig.update_xaxes(title="output throughput (tokens/s)", range=[0, x_top * 1.12 or 1.0])
     fig.update_yaxes(title=f"{name} (ms)", range=[0, y_top * 1.18 or 1.0])
@@ -488,8 +606,9 @@ def capacity_figure(sweep: SweepRow, runs: Sequence[RunRow]) -> go.Figure:
     return fig
 
 
-def run_throughput_figure(series: Sequence[tuple[float, float | None]]) -> go.Figure:
-    """A run's per-second output tok/s (``(t_s, value)`` pairs, seconds since the run's start)."""
+def run_throughput_figure(series: Sequence[tuple[float, float | None]], book: BookMarks | None = None) -> go.Figure:
+    """A run's per-second output tok/s (``(t_s, value)`` pairs, seconds since the run's start); ``book``
+    (:func:`bench.analysis.book_marks.book_marks`): the book's platforms' output tok/s as dash-dot lines."""
     title = "Output tokens per second"
     height = 340
     pts = [(t, v) for t, v in series if v is not None]
@@ -507,6 +626,13 @@ def run_throughput_figure(series: Sequence[tuple[float, float | None]]) -> go.Fi
     fig.update_layout(showlegend=False)
     fig.update_xaxes(title="time since run start (s)", rangemode="tozero")
     fig.update_yaxes(title="output tokens/s")
+    if book is not None and book.drawn:
+        marks = book.marks("output_throughput_tok_s")
+        if marks:
+            top = book_lines(fig, marks, "y", max(v for _, v in pts))
+            fig.update_yaxes(range=[0, top * 1.12 or 1.0])
+            fig.update_layout(showlegend=True)
+            _legend_below(fig, height, bottom=110)
     return fig
 
 

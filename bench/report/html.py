@@ -10,6 +10,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from bench.analysis.book_marks import BookMarks, book_marks, default_reference, sweep_marks
 from bench.analysis.serving import (
     DEFAULT_TARGET_TOK_S_PER_USER,
     SERVING_TABLE_COLUMNS,
@@ -197,7 +198,33 @@ def _config_items(config: dict[str, Any], run: RunRow | None) -> list[tuple[str,
     return [(k, v) for k, v in items if v not in (None, {}, [])]
 
 
-def _run_report(store: Store, run: RunRow) -> bytes:
+def _reference(store: Store, book_reference: int | None) -> RunRow | None:
+    """The reference run for the book's marks of a run on another accelerator: the one asked for, else
+    the imported H100 example run (:func:`bench.analysis.book_marks.default_reference`)."""
+    if book_reference is not None:
+        run = store.get_run(book_reference)
+        if run is None:
+            raise MoEBenchError(f"no run {book_reference} (the book's reference run) in {store.path}")
+        return run
+    return default_reference(store.list_runs())
+
+
+_BOOK_FIGURES = ("output_throughput_tok_s", "ttft_ms_p50", "tpot_ms_p50", "e2e_ms_mean", "peak_memory_gib")
+
+
+def _book_section(page: _Page, book: BookMarks) -> None:
+    """The book's platforms set against the run: what the marks stand on, or the note why none."""
+    page.h2("The book's platforms (chapter 8, 8.3.3)")
+    if not book.drawn:
+        page.add(f'<div class="card"><p>{escape_text(book.caption)}</p></div>')
+        return
+    page.add(f'<div class="card"><p>{escape_text(book.caption)}</p></div>')
+    rows = book.rows(_BOOK_FIGURES)
+    cols = [(k, k) for k in rows[0]] if rows else []
+    page.add(_table(cols, rows))
+
+
+def _run_report(store: Store, run: RunRow, book: BookMarks | None = None) -> bytes:
     from bench.run.recorder import SERIES_OUTPUT_TOK_S
 
     page = _Page(f"Run {run.id}: {run.name}" if run.name else f"Run {run.id}")
@@ -243,9 +270,11 @@ def _run_report(store: Store, run: RunRow) -> bytes:
             lat_rows.append({"metric": m.label, "count": st.count, **{k: getattr(st, k) for k in stats}})
         cols = [("metric", "metric"), ("count", "values"), *((k, f"{k} (ms)") for k in stats)]
         page.add(_table(cols, lat_rows))
+    if book is not None:
+        _book_section(page, book)
     page.h2("Output throughput over time")
     series = [(t, v) for t, _, v in store.timeseries(run.id, [SERIES_OUTPUT_TOK_S])]
-    page.figure(run_throughput_figure(series))
+    page.figure(run_throughput_figure(series, book))
     _moe_section(page, store, run)
     _definitions(page)
     return page.render()
@@ -408,6 +437,8 @@ def _sweep_report(
     overlay: Sequence[int] = (),
     target_tok_s_per_user: float = DEFAULT_TARGET_TOK_S_PER_USER,
     prices: Mapping[str, Price] | None = None,
+    book: bool = True,
+    book_reference: int | None = None,
 ) -> bytes:
     runs = store.sweep_runs(sweep.id)
     what = "Capacity search" if sweep.kind == "capacity" else "Sweep"
@@ -465,8 +496,13 @@ def _sweep_report(
             )
             page.add(f'<div class="card warn"><p>Lines stopped early:</p><ul class="rec">{lis}</ul></div>')
         page.h2("Charts")
-        page.figure(latency_throughput_figure(points, slos, "ttft_ms", axis))
-        page.figure(latency_throughput_figure(points, slos, "tpot_ms", axis))
+        marks = sweep_marks(runs) if book else None
+        if marks is not None and marks.off_platform:
+            marks = sweep_marks(runs, _reference(store, book_reference))
+        page.figure(latency_throughput_figure(points, slos, "ttft_ms", axis, marks))
+        page.figure(latency_throughput_figure(points, slos, "tpot_ms", axis, marks))
+        if marks is not None:
+            page.add(f'<div class="card"><p>{escape_text(marks.caption)}</p></div>')
         page.figure(goodput_figure(points, axis))
         _serving_section(page, store, sweep, points, overlay, target_tok_s_per_user, prices)
         page.h2("Points")
@@ -483,6 +519,8 @@ def html_report(
     overlay: Sequence[int] = (),
     target_tok_s_per_user: float = DEFAULT_TARGET_TOK_S_PER_USER,
     prices: Mapping[str, Price] | None = None,
+    book: bool = True,
+    book_reference: int | None = None,
 ) -> bytes:
     """A self-contained HTML report (UTF-8 bytes) of a run (``"12"``, ``"run:12"``) or of a sweep
     or capacity search (``"sweep:3"``, ``"s3"``): the configuration, the recommendations or
@@ -491,15 +529,21 @@ def html_report(
     accelerator against tok/s per user overlays the ``overlay`` sweeps and names the best
     throughput at ``target_tok_s_per_user``, with $ per million output tokens at ``prices``
     (default: :func:`bench.metrics.cost.price_table`). plotly.js is inlined once, so
-    the file opens offline. Every text from the data is HTML-escaped.
+    the file opens offline. Every text from the data is HTML-escaped. ``book``: the book's three
+    platforms (:mod:`bench.analysis.book_marks`) as dash-dot marks and a table, on the run's own figures,
+    or for a run on another accelerator on run ``book_reference`` (default: the imported H100 example run),
+    or a one-line note why none.
     Raises :class:`MoEBenchError` for a bad or unknown target."""
     kind, ident = parse_target(target)
     if kind == "run":
         run = store.get_run(ident)
         if run is None:
             raise MoEBenchError(f"no run {ident} in {store.path}")
-        return _run_report(store, run)
+        marks = book_marks(run) if book else None
+        if marks is not None and marks.off_platform:
+            marks = book_marks(run, _reference(store, book_reference))
+        return _run_report(store, run, marks)
     sweep = store.get_sweep(ident)
     if sweep is None:
         raise MoEBenchError(f"no sweep or capacity search {ident} in {store.path}")
-    return _sweep_report(store, sweep, overlay, target_tok_s_per_user, prices)
+    return _sweep_report(store, sweep, overlay, target_tok_s_per_user, prices, book, book_reference)

@@ -415,11 +415,6 @@ acc_rows = {r.accelerator: r for r in ref.ACCELERATOR_TABLE}
 PCT_COLUMNS = {"throughput_pct": "throughput", "latency_pct": "latency", "memory_pct": "memory"}  # % column names
 
 
-def _card(row: ref.AcceleratorRow) -> str:
-    """The card a column is named for: ``H100``, ``910B``, ``MLU590``."""
-    return row.platform.split()[-1]
-
-
 def _pick_acc(row: ref.AcceleratorRow) -> RunRow | None:
     """The run of one platform column: runs on its card first, then on other cards of its kind, then
     every other run.
@@ -435,7 +430,7 @@ def _pick_acc(row: ref.AcceleratorRow) -> RunRow | None:
         st.selectbox(title, ["none"], key=key + ".empty", disabled=True)
         st.info(missing, icon=":material/hourglass_empty:")
         return None
-    matching = [r for r in runs if data.on_card(r, row.accelerator, _card(row))]
+    matching = [r for r in runs if ref.on_card(r.accelerator, r.engine_info.get("device"), row)]
     matching_ids = {r.id for r in matching}
     kind = [r.id for r in runs if r.accelerator == row.accelerator and r.id not in matching_ids]  # another card
     rest = [r.id for r in runs if r.accelerator != row.accelerator]
@@ -452,7 +447,7 @@ def _pick_acc(row: ref.AcceleratorRow) -> RunRow | None:
         other = by_id[run_id]
         if other.accelerator != row.accelerator:
             return _label(run_id) + f" · accelerator {other.accelerator}"
-        return _label(run_id) + f" · no {_card(row)}"
+        return _label(run_id) + f" · no {row.card}"
 
     chosen = st.selectbox(title, ids, key=key, format_func=label)
     if chosen is None and not matching:

@@ -12,6 +12,7 @@ import time
 
 import streamlit as st
 
+from bench.analysis.book_marks import book_marks, default_reference, reference_candidates, run_platform
 from bench.metrics.run_limits import RunLimits
 from dashboard import charts, data, profile_data, services, ui
 from engines.errors import MoEBenchError
@@ -138,6 +139,33 @@ except MoEBenchError as exc:
     ui.show_error(exc)
     st.stop()
 run = by_id[int(run_id)]
+
+# The book's three platforms (chapter 8, 8.3.3) as marks on the charts: on this run's figures when it ran on
+# one of them, else on a reference run on one of them (the imported H100 example by default).
+ss.setdefault("rp.book", True)
+k1, k2 = st.columns([1, 3], vertical_alignment="bottom")
+show_book = k1.toggle(
+    "show the book's platforms",
+    key="rp.book",
+    help="The book's H100 / Ascend 910B / MLU590 table as dash-dot marks: ratios of this run's measured figures "
+    "(or of a reference run's, for a run on another accelerator), never measurements.",
+)
+book_reference = None
+if show_book and run_platform(run) is None:
+    candidates = {r.id: r for r in reference_candidates(store.list_runs(limit=500))}
+    if ss.get("rp.book.ref") not in (None, *candidates):
+        del ss["rp.book.ref"]
+    if "rp.book.ref" not in ss:
+        first = default_reference(list(candidates.values()))
+        ss["rp.book.ref"] = first.id if first is not None else None
+    ref_id = k2.selectbox(
+        "Reference run for the book's marks",
+        [None, *candidates],
+        key="rp.book.ref",
+        format_func=lambda i: "none" if i is None else profile_data.profile_run_label(candidates[i], examples),
+        help="This run is on none of the book's platforms: the marks stand on a run that is",
+    )
+    book_reference = candidates.get(ref_id) if ref_id is not None else None
 device = run.engine_info.get("device") or run.accelerator
 recorded = data.runs_frame([run])["created"][0]
 banner = f"REPLAY of run #{run.id} · recorded {recorded:%Y-%m-%d %H:%M} on {device}"
@@ -180,9 +208,13 @@ def _player() -> None:
         limits = limits.reached(frame.summary)
     ui.headline(frame.summary, frame.live, not frame.finished, slos, limits)
     figs = data.live_figures(frame.live, frame.summary, slos, limits)
+    book = book_marks(run, book_reference, frame.summary) if show_book else None
+    charts.book_marks_on_live(figs, book)
     for fig in figs.values():
         charts.mark_replay(fig, f"replay · run #{run.id}")
     ui.live_charts(figs, "rp")
+    if book is not None:
+        st.caption(book.caption)
 
 
 _player()

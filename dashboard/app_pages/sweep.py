@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from bench.analysis.book_marks import BookMarks, default_reference, reference_candidates, sweep_marks
 from bench.analysis.serving import (
     DEFAULT_TARGET_TOK_S_PER_USER,
     SERVING_TABLE_COLUMNS,
@@ -407,7 +408,15 @@ def _header(sweep: SweepRow, runs: int) -> None:
     )
     d2.download_button(
         "HTML report",
-        data=lambda: html_report(store, f"sweep:{sid}", _overlay_ids(sweep), float(ss["w.target"]), _page_prices()),
+        data=lambda: html_report(
+            store,
+            f"sweep:{sid}",
+            _overlay_ids(sweep),
+            float(ss["w.target"]),
+            _page_prices(),
+            book=bool(ss.get("w.book", True)),
+            book_reference=ss.get("w.book.ref"),
+        ),
         file_name=f"moebench-sweep-{sid}.html",
         mime="text/html",
         icon=":material/description:",
@@ -610,6 +619,39 @@ def _serving(sweep: SweepRow, points: list[Any]) -> None:
         st.caption(note)
 
 
+def _book(sweep: SweepRow) -> BookMarks | None:
+    """The toggle "show the book's platforms" and, for a sweep on none of them, its reference-run picker;
+    the sweep's book marks (:func:`bench.analysis.book_marks.sweep_marks`), None when switched off."""
+    ss.setdefault("w.book", True)
+    k1, k2 = st.columns([1, 3], vertical_alignment="bottom")
+    if not k1.toggle(
+        "show the book's platforms",
+        key="w.book",
+        help="The book's H100 / Ascend 910B / MLU590 table (chapter 8, 8.3.3) as dash-dot marks: each point moved "
+        "where the book's ratios put the other platforms, or a reference run's for a sweep on another accelerator. "
+        "Ratios of measured figures, never measurements.",
+    ):
+        return None
+    runs = store.sweep_runs(sweep.id)
+    book = sweep_marks(runs)
+    if not book.off_platform:
+        return book
+    candidates = {r.id: r for r in reference_candidates(store.list_runs(limit=500))}
+    if ss.get("w.book.ref") not in (None, *candidates):
+        del ss["w.book.ref"]
+    if "w.book.ref" not in ss:
+        first = default_reference(list(candidates.values()))
+        ss["w.book.ref"] = first.id if first is not None else None
+    ref_id = k2.selectbox(
+        "Reference run for the book's marks",
+        [None, *candidates],
+        key="w.book.ref",
+        format_func=lambda i: "none" if i is None else data.run_label(candidates[i]),
+        help="This sweep ran on none of the book's platforms: the marks stand on a run that did",
+    )
+    return sweep_marks(runs, candidates.get(ref_id) if ref_id is not None else None)
+
+
 def _sweep_body(sweep: SweepRow, live: bool) -> None:
     points = sweep_points(store, sweep.id)
     slos = sweep_slos(sweep)
@@ -621,11 +663,14 @@ def _sweep_body(sweep: SweepRow, live: bool) -> None:
         return
     rec = recommendations(points, slos)
     _recommendations(rec, list((sweep.result or {}).get("stopped") or []))
+    book = _book(sweep)
     left, right = st.columns(2)
     with left:
-        ui.chart(latency_throughput_figure(points, slos, "ttft_ms"), "w.chart.ttft")
+        ui.chart(latency_throughput_figure(points, slos, "ttft_ms", book=book), "w.chart.ttft")
     with right:
-        ui.chart(latency_throughput_figure(points, slos, "tpot_ms"), "w.chart.tpot")
+        ui.chart(latency_throughput_figure(points, slos, "tpot_ms", book=book), "w.chart.tpot")
+    if book is not None:
+        st.caption(book.caption)
     _serving(sweep, points)
     ui.chart(goodput_figure(points), "w.chart.goodput")
     t1, t2 = st.columns([4, 1], vertical_alignment="bottom")
