@@ -523,13 +523,6 @@ def is_tuning_run(run: RunRow) -> bool:
     return bool(tuning_run_name.match(run.name or ""))
 
 
-def on_card(run: RunRow, accelerator: str, card: str) -> bool:
-    """The run ran on ``card`` (``H100``, ``910B``, ``MLU590``): its accelerator kind and a
-    recorded device name that names the card (an H200 is no H100; an unrecorded device is no card)."""
-    device = str(run.engine_info.get("device") or "").replace(" ", "").lower()
-    return run.accelerator == accelerator and card.replace(" ", "").lower() in device
-
-
 def newest_shown_first(runs: Sequence[RunRow]) -> RunRow | None:
     """The run a picker starts on: the newest that is no tuning-ablation row, else the newest."""
     plain_runs = [r for r in runs if not is_tuning_run(r)]

@@ -21,6 +21,8 @@ from typing import Any
 
 import streamlit as st
 
+from bench.analysis.book_marks import BookMarks, book_marks, default_reference
+from bench.analysis.reference import platform_of
 from bench.config import RunConfig, field_bounds
 from bench.metrics.records import METRIC_DEFINITIONS
 from bench.metrics.run_limits import RunLimits
@@ -32,7 +34,7 @@ from bench.store import RunRow, SweepRow
 from bench.sweep.spec import SweepSpec
 from bench.sweep.task import SweepSnapshot
 from bench.workloads import LENGTH_DISTS, WorkloadSpec, parse_jsonl, sharegpt_package_file
-from dashboard import data, forms, services
+from dashboard import charts, data, forms, services
 from engines.errors import ConfigError, MoEBenchError, WorkloadError
 from engines.settings import get_settings
 
@@ -991,7 +993,12 @@ def live_panel(mode: str) -> None:
         run = store.get_run(run_id)
         limits = data.run_limits(store, run, summary)
         headline(summary, live, running, slos, limits)
-        live_charts(data.live_figures(live, summary, slos, limits), f"{mode}-live")
+        figs = data.live_figures(live, summary, slos, limits)
+        book = _live_book(store, run, summary)
+        charts.book_marks_on_live(figs, book)
+        live_charts(figs, f"{mode}-live")
+        if book is not None:
+            st.caption(book.caption)
         if not running and summary is not None:
             st.subheader("Summary")
             show_summary(summary, mode, limits)
@@ -1005,6 +1012,16 @@ def live_panel(mode: str) -> None:
 
 STOPPING_REFRESH_S = 0.25  # the live panel's refresh between a Stop and the run's end
 CANCEL_WAIT_S = 1.0  # the most a Stop click waits for its run to end before the page redraws
+
+
+def _live_book(store: Any, run: RunRow | None, summary: RunSummary | None) -> BookMarks | None:
+    """The book's platforms on a run's live charts (bench.analysis.book_marks): the book's ratios of
+    its own figures on one of the three cards, else of the imported H100 example run's figures."""
+    if run is None:
+        return None
+    on_book_card = platform_of(run.accelerator, run.engine_info.get("device")) is not None
+    reference = None if on_book_card else default_reference(store.list_runs(statuses=["completed"]))
+    return book_marks(run, reference, summary)
 
 
 def live_charts(figs: dict[str, Any], key: str) -> None:

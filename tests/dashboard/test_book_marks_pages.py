@@ -56,3 +56,16 @@ def test_replay_and_sweep_draw_the_book_and_the_toggle_hides_it(
     names = _book_names(ttft)
     assert "book: Ascend 910B (70 % throughput, 120 % latency)" in names
     assert "book: Cambricon MLU590 (60 % throughput, 150 % latency)" in names
+
+
+def test_the_live_concurrency_charts_draw_the_book(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+    """The Concurrency page's live panel (here: its latest stored run, the H100 example) draws the
+    book's two other platforms on its throughput chart, and says what they stand on."""
+    store = Store(get_settings().db_path)
+    profile_data.import_examples(store)
+    at = app_test()
+    at.switch_page("app_pages/concurrency.py").run()
+    assert not at.exception
+    names = [n for spec in _charts(at) for n in _book_names(spec)]
+    assert "book: Ascend 910B (70 %)" in names and "book: Cambricon MLU590 (60 %)" in names
+    assert any("Book marks" in c.value for c in at.caption)
