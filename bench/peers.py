@@ -895,6 +895,236 @@ def _guidellm_samples(f: _File, b: Mapping[str, Any]) -> list[dict[str, Any]]:
     return samples
 
 
+# --- SGLang bench_serving -----------------------------------------------------------------------
+# sglang/benchmark/serving.py (0.5.23; ``python -m sglang.bench_serving`` re-exports it): with
+# --output-file each run appends one JSON line (the file is JSONL, several runs one after another).
+# A line holds the run's settings (backend, dataset_name, request_rate: Infinity when all at once or
+# "trace", max_concurrency, random_input_len/random_output_len), server_info (the server's
+# /server_info, null when it has none), its totals and throughputs, and per metric mean_/median_/
+# std_/p90_/p95_/p99_<metric>_ms for ttft, tpot, itl and e2e_latency (ms; numpy's linear percentiles
+# over the successful requests). It writes no date, no model, no request count and no failed count:
+# ``completed`` counts the successful requests. With --output-details the line also holds per-request
+# lists over every request sent: input_lens, output_lens (0 when it failed), ttfts and itls (seconds;
+# 0.0 and [] when it failed), generated_texts and errors ('' when it succeeded); no start times, no
+# latencies. TPOT is (latency - TTFT) / (output - 1) per request.
+_SGLANG_LISTS = ("input_lens", "output_lens", "ttfts", "itls", "errors")
+_SGLANG_METRICS = (("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2e", "e2e_latency"))
+
+
+def _is_sglang(doc: Mapping[str, Any]) -> bool:
+    # vLLM's result has the same totals but names E2E ``e2el`` and writes no retokenized count
+    return {"duration", "completed", "request_throughput"} <= doc.keys() and (
+        "mean_e2e_latency_ms" in doc or "total_output_tokens_retokenized" in doc
+    )
+
+
+def _sglang_stat(f: _File, doc: Mapping[str, Any], metric: str, base: Stat | None, count: int | None) -> Stat:
+    """SGLang's own mean/median/std/p90/p95/p99 of ``metric`` (ms); min and max only from ``base``
+    (the same statistic over the per-request lists, where the line has them)."""
+    if count == 0:
+        return describe([])  # SGLang writes 0 (TTFT, TPOT, ITL) or NaN (E2E) over no values
+    got = {
+        k: f.opt_real(doc.get(f"{k}_{metric}_ms"), f"{k}_{metric}_ms")
+        for k in ("mean", "median", "std", "p90", "p95", "p99")
+    }
+    if base is None and all(v is None for v in got.values()):
+        return _empty_stat()
+    b = base or _empty_stat()
+    return _stat(count, got["mean"], got["std"], b.min, b.max, got["median"], got["p90"], got["p95"], got["p99"])
+
+
+def _sglang_samples(
+    ttfts: list[float],
+    itls: list[list[float]],
+    ok: list[bool],
+    in_lens: list[int],
+    out_lens: list[int],
+    errors: list[Any],
+) -> list[dict[str, Any]]:
+    """The rows of an --output-details line. SGLang keeps no start times and no latencies per request:
+    every row starts at 0 s, its chunks at TTFT and then each ITL gap, and it ends at its last chunk."""
+    samples = []
+    for i, good in enumerate(ok):
+        chunks: list[float] = []
+        if good:
+            t = ttfts[i]
+            chunks = [t]
+            for g in itls[i]:
+                t += g
+                chunks.append(t)
+        gaps = itls[i] if good else []
+        samples.append(
+            _sample(
+                i,
+                f"sglang-{i}",
+                0.0,
+                chunks[-1] * 1000.0 if chunks else 0.0,
+                chunks,
+                in_lens[i],
+                out_lens[i] if good else 0,
+                "" if good else str(errors[i] or "failed"),
+                ttft_ms=ttfts[i] * 1000.0 if good else None,
+                ttft_any_ms=ttfts[i] * 1000.0 if good else None,
+                tpot_ms=None,  # SGLang's TPOT needs the request's latency, which the line does not keep
+                itl_mean_ms=sum(gaps) / len(gaps) * 1000.0 if gaps else None,
+                itl_token_mean_ms=sum(gaps) / len(gaps) * 1000.0 if gaps else None,
+            )
+        )
+    return samples
+
+
+class _Line(_File):
+    """One line of a file of several runs: its reasons name the line."""
+
+    def __init__(self, tool: str, path: Path, line: int) -> None:
+        super().__init__(tool, path)
+        self.line = line
+
+    def error(self, why: str) -> MoEBenchError:
+        return MoEBenchError(f"{self.tool} result {self.path.name} line {self.line}: {why}")
+
+
+def _sglang(doc: dict[str, Any], path: Path, line: tuple[int, int] | None = None) -> dict[str, Any]:
+    """One run (one line) of an SGLang bench_serving result file; ``line``: (its number, the lines)."""
+    tool = "SGLang bench_serving"
+    f = _File(tool, path) if line is None or line[1] == 1 else _Line(tool, path, line[0])
+    completed = f.count(doc.get("completed"), "completed")
+    duration = f.duration(doc.get("duration"), "duration")
+    detailed = all(k in doc for k in _SGLANG_LISTS)
+    n = failed = None
+    samples: list[dict[str, Any]] = []
+    base: dict[str, Stat | None] = dict.fromkeys(m for m, _ in _SGLANG_METRICS)
+    counts: dict[str, int | None] = {"ttft": completed, "tpot": None, "itl": None, "e2e": completed}
+    if detailed:
+        errors = f.items(doc["errors"], "errors")
+        n = len(errors)
+        lists = {k: f.items(doc[k], k, n) for k in _SGLANG_LISTS}
+        if not all(e is None or isinstance(e, str) for e in errors):
+            raise f.error("errors holds an entry that is not text")
+        ok = [not e for e in errors]
+        failed = n - sum(ok)
+        if sum(ok) != completed:
+            raise f.error(f"errors lists {sum(ok)} successful requests, completed says {completed}")
+        ttfts = [f.real(x, f"ttfts[{i}]") for i, x in enumerate(lists["ttfts"])]
+        itls = [[f.real(g, f"itls[{i}]") for g in f.items(x, f"itls[{i}]")] for i, x in enumerate(lists["itls"])]
+        in_lens = [f.count(x, f"input_lens[{i}]") for i, x in enumerate(lists["input_lens"])]
+        out_lens = [f.count(x, f"output_lens[{i}]") for i, x in enumerate(lists["output_lens"])]
+        good = [i for i in range(n) if ok[i]]
+        base["ttft"] = describe(ttfts[i] * 1000.0 for i in good)
+        base["itl"] = describe(g * 1000.0 for i in good for g in itls[i])
+        counts.update(itl=sum(len(itls[i]) for i in good), tpot=sum(1 for i in good if out_lens[i] > 1))
+        samples = _sglang_samples(ttfts, itls, ok, in_lens, out_lens, errors)
+    stats = {m: _sglang_stat(f, doc, theirs, base[m], counts[m]) for m, theirs in _SGLANG_METRICS}
+
+    rate_raw = doc.get("request_rate")
+    all_at_once = rate_raw is None or rate_raw == "trace" or (isinstance(rate_raw, float) and rate_raw == math.inf)
+    rate = None if all_at_once else f.real(rate_raw, "request_rate")
+    max_conc = f.opt_count(doc.get("max_concurrency"), "max_concurrency")
+    summary = RunSummary(
+        requests=n,
+        completed=completed,
+        failed=failed,
+        cancelled=None,
+        usage_mismatches=None,
+        duration_s=duration,
+        prompt_tokens=f.count(doc.get("total_input_tokens"), "total_input_tokens"),
+        output_tokens=f.count(doc.get("total_output_tokens"), "total_output_tokens"),
+        request_throughput_rps=f.real(doc.get("request_throughput"), "request_throughput"),
+        output_throughput_tok_s=f.opt_real(doc.get("output_throughput"), "output_throughput"),
+        total_throughput_tok_s=f.opt_real(doc.get("total_throughput"), "total_throughput"),
+        ttft_ms=stats["ttft"],
+        tpot_ms=stats["tpot"],
+        itl_ms=stats["itl"],
+        e2e_ms=stats["e2e"],
+        max_concurrency=max_conc,
+        request_rate=rate,
+        burstiness=1.0 if rate is not None else None,  # SGLang draws exponential gaps: Poisson arrivals
+        goodput_rps=f.opt_real(doc.get("request_goodput"), "request_goodput"),
+    )
+    info = doc.get("server_info") if isinstance(doc.get("server_info"), dict) else {}
+    model = _text(info.get("served_model_name")) or _text(info.get("model_path"), "unknown")
+    backend = _text(doc.get("backend"), "unknown")
+    dataset = _text(doc.get("dataset_name")) or None
+    random_lens = dataset is not None and dataset.startswith("random")
+    where = f"line {line[0]} of {line[1]}" if line is not None else "its one line"
+    return _bundle(
+        f,
+        source_tool="SGLang bench_serving",
+        version=None,  # the result line does not record SGLang's version
+        engine=backend,
+        model=model,
+        created=_created(f, None, float),  # the line has no date: the file's modification time
+        finished_at=None,
+        concurrency=max_conc,
+        config={
+            "requests": n,
+            "concurrency": max_conc,
+            "request_rate": rate,
+            "arrival": "trace" if rate_raw == "trace" else "poisson" if rate is not None else None,
+            "workload": {
+                "source": dataset,
+                "input_len": doc.get("random_input_len") if random_lens else None,
+                "output_len": doc.get("random_output_len") if random_lens else None,
+            },
+            "source_line": f"{where} (SGLang appends one run a line; MoE Bench imports the last)",
+            "per_request": (
+                f"{n} rows from --output-details (TTFT and ITL gaps; no start times: each row starts at 0 s)"
+                if detailed
+                else "none (written without --output-details)"
+            ),
+            "source_settings": {
+                k: doc[k]
+                for k in (
+                    "backend",
+                    "dataset_name",
+                    "tag",
+                    "random_range_ratio",
+                    "sharegpt_output_len",
+                    "concurrency",
+                    "accept_length",
+                    "max_output_tokens_per_s",
+                    "max_concurrent_requests",
+                    "slo_attainment",
+                )
+                if isinstance(doc.get(k), str | int | float) and not isinstance(doc.get(k), bool)
+            },
+        },
+        engine_info={"backend": backend},
+        summary=summary,
+        samples=samples,
+    )
+
+
+def sglang_jsonl_bundle(text: str, path: str | Path) -> dict[str, Any] | None:
+    """The bundle of an SGLang bench_serving result file of several lines (runs appended one a line):
+    the last line's run, every line checked first; None when the first line is not an SGLang result.
+    Raises :class:`MoEBenchError` (one line) for a line that is not JSON or not an SGLang result."""
+    path = Path(path)
+    lines = [(no, line) for no, line in enumerate(text.splitlines(), 1) if line.strip()]
+
+    def parse(no: int, line: str) -> Any:
+        try:
+            return json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            raise _File("SGLang bench_serving", path).error(f"line {no} is not JSON ({one_line(exc, 80)})") from exc
+
+    if not lines:
+        return None
+    try:
+        first = json.loads(lines[0][1])
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(first, dict) or not _is_sglang(first):
+        return None
+    bundles = []
+    for no, line in lines:
+        doc = parse(no, line)
+        if not isinstance(doc, dict) or not _is_sglang(doc):
+            raise _File("SGLang bench_serving", path).error(f"line {no} is not an SGLang bench_serving result")
+        bundles.append(_sglang(doc, path, (no, len(lines)) if len(lines) > 1 else None))
+    return bundles[-1]
+
+
 # --- the registry -------------------------------------------------------------------------------
 
 
@@ -908,6 +1138,8 @@ class PeerFormat:
 
 
 PEER_FORMATS: tuple[PeerFormat, ...] = (
+    # SGLang's line carries vLLM's totals too (duration, completed, ...): it is told apart first
+    PeerFormat("SGLang bench_serving", _is_sglang, lambda d, p, _cap: _sglang(d, p)),
     PeerFormat("vllm bench serve", _is_vllm, lambda d, p, _cap: _vllm(d, p)),
     PeerFormat("AIPerf", _is_aiperf, _aiperf),
     PeerFormat("guidellm", _is_guidellm, lambda d, p, _cap: _guidellm(d, p)),

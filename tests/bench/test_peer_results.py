@@ -259,7 +259,7 @@ def _vllm_bad(doc: dict[str, Any], change: str) -> str:
 @pytest.mark.parametrize(
     ("name", "text", "why"),
     [
-        ("other.json", json.dumps({"hello": 1}), "nor a result file of vllm bench serve, AIPerf or guidellm"),
+        ("other.json", json.dumps({"hello": 1}), "file of SGLang bench_serving, vllm bench serve, AIPerf or guidellm"),
         ("list.json", "[1, 2, 3]", "nor a result file of"),
         ("deep.json", "[" * 100_000 + "]" * 100_000, "nested too deeply"),
         ("bad.json", "{not json", "cannot read bundle"),
@@ -375,3 +375,141 @@ def test_moebench_vllm_json_export_reads_back_as_the_same_run(store: Store, tmp_
         assert getattr(b, name).p99 == pytest.approx(getattr(a, name).p99, abs=2e-3), name
     assert store.sample_count(second.id) == 40
     assert store.sample_rows(second.id)[7]["error"] == "boom"
+
+
+# --- SGLang bench_serving -----------------------------------------------------------------------
+SGLANG_DETAILED = DATA / "sglang-bench-serving-detailed.jsonl"
+SGLANG_SUMMARY = DATA / "sglang-bench-serving-summary.jsonl"
+SGLANG_TWO = DATA / "sglang-bench-serving-two-rates.jsonl"
+SGLANG = (SGLANG_DETAILED, SGLANG_SUMMARY)
+_SGLANG_STATS = (("ttft_ms", "ttft"), ("tpot_ms", "tpot"), ("itl_ms", "itl"), ("e2e_ms", "e2e_latency"))
+
+
+def test_an_sglang_bench_serving_line_with_details_imports_with_its_own_figures(store: Store) -> None:
+    doc = load(SGLANG_DETAILED)  # one line: one JSON document
+    run = imported(store, SGLANG_DETAILED)
+    s = run.summary
+    assert run.name.startswith("SGLang bench_serving: unknown c=4 ")  # the line names no model
+    assert run.engine == doc["backend"] == "sglang-oai" and run.model == "unknown"
+    assert run.engine_info["source_tool"] == run.config["source_tool"] == "SGLang bench_serving"
+    assert run.engine_info["created_at_from"].startswith("file modification time")  # the line has no date
+    assert doc["request_rate"] == float("inf") and s.request_rate is None and run.concurrency == 4
+    assert (s.requests, s.completed, s.failed) == (40, doc["completed"], 0)
+    assert s.duration_s == doc["duration"] and s.prompt_tokens == doc["total_input_tokens"] == 1280
+    assert s.output_tokens == doc["total_output_tokens"] == 640
+    assert s.request_throughput_rps == doc["request_throughput"]
+    assert s.output_throughput_tok_s == doc["output_throughput"] and s.total_throughput_tok_s == doc["total_throughput"]
+    for ours, theirs in _SGLANG_STATS:  # SGLang's own figures, as it wrote them
+        st = getattr(s, ours)
+        assert (st.mean, st.std, st.p50) == (
+            doc[f"mean_{theirs}_ms"],
+            doc[f"std_{theirs}_ms"],
+            doc[f"median_{theirs}_ms"],
+        )
+        assert (st.p90, st.p95, st.p99) == tuple(doc[f"p{q}_{theirs}_ms"] for q in (90, 95, 99)), ours
+    # hand check: SGLang's figures are numpy's over the lists it wrote (seconds); min and max come from there
+    ttfts, gaps = np.array(doc["ttfts"]) * 1000, np.array([g for x in doc["itls"] for g in x]) * 1000
+    assert np.percentile(ttfts, 99) == pytest.approx(doc["p99_ttft_ms"]) and np.mean(gaps) == pytest.approx(
+        doc["mean_itl_ms"]
+    )
+    assert (s.ttft_ms.min, s.ttft_ms.max) == (pytest.approx(ttfts.min()), pytest.approx(ttfts.max()))
+    assert s.itl_ms.count == len(gaps) == 600 and s.itl_ms.max == pytest.approx(gaps.max())
+    assert s.tpot_ms.count == 40 and s.tpot_ms.min is None and s.e2e_ms.min is None  # no latencies per request
+    rows = store.sample_rows(run.id)
+    assert len(rows) == 40 and all(r["start_s"] == 0.0 for r in rows)  # SGLang keeps no start times
+    r = rows[7]
+    assert r["ttft_ms"] == pytest.approx(doc["ttfts"][7] * 1000)
+    assert r["e2e_ms"] == pytest.approx((doc["ttfts"][7] + sum(doc["itls"][7])) * 1000)  # to the last chunk
+    assert (r["prompt_tokens"], r["output_tokens"], r["error"], r["tpot_ms"]) == (32, 16, "", None)
+    assert r["itl_mean_ms"] == pytest.approx(np.mean(doc["itls"][7]) * 1000)
+    # chunk times rebuilt from TTFT and the gaps: MoE Bench's own summary of the rows gives SGLang's back
+    again = summarize(store.records(run.id))
+    assert again.ttft_ms.p99 == pytest.approx(doc["p99_ttft_ms"], abs=2e-3)
+    assert again.itl_ms.p99 == pytest.approx(doc["p99_itl_ms"], abs=2e-3) and again.itl_ms.count == 600
+    assert "no start times" in run.config["per_request"]
+
+
+def test_an_sglang_line_without_details_imports_its_summary_and_leaves_the_rest_empty(store: Store) -> None:
+    doc = load(SGLANG_SUMMARY)
+    run = imported(store, SGLANG_SUMMARY)
+    s = run.summary
+    assert run.engine == doc["backend"] == "vllm"
+    assert s.completed == 40 and s.requests is None and s.failed is None  # SGLang writes no request count
+    assert s.ttft_ms.p99 == doc["p99_ttft_ms"] and s.e2e_ms.p50 == doc["median_e2e_latency_ms"]
+    assert s.itl_ms.count is None and s.ttft_ms.min is None and s.ttft_ms.max is None
+    assert store.sample_count(run.id) == 0 and run.config["per_request"].startswith("none")
+    assert run.config["source_settings"]["max_concurrent_requests"] == doc["max_concurrent_requests"]
+
+
+def test_an_sglang_file_of_several_runs_gives_its_last_line(tmp_path: Path) -> None:
+    text = SGLANG_TWO.read_text(encoding="utf-8")
+    last = json.loads(text.splitlines()[1])
+    b = peers.sglang_jsonl_bundle(text, SGLANG_TWO)
+    assert b is not None
+    cfg, s = json.loads(b["run"]["config_json"]), json.loads(b["run"]["summary_json"])
+    assert cfg["source_line"].startswith("line 2 of 2") and cfg["request_rate"] == last["request_rate"] == 40
+    assert s["request_rate"] == 40 and s["burstiness"] == 1.0 and s["ttft_ms"]["p99"] == last["p99_ttft_ms"]
+    assert b["run"]["engine"] == "sglang-oai-chat"
+    assert peers.sglang_jsonl_bundle(VLLM_SUMMARY.read_text(), VLLM_SUMMARY) is None  # not SGLang's
+    bad = tmp_path / "two.jsonl"
+    bad.write_text(text + "{oops\n", encoding="utf-8")
+    with pytest.raises(MoEBenchError, match=r"^SGLang bench_serving result two\.jsonl: line 3 is not JSON") as err:
+        peers.sglang_jsonl_bundle(bad.read_text(), bad)
+    assert "\n" not in str(err.value)
+    bad.write_text(text.replace('"duration": ', '"duration": -', 1), encoding="utf-8")
+    with pytest.raises(MoEBenchError, match=r"two\.jsonl line 1: duration is -[\d.]+, below 0"):
+        peers.sglang_jsonl_bundle(bad.read_text(), bad)
+
+
+def test_bench_import_and_bench_runs_take_sglang_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.cli.main import main
+
+    db = tmp_path / "s.sqlite"
+    for path in SGLANG:
+        assert main(["import", "--db", str(db), str(path)]) == 0
+    assert capsys.readouterr().out.count("imported ") == 2
+    assert main(["runs", "--db", str(db)]) == 0
+    listed = capsys.readouterr().out
+    rows = [line.split() for line in listed.splitlines()[1:]]
+    assert sorted(r[3] for r in rows) == ["sglang-oai", "vllm"] and all(r[1] == "completed" for r in rows)
+    for path in SGLANG:  # each with the output tok/s its line says
+        assert f"{load(path)['output_throughput']:.1f}" in listed
+    assert sorted(r.engine for r in Store(db).list_runs()) == ["sglang-oai", "vllm"]
+
+
+def _sglang_bad(change: str) -> str:
+    doc = load(SGLANG_DETAILED)
+    if change == "missing":
+        del doc["total_input_tokens"]
+    elif change == "negative":
+        doc["p90_itl_ms"] = -1.5
+    elif change == "nan":
+        doc["mean_ttft_ms"] = float("nan")
+    elif change == "short-list":
+        doc["itls"] = doc["itls"][:-1]
+    elif change == "errors-disagree":
+        doc["errors"][3] = "boom"  # one failed, completed says all 40 succeeded
+    elif change == "zero-duration":
+        doc["duration"] = 0
+    return json.dumps(doc) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ("missing", "total_input_tokens is 'None', not a number"),
+        ("negative", "p90_itl_ms is -1.5, below 0"),
+        ("nan", "mean_ttft_ms is nan, not a finite number"),
+        ("short-list", "itls has 39 entries for 40 requests"),
+        ("errors-disagree", "errors lists 39 successful requests, completed says 40"),
+        ("zero-duration", "a run that took no time has no rates"),
+    ],
+)
+def test_a_bad_sglang_line_is_refused_with_one_line(store: Store, tmp_path: Path, change: str, why: str) -> None:
+    path = tmp_path / "sgl.jsonl"
+    path.write_text(_sglang_bad(change), encoding="utf-8")
+    with pytest.raises(MoEBenchError) as err:
+        import_file(store, path)
+    msg = str(err.value)
+    assert msg.startswith("SGLang bench_serving result sgl.jsonl: ") and why in msg and "\n" not in msg
+    assert nothing_stored(store)
