@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.config import RunConfig
 from bench.metrics.summary import RunSummary
-from bench.peers import PEER_TOOLS, peer_bundle
+from bench.peers import PEER_TOOLS, peer_bundle, sglang_jsonl_bundle
 from bench.store import Store
 from bench.store.layout import ARTIFACT_ROUTING, ARTIFACT_TRACE, ROLLUP_UPSERT, STATUSES, SWEEP_STATUSES, rollup_rows
 from engines.errors import MoEBenchError
@@ -86,6 +86,10 @@ def read_bundle(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         bundle = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
+        # SGLang's bench_serving appends a run a line: the last line's run, every line checked
+        several = sglang_jsonl_bundle(data.decode("utf-8", "replace"), path) if isinstance(exc, ValueError) else None
+        if several is not None:
+            return several
         raise MoEBenchError(f"cannot read bundle {path}: {str(exc)[:120]}") from exc
     except RecursionError as exc:
         raise MoEBenchError(f"cannot read bundle {path}: JSON nested too deeply") from exc

@@ -35,20 +35,22 @@ upload_key = f"r.import.{st.session_state['r.import.n']}.upload"  # ui.init_stat
 
 
 def _import_uploads(key: str) -> None:
-    """Import the uploaded files (each a MoE Bench bundle, or a vllm bench serve / AIPerf / guidellm
-    result: bench.peers), saved together in one folder so an AIPerf JSON finds its .jsonl beside it."""
+    """Import the uploaded files (each a MoE Bench bundle, or a vllm bench serve / AIPerf / guidellm /
+    SGLang result: bench.peers), saved together in one folder so an AIPerf JSON finds its .jsonl beside
+    it. A .jsonl uploaded with a .json is AIPerf's records; alone, an SGLang bench_serving result."""
     from bench.bundle import import_file
 
     files = st.session_state.get(key) or []
-    if not any(not f.name.endswith(".jsonl") for f in files):
-        st.session_state["r.flash"] = ("error", "Choose a result file to import first (a .jsonl goes with its .json).")
+    if not files:
+        st.session_state["r.flash"] = ("error", "Choose a result file to import first.")
         return
+    with_json = any(f.name.endswith(".json") for f in files)
     done: list[str] = []
     try:
         services.require_operator()
         folder = ui.upload_folder({f.name: f.getvalue() for f in files})
         for f in files:
-            if f.name.endswith(".jsonl"):
+            if f.name.endswith(".jsonl") and with_json:
                 continue  # AIPerf's per-request records: read with their JSON
             kind, new_id = import_file(store, folder / ui.safe_name(f.name))
             done.append(f"{f.name} as {kind} #{new_id}")
@@ -63,7 +65,7 @@ def _import_uploads(key: str) -> None:
 with st.expander("Import results: a MoE Bench bundle, or another tool's result file", icon=":material/upload_file:"):
     st.file_uploader(
         "vllm bench serve --save-result JSON, AIPerf's profile export JSON (with its .jsonl), guidellm's "
-        "benchmarks JSON, or a MoE Bench run or sweep bundle",
+        "benchmarks JSON, SGLang bench_serving's --output-file JSONL, or a MoE Bench run or sweep bundle",
         type=["json", "jsonl"],
         accept_multiple_files=True,
         key=upload_key,

@@ -513,3 +513,22 @@ def test_a_bad_sglang_line_is_refused_with_one_line(store: Store, tmp_path: Path
     msg = str(err.value)
     assert msg.startswith("SGLang bench_serving result sgl.jsonl: ") and why in msg and "\n" not in msg
     assert nothing_stored(store)
+
+
+def test_bench_import_reads_an_sglang_file_of_several_runs(tmp_path: Path) -> None:
+    """SGLang appends one run a line: `bench import` checks every line and imports the last."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    db = tmp_path / "s.sqlite"
+    path = root / "tests" / "data" / "peers" / "sglang-bench-serving-two-rates.jsonl"
+    out = subprocess.run([sys.executable, "-m", "bench", "--db", str(db), "import", str(path)],
+                         capture_output=True, text=True, timeout=120, cwd=root)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    from bench.store import Store
+
+    runs = Store(db).list_runs()
+    last = json.loads(path.read_text(encoding="utf-8").splitlines()[-1])
+    assert len(runs) == 1 and runs[0].summary is not None
+    assert runs[0].summary.completed == last["completed"]

@@ -145,3 +145,22 @@ def test_the_greedy_check_says_what_ran_and_what_it_found(store: Store) -> None:
     assert f32.endswith("checked on 4 check prompts: 2 differ from the baseline's, the first at token 17.")
     for none in (None, "0/0", "-"):
         assert "no greedy-token check was run for this row" in said(greedy_match=none)
+
+
+def test_an_sglang_result_file_imports_through_the_uploader(app_test: Callable[..., Any], fresh_data_dir: Path) -> None:
+    """A .jsonl alone is SGLang bench_serving's result (runs appended a line each): the last run is
+    imported; with a .json beside it a .jsonl is AIPerf's records and read with that JSON."""
+    from streamlit.runtime.uploaded_file_manager import UploadedFile, UploadedFileRec
+
+    at = app_test(ui.PAGE_RESULTS)
+    _no_exception(at)
+    name = "sglang-bench-serving-two-rates.jsonl"
+    rec = UploadedFileRec(file_id="f2", name=name, type="application/jsonl", data=(PEERS / name).read_bytes())
+    at.session_state[_uploader_key(at)] = [UploadedFile(rec, None)]
+    at.button(key="r.btn.import-files").click().run()
+    _no_exception(at)
+    assert any(t.startswith(f"Imported {name} as run #") for t in _texts(at, "success")), _texts(at, "success")
+    store = Store(get_settings().db_path)
+    runs = store.list_runs()
+    assert len(runs) == 1 and runs[0].config.get("source_tool", "").startswith("SGLang")
+    store.close()
