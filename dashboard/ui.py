@@ -679,6 +679,33 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
             "(min / median / max, coefficient of variation): how far one figure can be trusted on this machine.",
         },
     )
+    _load_inputs(k, mode, trace, c1, c3)
+    found = _source_inputs(k, source)
+    if found is None:
+        return None
+    path, trace_n = found
+    if trace:
+        trace_requests.caption(f"Run length: the trace's **{trace_n:,}** requests")
+    if varied:
+        with st.expander("Length distribution", icon=":material/bar_chart:"):
+            _length_distribution(k)
+    with st.expander("SLOs and goodput", icon=":material/flag:"):
+        slo_inputs(k)
+    _run_options(k, mode)
+    fields = _form_fields(k, mode, source, path, trace_n, size)
+    try:
+        fields["slos"] = checked_slos(k)
+        RunConfig.build(engine=dict(engine or {"kind": "native"}), **fields)
+    except MoEBenchError as exc:
+        show_error(exc)
+        return None
+    return fields
+
+
+def _load_inputs(k: str, mode: str, trace: bool, c1: Any, c3: Any) -> None:
+    """The load widgets of a concurrency run: in flight or a trace's cap, sender processes, and an
+    open loop's rate, burstiness and ramp-up (a trace sets its own arrivals)."""
+    ss = st.session_state
     if mode == "concurrency" and trace:
         # A trace sets its own arrivals: no rate, burstiness or ramp-up; in flight is uncapped unless capped here.
         c3.number_input(
@@ -708,6 +735,12 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
             **field_bounds("burstiness"),
         )
         c1.number_input("Ramp-up (s)", step=1.0, key=k + "ramp_up", **field_bounds("ramp_up_s"))
+
+
+def _source_inputs(k: str, source: str) -> tuple[str | None, int] | None:
+    """The prompt source's own widgets; (the prompt file's path, a trace's request count), or None
+    when they do not make a run yet (the reason is shown)."""
+    ss = st.session_state
     path: str | None = None
     trace_n = 0
     if source in ("shared_prefix", "multi_turn"):
@@ -760,7 +793,6 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
         if found_trace is None:
             return None
         path, trace_n = found_trace
-        trace_requests.caption(f"Run length: the trace's **{trace_n:,}** requests")
     elif source == "jsonl" and services.viewer():
         st.info(services.VIEWER_REASON, icon=":material/visibility:")
         return None
@@ -782,11 +814,11 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
         saved = save_upload(upload.name, payload)
         st.caption(f"{len(items)} prompts, saved as `{saved}`")
         path = str(saved)
-    if varied:
-        with st.expander("Length distribution", icon=":material/bar_chart:"):
-            _length_distribution(k)
-    with st.expander("SLOs and goodput", icon=":material/flag:"):
-        slo_inputs(k)
+    return path, trace_n
+
+
+def _run_options(k: str, mode: str) -> None:
+    """Sampling, the run's name, server metrics, device telemetry and Ray senders."""
     with st.expander("Sampling and run options"):
         s1, s2, s3, s4 = st.columns(4)
         s1.number_input("Temperature", step=0.1, key="s.temperature", **field_bounds("temperature"))
@@ -823,6 +855,12 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
                 help=f"{RunConfig.model_fields['ray_address'].description}. Needs `pip install -r "
                 "requirements-ray.txt` here and on the cluster (the CLI's --ray-address); HTTP engines only.",
             )
+
+
+def _form_fields(k: str, mode: str, source: str, path: str | None, trace_n: int, size: str) -> dict[str, Any]:
+    """The RunConfig fields the widgets give (SLOs added by the caller)."""
+    ss = st.session_state
+    trace = source == "trace"
     concurrent = mode == "concurrency"
     fields: dict[str, Any] = {
         "mode": mode,
@@ -856,12 +894,6 @@ def workload_form(mode: str, engine: dict[str, Any] | None = None) -> dict[str, 
         fields["duration_s"] = float(ss[k + "duration"])
     else:
         fields["requests"] = int(ss[k + "requests"])
-    try:
-        fields["slos"] = checked_slos(k)
-        RunConfig.build(engine=dict(engine or {"kind": "native"}), **fields)
-    except MoEBenchError as exc:
-        show_error(exc)
-        return None
     return fields
 
 

@@ -185,10 +185,12 @@ def test_empty_results_page_imports_the_gpu_examples_and_warns_on_unlike_bars(
     store = Store(get_settings().db_path)
     names = sorted(r.name for r in store.list_runs() if r.sweep_id is None)
     assert names == ["h100-energy-concurrency-16", "h100-energy-latency-bs1", "h100-fast-concurrency-128",
-                     "h100-fast-latency-bs1", "h100-fast-profile", "h100-plain-latency", "h200-concurrency-16",
-                     "h200-latency-bs1", "h200-profile"]  # fmt: skip
-    assert [s.name for s in store.list_sweeps()] == ["h100-fast-sweep"]
-    assert "Imported 10 example run(s)" in _texts(at)
+                     "h100-fast-latency-bs1", "h100-fast-profile", "h100-native-concurrency-128",
+                     "h100-native-latency-bs1", "h100-plain-latency", "h100-vllm-concurrency-128",
+                     "h100-vllm-latency-bs1", "h100-vllm-ngram-bs1", "h200-concurrency-16", "h200-latency-bs1",
+                     "h200-profile"]  # fmt: skip
+    assert sorted(s.name for s in store.list_sweeps()) == ["h100-fast-sweep", "h100-vllm-sweep"]
+    assert "Imported 16 example run(s)" in _texts(at)
     by_name = {r.name: r.id for r in store.list_runs()}
     # the same workload on the same card, tuned against eager: like for like, no warning
     at.multiselect(key="r.selected").set_value([by_name["h100-fast-latency-bs1"], by_name["h100-plain-latency"]]).run()
@@ -476,7 +478,7 @@ def test_concurrency_run_completes_and_appears_on_results(
     assert latency["p50 (ms)"].notna().all()
     assert run.summary.request_rate == 50.0 and run.summary.send_lag_ms is not None
     totals = _frame(at, "figure")
-    assert totals[totals["figure"] == "target request rate"]["value"].iloc[0] == "50"
+    assert totals[totals["figure"] == "request rate"]["value"].iloc[0] == "50"
 
     at.switch_page("app_pages/results.py").run()
     _no_exception(at)
