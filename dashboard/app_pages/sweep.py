@@ -180,6 +180,40 @@ def _form() -> None:
             "Max failed share", step=0.01, key="w.cap_errors", **field_bounds("max_error_rate", CapacitySpec)
         )
 
+    _each_run_inputs(kind)
+    ui.slo_inputs("w.")
+    if kind != "capacity":
+        st.markdown("**Early stops** (off unless ticked): a line of points ends at the first point that trips one")
+        e1, e2, e3 = st.columns(3)
+        for col, name, key, step in (
+            (e1, "stop_on_saturation", "sat", 0.01),
+            (e2, "stop_on_errors", "err", 0.01),
+            (e3, "stop_on_slo_margin", "slo", 0.1),
+        ):
+            on = col.checkbox(
+                {"sat": "When saturated", "err": "On errors", "slo": "When an SLO is broken by a margin"}[key],
+                key=f"w.stop_{key}_on",
+            )
+            col.number_input(
+                {"sat": "Least gain (fraction)", "err": "Most failed (fraction)", "slo": "Margin (fraction)"}[key],
+                step=step,
+                key=f"w.stop_{key}",
+                disabled=not on,
+                label_visibility="collapsed",
+                **field_bounds(name, SweepSpec),
+            )
+    n1, n2 = st.columns([3, 2], vertical_alignment="bottom")
+    n1.text_input("Name (optional)", key="w.name", max_chars=80)
+    n2.checkbox(
+        "Scrape server metrics",
+        key="w.server_metrics",
+        help="Read the server's /metrics once a second (vLLM, Triton). Off by default: each scrape costs the server "
+        "some CPU.",
+    )
+
+
+def _each_run_inputs(kind: str) -> None:
+    """The widgets of each run of the sweep: prompts, lengths, run length, warm-up."""
     st.markdown("**Each run**")
     r1, r2, r3, r4, r5 = st.columns(5)
     random_only = kind == "lengths"
@@ -217,36 +251,6 @@ def _form() -> None:
     else:
         r4.number_input("Seconds per run", step=10.0, key="w.duration", **field_bounds("duration_s"))
     r5.number_input("Warm-up requests", step=1, key="w.warmup", **field_bounds("warmup"))
-
-    ui.slo_inputs("w.")
-    if kind != "capacity":
-        st.markdown("**Early stops** (off unless ticked): a line of points ends at the first point that trips one")
-        e1, e2, e3 = st.columns(3)
-        for col, name, key, step in (
-            (e1, "stop_on_saturation", "sat", 0.01),
-            (e2, "stop_on_errors", "err", 0.01),
-            (e3, "stop_on_slo_margin", "slo", 0.1),
-        ):
-            on = col.checkbox(
-                {"sat": "When saturated", "err": "On errors", "slo": "When an SLO is broken by a margin"}[key],
-                key=f"w.stop_{key}_on",
-            )
-            col.number_input(
-                {"sat": "Least gain (fraction)", "err": "Most failed (fraction)", "slo": "Margin (fraction)"}[key],
-                step=step,
-                key=f"w.stop_{key}",
-                disabled=not on,
-                label_visibility="collapsed",
-                **field_bounds(name, SweepSpec),
-            )
-    n1, n2 = st.columns([3, 2], vertical_alignment="bottom")
-    n1.text_input("Name (optional)", key="w.name", max_chars=80)
-    n2.checkbox(
-        "Scrape server metrics",
-        key="w.server_metrics",
-        help="Read the server's /metrics once a second (vLLM, Triton). Off by default: each scrape costs the server "
-        "some CPU.",
-    )
 
 
 def _build(engine: dict[str, Any]) -> tuple[SweepSpec | CapacitySpec, str]:
