@@ -37,7 +37,9 @@ EXAMPLE_PROFILE = "h200-profile"
 EXAMPLES = [
     "h100-energy-concurrency-16", "h100-energy-latency-bs1",
     "h100-fast-concurrency-128", "h100-fast-latency-bs1", "h100-fast-profile", "h100-fast-sweep",
-    "h100-plain-latency", "h200-concurrency-16", "h200-latency-bs1", EXAMPLE_PROFILE,
+    "h100-native-concurrency-128", "h100-native-latency-bs1", "h100-plain-latency",
+    "h100-vllm-concurrency-128", "h100-vllm-latency-bs1", "h100-vllm-ngram-bs1", "h100-vllm-sweep",
+    "h200-concurrency-16", "h200-latency-bs1", EXAMPLE_PROFILE,
 ]  # fmt: skip
 
 
