@@ -425,8 +425,6 @@ class Recorder:
             self.single_chunk += len(rec.chunk_times_s) == 1
         if self.slos and is_good(rec, self.slos):
             self.good += 1
-        if self.stop_watch is not None and self.stop_watch.add(rec) and self.on_enough is not None:
-            self.on_enough()
         for name, value in (("ttft_ms", rec.ttft_ms), ("tpot_ms", rec.tpot_ms), ("ttft_any_ms", rec.ttft_any_ms)):
             if value is not None:
                 d[name].add(value)
@@ -466,6 +464,10 @@ class Recorder:
                     stop = True
                     continue
                 rec = self.record(c)
+                # the stopping rule sees each completion as it comes, not when its batch is stored:
+                # the point where the interval is narrow enough is exact (bench.metrics.confidence)
+                if rec.ok and self.stop_watch is not None and self.stop_watch.add(rec) and self.on_enough is not None:
+                    self.on_enough()
                 if c.routing is not None:
                     self._add_routing(c, rec)
                 pending.append((c.seq, rec))

@@ -254,7 +254,7 @@ def test_load_run_watch_download(browser_page: Any, server: str, moebench_data: 
     goto_page(page, "Profiling")
     main = _main(page)
     main.get_by_role("button", name="Import the GPU example runs").click()
-    main.get_by_text("Imported 10 example run(s)").wait_for()
+    main.get_by_text("Imported 16 example run(s)").wait_for()
     wait_idle(page)
     assert "h200-profile" in main.inner_text() and "imported example" in main.inner_text()
     main.get_by_role("tab", name="Bottlenecks").click()
