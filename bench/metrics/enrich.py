@@ -24,7 +24,7 @@ from typing import Any
 from bench.metrics import moe
 from bench.metrics.deployment import accelerator_count, per_accelerator
 from bench.metrics.energy import energy_of_run, is_energy_series
-from bench.metrics.run_limits import for_run_or_reason
+from bench.metrics.run_limits import RunLimits, for_run_or_reason
 from bench.metrics.spec_decode import spec_fields, spec_series_names
 from bench.metrics.summary import RunSummary
 
@@ -42,6 +42,7 @@ class RunInputs:
     device_telemetry: Mapping[str, Any] | None  # what telemetry was read and what was missing
     series_names: Sequence[str]  # every time series the run stored
     series: Callable[[list[str]], Points]  # their points, in time order
+    limits: Mapping[str, Any] | None = None  # the limits the run was held against when it ended, if stored
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,13 @@ class Enriched:
 def enrich(summary: RunSummary, run: RunInputs, measure_cpu: bool = True) -> Enriched:
     """``summary`` with the figures of the module docstring, and the records to store beside it.
     ``measure_cpu``: whether a CPU run's limit may measure this machine now (see run_limits)."""
+    kept = _kept_limits(run.limits)
     try:
-        found = for_run_or_reason(dict(run.config), dict(run.engine_info), summary, run.accelerator, measure_cpu)
+        found = (
+            kept.reached(summary)
+            if kept is not None
+            else for_run_or_reason(dict(run.config), dict(run.engine_info), summary, run.accelerator, measure_cpu)
+        )
     except Exception as exc:  # noqa: BLE001 - a limit is a comparison, never a reason to lose a summary
         found = f"limits could not be computed: {type(exc).__name__}: {exc}"
     if isinstance(found, str):
@@ -83,6 +89,18 @@ def enrich(summary: RunSummary, run: RunInputs, measure_cpu: bool = True) -> Enr
         output_tok_s_per_accelerator=per_accelerator(summary.output_throughput_tok_s, accelerators),
     )
     return Enriched(summary, limits, energy)
+
+
+def _kept_limits(stored: Mapping[str, Any] | None) -> RunLimits | None:
+    """The limits a run stored when it ended (the same spec: a CPU's bandwidth is measured once, at
+    that moment), for a summary recomputed later; None when it stored none or only a reason."""
+    if not isinstance(stored, Mapping) or stored.get("tpot_limit_ms") is None:
+        return None
+    names = {f.name for f in dataclasses.fields(RunLimits)}
+    try:
+        return RunLimits(**{k: v for k, v in stored.items() if k in names})
+    except TypeError:
+        return None
 
 
 def _why_no_power(run: RunInputs) -> str | None:

@@ -259,6 +259,7 @@ class Store:
             device_telemetry=self.artifact(run.id, ARTIFACT_DEVICE_TELEMETRY),
             series_names=self.series_names(run.id),
             series=lambda names: self.timeseries(run.id, names),
+            limits=self.artifact(run.id, ARTIFACT_LIMITS),
         )
 
     def _row(self, r: sqlite3.Row) -> RunRow:

@@ -44,8 +44,10 @@ def _three_counts(at: Any) -> dict[str, int | None]:
     for c in at.get("plotly_chart"):
         spec = json.loads(c.proto.spec)
         if spec["layout"].get("title", {}).get("text", "").startswith("Per-request latency over time"):
-            # E2E, failed and cancelled markers: one per finished request (TTFT repeats E2E's)
-            points = sum(_length(t.get("x")) for t in spec.get("data", []) if t.get("name") != "TTFT")
+            # E2E, failed and cancelled markers: one per finished request (TTFT repeats E2E's; the
+            # book's platforms are reference lines, not requests)
+            requests = [t for t in spec.get("data", []) if t.get("name") != "TTFT" and t.get("legendgroup") != "book"]
+            points = sum(_length(t.get("x")) for t in requests)
     return {
         "sidebar": _count(side[0], PROGRESS) if side else None,
         "progress": _count(main[0], PROGRESS) if main else None,
