@@ -173,3 +173,37 @@ def test_the_replay_badge_percentile_labels_and_limit_label_never_cover_each_oth
             assert any(a.name == "limit" for a in figs["tpot"].layout.annotations)  # the case the issue saw
         finally:
             browser.close()
+
+
+def test_the_live_concurrency_chart_shows_the_books_platforms(tmp_path: Path) -> None:
+    """Issue 48: the Concurrency page's live charts (its latest run: the imported H100 example at 128
+    in flight) carry the book's 910B and MLU590 marks, drawn by plotly.js in the browser; the
+    screenshot is kept under tests/artifacts/."""
+    from tests.dashboard.test_e2e_browser import ARTIFACTS
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing (make browser installs it)")
+    folder = tmp_path / "data"
+    folder.mkdir()
+    store = Store(folder / "moebench.sqlite")
+    profile_data.import_examples(store)
+    store.close()
+    env = {**os.environ, "MOEBENCH_DATA_DIR": str(folder), "PYTHONUNBUFFERED": "1"}
+    from playwright.sync_api import sync_playwright
+
+    with running_dashboard(env, tmp_path / "streamlit.log") as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page: Any = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.set_default_timeout(60_000)
+            page.goto(url)
+            goto_page(page, "Concurrency")
+            legend = page.locator(".js-plotly-plot .legendtext", has_text="book: Ascend 910B")
+            legend.first.wait_for()
+            assert page.locator(".js-plotly-plot .legendtext", has_text="book: Cambricon MLU590").count() >= 1
+            page.get_by_text("Book marks (dash-dot").first.wait_for()
+            legend.first.scroll_into_view_if_needed()
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "concurrency-book-marks.png"))
+        finally:
+            browser.close()
