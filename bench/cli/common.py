@@ -328,6 +328,14 @@ def format_summary(summary: RunSummary) -> str:
         lines.append(f"{label:<10}" + "".join(f"{'-' if v is None else f'{v:.2f}':>10}" for v in vals))
     if summary.peak_memory_gib is not None:
         lines.append(f"\npeak memory   {summary.peak_memory_gib:.3f} GiB")
+    per_user = summary.interactivity_tok_s.p50 if summary.interactivity_tok_s is not None else None
+    if summary.output_tok_s_per_accelerator is not None or per_user is not None:
+        acc = summary.output_tok_s_per_accelerator
+        lines.append(
+            "per user      "
+            + (f"{per_user:.1f} tok/s per user (p50)" if per_user is not None else "-")
+            + (f", {acc:.2f} output tok/s per accelerator ({summary.accelerators})" if acc is not None else "")
+        )
     if summary.request_rate is not None:
         lines.append(f"load          open loop, {summary.request_rate:g} req/s, burstiness {summary.burstiness:g}")
     if summary.slos:

@@ -291,6 +291,8 @@ _REPORT_FIGURES = (
     "output_throughput_tok_s",
     "total_throughput_tok_s",
     "request_throughput_rps",
+    "accelerators",
+    "output_tok_s_per_accelerator",
     "goodput_rps",
     "slo_met",
     "peak_memory_gib",
