@@ -13,6 +13,7 @@ What maps to what: ``docs/interop.md``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -252,6 +253,50 @@ def _vllm_tpot(latency: float | None, ttft: float | None, output_len: int) -> fl
     return (latency - ttft) / (output_len - 1)
 
 
+def _served_summary(
+    f: _File,
+    doc: Mapping[str, Any],
+    total_key: str,
+    requests: int | None,
+    completed: int,
+    failed: int | None,
+    duration: float,
+    stats: Mapping[str, Stat],
+    e2e: Stat,
+    max_conc: int | None,
+    rate: float | None,
+    burstiness: float | None,
+) -> RunSummary:
+    """The summary of a serving benchmark's result (vllm bench serve's and SGLang's bench_serving
+    write the same totals; the total-throughput key is each tool's own)."""
+    return RunSummary(
+        requests=requests,
+        completed=completed,
+        failed=failed,
+        cancelled=None,
+        usage_mismatches=None,
+        duration_s=duration,
+        prompt_tokens=f.count(doc.get("total_input_tokens"), "total_input_tokens"),
+        output_tokens=f.count(doc.get("total_output_tokens"), "total_output_tokens"),
+        request_throughput_rps=f.real(doc.get("request_throughput"), "request_throughput"),
+        output_throughput_tok_s=f.opt_real(doc.get("output_throughput"), "output_throughput"),
+        total_throughput_tok_s=f.opt_real(doc.get(total_key), total_key),
+        ttft_ms=stats["ttft"],
+        tpot_ms=stats["tpot"],
+        itl_ms=stats["itl"],
+        e2e_ms=e2e,
+        max_concurrency=max_conc,
+        request_rate=rate,
+        burstiness=burstiness,
+        goodput_rps=f.opt_real(doc.get("request_goodput"), "request_goodput"),
+    )
+
+
+def _chunk_times(first: float, gaps: Sequence[float]) -> list[float]:
+    """A request's chunk times rebuilt from its first chunk's and the gaps after it."""
+    return list(itertools.accumulate(gaps, initial=first))
+
+
 def _vllm_samples(
     ttfts: list[float | None],
     itls: list[list[float]],
@@ -269,13 +314,7 @@ def _vllm_samples(
     for i in range(n):
         start = starts[i] - t0
         ttft = ttfts[i]
-        chunks: list[float] = []
-        if ok[i] and ttft is not None:
-            t = start + ttft
-            chunks = [t]
-            for g in itls[i]:
-                t += g
-                chunks.append(t)
+        chunks = _chunk_times(start + ttft, itls[i]) if ok[i] and ttft is not None else []
         gaps = itls[i] if ok[i] else []
         samples.append(
             _sample(
@@ -392,28 +431,10 @@ def _vllm(doc: dict[str, Any], path: Path) -> dict[str, Any]:
     burst = f.opt_real(doc.get("burstiness"), "burstiness")
     max_conc = f.opt_count(doc.get("max_concurrency"), "max_concurrency")
     num_prompts = f.opt_count(doc.get("num_prompts"), "num_prompts")
-    goodput = f.opt_real(doc.get("request_goodput"), "request_goodput")
-    summary = RunSummary(
-        requests=n if failed is not None else None,
-        completed=completed,
-        failed=failed,
-        cancelled=None,
-        usage_mismatches=None,
-        duration_s=duration,
-        prompt_tokens=f.count(doc.get("total_input_tokens"), "total_input_tokens"),
-        output_tokens=f.count(doc.get("total_output_tokens"), "total_output_tokens"),
-        request_throughput_rps=f.real(doc.get("request_throughput"), "request_throughput"),
-        output_throughput_tok_s=f.opt_real(doc.get("output_throughput"), "output_throughput"),
-        total_throughput_tok_s=f.opt_real(doc.get("total_token_throughput"), "total_token_throughput"),
-        ttft_ms=stats["ttft"],
-        tpot_ms=stats["tpot"],
-        itl_ms=stats["itl"],
-        e2e_ms=stats["e2el"],
-        max_concurrency=max_conc,
-        request_rate=rate,
-        burstiness=burst if rate is not None else None,
-        goodput_rps=goodput,
-    )
+    summary = _served_summary(
+        f, doc, "total_token_throughput", n if failed is not None else None, completed, failed, duration, stats,
+        stats["e2el"], max_conc, rate, burst if rate is not None else None,
+    )  # fmt: skip
 
     samples: list[dict[str, Any]] = []
     if ttfts is not None and itls is not None and lat is not None and starts is not None and ok is not None:
@@ -945,13 +966,7 @@ def _sglang_samples(
     every row starts at 0 s, its chunks at TTFT and then each ITL gap, and it ends at its last chunk."""
     samples = []
     for i, good in enumerate(ok):
-        chunks: list[float] = []
-        if good:
-            t = ttfts[i]
-            chunks = [t]
-            for g in itls[i]:
-                t += g
-                chunks.append(t)
+        chunks = _chunk_times(ttfts[i], itls[i]) if good else []
         gaps = itls[i] if good else []
         samples.append(
             _sample(
@@ -1020,27 +1035,10 @@ def _sglang(doc: dict[str, Any], path: Path, line: tuple[int, int] | None = None
     all_at_once = rate_raw is None or rate_raw == "trace" or (isinstance(rate_raw, float) and rate_raw == math.inf)
     rate = None if all_at_once else f.real(rate_raw, "request_rate")
     max_conc = f.opt_count(doc.get("max_concurrency"), "max_concurrency")
-    summary = RunSummary(
-        requests=n,
-        completed=completed,
-        failed=failed,
-        cancelled=None,
-        usage_mismatches=None,
-        duration_s=duration,
-        prompt_tokens=f.count(doc.get("total_input_tokens"), "total_input_tokens"),
-        output_tokens=f.count(doc.get("total_output_tokens"), "total_output_tokens"),
-        request_throughput_rps=f.real(doc.get("request_throughput"), "request_throughput"),
-        output_throughput_tok_s=f.opt_real(doc.get("output_throughput"), "output_throughput"),
-        total_throughput_tok_s=f.opt_real(doc.get("total_throughput"), "total_throughput"),
-        ttft_ms=stats["ttft"],
-        tpot_ms=stats["tpot"],
-        itl_ms=stats["itl"],
-        e2e_ms=stats["e2e"],
-        max_concurrency=max_conc,
-        request_rate=rate,
-        burstiness=1.0 if rate is not None else None,  # SGLang draws exponential gaps: Poisson arrivals
-        goodput_rps=f.opt_real(doc.get("request_goodput"), "request_goodput"),
-    )
+    summary = _served_summary(
+        f, doc, "total_throughput", n, completed, failed, duration, stats, stats["e2e"], max_conc, rate,
+        1.0 if rate is not None else None,  # SGLang draws exponential gaps: Poisson arrivals
+    )  # fmt: skip
     info = doc.get("server_info") if isinstance(doc.get("server_info"), dict) else {}
     model = _text(info.get("served_model_name")) or _text(info.get("model_path"), "unknown")
     backend = _text(doc.get("backend"), "unknown")

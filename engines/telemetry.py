@@ -43,6 +43,7 @@ else outside ``[a-z0-9]`` as ``_``. A field that is ``None`` has no point that s
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -999,10 +1000,14 @@ def cuda_device_name() -> str | None:
     """NVML's name of the first GPU a process started here may use (CUDA_VISIBLE_DEVICES' first
     index), without initializing CUDA in this process; None when it cannot tell."""
     first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip()
-    if not first.isdigit():
-        return None
+    return _nvml_name(int(first)) if first.isdigit() else None
+
+
+@functools.lru_cache(maxsize=8)
+def _nvml_name(index: int) -> str | None:
+    """NVML's name of GPU ``index`` (read once a process: a card keeps its name)."""
     try:
-        source = NvmlSource([int(first)])
+        source = NvmlSource([index])
         try:
             return source.names[0]
         finally:

@@ -24,10 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.store import Store  # noqa: E402
-from studies.showcase_gpu import FAST  # noqa: E402
+from studies.showcase_gpu import FAST, call, card_prefix, export  # noqa: E402
 
 NATIVE_FAST = FAST  # the native engine's fast CUDA options, as the showcase runs them
 VLLM_OPTS = {"enforce_eager": "false", "start_timeout_s": "400"}
@@ -60,46 +57,19 @@ def opts(flag: str, values: dict[str, str]) -> list[str]:
     return [a for k, v in values.items() for a in (flag, f"{k}={v}")]
 
 
-def card_prefix() -> str:
-    """'h100', 'h200', ... from the first GPU's name (or 'gpu')."""
-    try:
-        import torch
-
-        name = torch.cuda.get_device_name(0)
-    except Exception:  # noqa: BLE001 - a label only
-        return "gpu"
-    m = re.search(r"\b([A-Z]\d{2,4})\b", name)
-    return m.group(1).lower() if m else "gpu"
-
-
-def call(cmd: list[str], timeout: float) -> dict[str, Any]:
-    print("$", " ".join(cmd), flush=True)
-    t0 = time.monotonic()
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-        rc, text = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        rc, text = 124, f"timed out after {timeout:.0f} s: {exc}"
-    print(text[-3000:], f"\nrc={rc} ({time.monotonic() - t0:.0f} s)", flush=True)
-    return {"cmd": " ".join(cmd), "rc": rc, "seconds": round(time.monotonic() - t0, 1), "tail": text[-1500:]}
-
-
 def figures(store: Store, name: str, out: Path) -> dict[str, Any] | None:
-    """The newest run called ``name``: its bundle written to OUT/name.json, its figures."""
-    runs = [r for r in store.list_runs() if r.name == name]
-    if not runs:
-        return None
-    run = max(runs, key=lambda r: r.id)
-    (out / f"{name}.json").write_text(json.dumps(store.export_bundle(run.id)))
-    s = run.summary
-    if s is None:
-        return {"run_id": run.id, "status": run.status}
+    """The newest run called ``name``: its bundle written to OUT/name.json (showcase_gpu.export),
+    its percentiles and device figures."""
+    found = export(store, name, out)
+    run = store.get_run(found["run_id"]) if found else None
+    s = run.summary if run else None
+    if found is None or s is None:
+        return found
     stat = {
         k: {q: getattr(getattr(s, k), q, None) for q in ("p50", "p90", "p99")}
         for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
     }
-    return {"run_id": run.id, "status": run.status, "output_tok_s": s.output_throughput_tok_s, **stat,
-            "device_mem_used_gib": s.device_mem_used_gib, "device_power_w": s.device_power_w,
+    return {**found, **stat, "device_mem_used_gib": s.device_mem_used_gib, "device_power_w": s.device_power_w,
             "device_util_pct": s.device_util_pct}  # fmt: skip
 
 

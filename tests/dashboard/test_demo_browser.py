@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,23 @@ def _store_with_every_column(folder: Path) -> list[str]:
     return data.results_columns(view, full=False)
 
 
+@contextmanager
+def _dashboard_page(folder: Path, tmp_path: Path) -> Iterator[Any]:
+    """A 1,600 x 1,000 Chromium page on the dashboard as `make run` starts it, over the data ``folder``."""
+    from playwright.sync_api import sync_playwright
+
+    env = {**os.environ, "MOEBENCH_DATA_DIR": str(folder), "PYTHONUNBUFFERED": "1"}
+    with running_dashboard(env, tmp_path / "streamlit.log") as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page: Any = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.set_default_timeout(60_000)
+            page.goto(url)
+            yield page
+        finally:
+            browser.close()
+
+
 def test_the_results_table_and_its_filters_show_whole_words_at_1600_px(tmp_path: Path) -> None:
     """At 1,600 px the Results table was cut ("goodput req", "other proce") and the Status filter's
     chip read "c…"."""
@@ -69,39 +88,29 @@ def test_the_results_table_and_its_filters_show_whole_words_at_1600_px(tmp_path:
     folder.mkdir()
     columns = _store_with_every_column(folder)
     assert "goodput_rps" in columns and "note" in columns
-    env = {**os.environ, "MOEBENCH_DATA_DIR": str(folder), "PYTHONUNBUFFERED": "1"}
-    from playwright.sync_api import sync_playwright
-
-    with running_dashboard(env, tmp_path / "streamlit.log") as url, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page: Any = browser.new_page(viewport={"width": 1600, "height": 1000})
-            page.set_default_timeout(60_000)
-            page.goto(url)
-            goto_page(page, "Results")
-            page.locator('[data-testid="stDataFrame"]').first.wait_for()
-            page.wait_for_timeout(1000)
-            page.evaluate("document.fonts.ready")
-            specs = {c: data.RESULTS_COLUMNS[c] for c in columns}
-            got = page.evaluate(MEASURE, [s.label for s in specs.values()])
-            assert "Source Sans" in got["font"], got["font"]  # Streamlit's own font: the same on every screen
-            cut = {s.label: round(got["widths"][s.label] + 2 * got["pad"]) for s in specs.values()
-                   if got["widths"][s.label] + 2 * got["pad"] > s.width}  # fmt: skip
-            assert not cut, f"headers wider than their columns (px needed): {cut}"
-            scroll_width, client_width = got["scroll"]
-            assert scroll_width <= client_width, f"the table scrolls sideways: {scroll_width} > {client_width} px"
-            # The Status filter with a value chosen: its chip shows the whole word.
-            status = page.locator('[data-testid="stMultiSelect"]').filter(has_text="Status")
-            status.locator("input").click()
-            page.get_by_role("option", name="completed", exact=True).click()
-            page.keyboard.press("Escape")
-            tag = status.locator('span[data-tag] span[title="completed"]')
-            tag.wait_for()
-            shown, needed = tag.evaluate("e => [e.clientWidth, e.scrollWidth]")
-            assert needed <= shown, f"the chip cuts 'completed' ({needed} px in {shown})"
-            page.screenshot(path=str(tmp_path / "results-1600.png"))
-        finally:
-            browser.close()
+    with _dashboard_page(folder, tmp_path) as page:
+        goto_page(page, "Results")
+        page.locator('[data-testid="stDataFrame"]').first.wait_for()
+        page.wait_for_timeout(1000)
+        page.evaluate("document.fonts.ready")
+        specs = {c: data.RESULTS_COLUMNS[c] for c in columns}
+        got = page.evaluate(MEASURE, [s.label for s in specs.values()])
+        assert "Source Sans" in got["font"], got["font"]  # Streamlit's own font: the same on every screen
+        cut = {s.label: round(got["widths"][s.label] + 2 * got["pad"]) for s in specs.values()
+               if got["widths"][s.label] + 2 * got["pad"] > s.width}  # fmt: skip
+        assert not cut, f"headers wider than their columns (px needed): {cut}"
+        scroll_width, client_width = got["scroll"]
+        assert scroll_width <= client_width, f"the table scrolls sideways: {scroll_width} > {client_width} px"
+        # The Status filter with a value chosen: its chip shows the whole word.
+        status = page.locator('[data-testid="stMultiSelect"]').filter(has_text="Status")
+        status.locator("input").click()
+        page.get_by_role("option", name="completed", exact=True).click()
+        page.keyboard.press("Escape")
+        tag = status.locator('span[data-tag] span[title="completed"]')
+        tag.wait_for()
+        shown, needed = tag.evaluate("e => [e.clientWidth, e.scrollWidth]")
+        assert needed <= shown, f"the chip cuts 'completed' ({needed} px in {shown})"
+        page.screenshot(path=str(tmp_path / "results-1600.png"))
 
 
 # Every annotation's box (by its index in layout.annotations) and every axis tick label's, as drawn.
@@ -188,22 +197,12 @@ def test_the_live_concurrency_chart_shows_the_books_platforms(tmp_path: Path) ->
     store = Store(folder / "moebench.sqlite")
     profile_data.import_examples(store)
     store.close()
-    env = {**os.environ, "MOEBENCH_DATA_DIR": str(folder), "PYTHONUNBUFFERED": "1"}
-    from playwright.sync_api import sync_playwright
-
-    with running_dashboard(env, tmp_path / "streamlit.log") as url, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page: Any = browser.new_page(viewport={"width": 1600, "height": 1000})
-            page.set_default_timeout(60_000)
-            page.goto(url)
-            goto_page(page, "Concurrency")
-            legend = page.locator(".js-plotly-plot .legendtext", has_text="book: Ascend 910B")
-            legend.first.wait_for()
-            assert page.locator(".js-plotly-plot .legendtext", has_text="book: Cambricon MLU590").count() >= 1
-            page.get_by_text("Book marks (dash-dot").first.wait_for()
-            legend.first.scroll_into_view_if_needed()
-            ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "concurrency-book-marks.png"))
-        finally:
-            browser.close()
+    with _dashboard_page(folder, tmp_path) as page:
+        goto_page(page, "Concurrency")
+        legend = page.locator(".js-plotly-plot .legendtext", has_text="book: Ascend 910B")
+        legend.first.wait_for()
+        assert page.locator(".js-plotly-plot .legendtext", has_text="book: Cambricon MLU590").count() >= 1
+        page.get_by_text("Book marks (dash-dot").first.wait_for()
+        legend.first.scroll_into_view_if_needed()
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "concurrency-book-marks.png"))
